@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # lets a command print the exact line that re-runs it (e.g. under nsys)
     from .spec import SpecError
 
     try:

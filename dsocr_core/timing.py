@@ -1,0 +1,89 @@
+"""Stage timing: NVTX ranges plus CUDA events on a GPU, perf_counter with synchronisation on the CPU.
+
+Events are recorded without synchronising inside the timed region, so timing does not serialise the GPU
+pipeline; all elapsed times are read once, after a single synchronisation at the end (`finish()`).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+try:  # nvtx marks ranges for `nsys profile`; absent on some machines, so timing must not depend on it
+    import nvtx as _nvtx
+except ImportError:  # pragma: no cover - exercised only where nvtx is missing
+    _nvtx = None
+
+
+@contextmanager
+def nvtx_range(name: str):
+    if _nvtx is None:
+        yield
+    else:
+        with _nvtx.annotate(name, domain="dsocr"):
+            yield
+
+
+@dataclass
+class _Mark:
+    name: str
+    start: object
+    end: object = None
+
+
+@dataclass
+class StageTimer:
+    """Times named stages on one device. Several entries with the same name are kept in order."""
+
+    device: torch.device
+    marks: list[_Mark] = field(default_factory=list)
+    peak_memory: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @contextmanager
+    def stage(self, name: str, track_memory: bool = False):
+        if self.cuda and track_memory:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with nvtx_range(name):
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                start = time.perf_counter()
+            mark = _Mark(name, start)
+            try:
+                yield
+            finally:
+                if self.cuda:
+                    mark.end = torch.cuda.Event(enable_timing=True)
+                    mark.end.record()
+                else:
+                    mark.end = time.perf_counter()
+                self.marks.append(mark)
+        if self.cuda and track_memory:
+            torch.cuda.synchronize(self.device)
+            self.peak_memory[name] = max(self.peak_memory.get(name, 0), torch.cuda.max_memory_allocated(self.device))
+
+    def finish(self) -> list[tuple[str, float]]:
+        """(stage, seconds) for every recorded stage, in order."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return [(m.name, m.start.elapsed_time(m.end) / 1e3) for m in self.marks]
+        return [(m.name, m.end - m.start) for m in self.marks]
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, seconds in self.finish():
+            out[name] = out.get(name, 0.0) + seconds
+        return out
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
