@@ -12,11 +12,14 @@ Schema (normalised, version in `schema_version`):
     stage_results  one row per point and stage: median/min/max/p10/p90/std seconds, repeats, flops,
                    tensor_flops, peak_memory_bytes, and a JSON `extra` (e.g. every decode step's time)
 
-Conventions the flags are computed from (so nothing is silently faked; exports carry the flags):
+Conventions the flags are computed from (so nothing is silently faked; exports carry the flags). They match
+Session.weights ({"source", "detail", "synthetic", "tokenizer": <label>, "fallback_tokenizer"}):
     environment["device"]        required; a device starting with "cpu" marks the run CPU
-    weights["source"]            required: "checkpoint" | "synthetic" | "none" (no model ran, e.g. analytic)
-    weights["tokenizer"]         "fallback" marks the run fallback tokenizer
-    meta["synthetic_weights"], meta["fallback_tokenizer"]   true also set the flags
+    weights["source"]            required: "checkpoint" | "synthetic" | "none" (no model ran, e.g. analytic);
+                                 "synthetic", or weights["synthetic"] true, marks synthetic weights
+    weights["fallback_tokenizer"] true (or weights["tokenizer"] == "fallback") marks the fallback tokenizer
+    meta["synthetic_weights"], meta["fallback_tokenizer"], meta["cpu_fallback"]   true also set the flags
+A flag once set is never cleared (update_run and re-imports can only add warnings).
 
 Concurrency: every operation opens its own connection (WAL journal, busy timeout), writes take the write lock up
 front (BEGIN IMMEDIATE), so a Streamlit reader and a sweep writer in other threads or processes can share a file.
@@ -180,9 +183,11 @@ def stage_stats(times_s: Iterable[float]) -> dict[str, float | int]:
 def compute_flags(environment: Mapping, weights: Mapping, meta: Mapping) -> dict[str, bool]:
     """The honesty flags of a run (see the module docstring for the conventions)."""
     return {
-        "synthetic_weights": weights.get("source") == "synthetic" or bool(meta.get("synthetic_weights")),
-        "cpu": str(environment.get("device") or "").lower().startswith("cpu"),
-        "fallback_tokenizer": weights.get("tokenizer") == "fallback" or bool(meta.get("fallback_tokenizer")),
+        "synthetic_weights": (weights.get("source") == "synthetic" or weights.get("synthetic") is True
+                              or bool(meta.get("synthetic_weights"))),
+        "cpu": str(environment.get("device") or "").lower().startswith("cpu") or bool(meta.get("cpu_fallback")),
+        "fallback_tokenizer": (weights.get("fallback_tokenizer") is True or weights.get("tokenizer") == "fallback"
+                               or bool(meta.get("fallback_tokenizer"))),
     }
 
 

@@ -311,6 +311,12 @@ def test_labels_always_name_the_caveats(store):
     assert "synthetic weights" in labels(cpu_synth) and "CPU" in labels(cpu_synth)
     fallback = store.get_run(_sweep(store, weights={"source": "checkpoint"}, meta={"fallback_tokenizer": True}))
     assert labels(fallback).endswith("fallback tokenizer")
+    # the weights dict Session.load builds is understood as is
+    session_weights = {"source": "checkpoint", "detail": "/ckpt", "synthetic": False,
+                       "tokenizer": "fallback byte tokenizer (no tokenizer in checkpoint)", "fallback_tokenizer": True}
+    assert labels(store.get_run(_sweep(store, weights=session_weights))).endswith("fallback tokenizer")
+    odd = {"source": "checkpoint", "synthetic": True}  # contradictory: the warning wins
+    assert "synthetic weights" in labels(store.get_run(_sweep(store, weights=odd)))
     # a bare dict (e.g. read from an export) without stored flags gets them computed
     assert "synthetic weights" in labels({"name": "x", "environment": {"device": "cuda"}, "weights": {"source": "synthetic"}})
 
