@@ -1,0 +1,229 @@
+"""DeepSeek-OCR top level: vision stages, projector, vision-token layout, token embedding and the LM.
+
+Module paths equal the official checkpoint's tensor prefixes (docs/model-contract.md). Inputs follow the vendor
+HF path (facts section 6): `images` is one (crops, global) pair per batch row, `images_spatial_crop` one
+(width tiles, height tiles) per row, (1, 1) meaning "global view only" (its crops tensor is ignored).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..spec import ModelSpec
+from .clip import ClipEncoder
+from .decoder import DecoderLayer, RMSNorm, check_attn_impl, rope_cos_sin
+from .kv_cache import KVCache
+from .sam import SamEncoder
+
+ImagePair = tuple[torch.Tensor | None, torch.Tensor]  # (crops [n,3,t,t] or None/zeros, global [1,3,S,S])
+
+
+class Projector(nn.Module):
+    """`model.projector`: one Linear(projector_input_dim -> hidden) named `layers`, as in the checkpoint."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.layers = nn.Linear(spec.projector_input_dim, spec.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class DeepseekOCRModel(nn.Module):
+    """`model`: everything but lm_head."""
+
+    def __init__(self, spec: ModelSpec, attn_impl: str = "sdpa"):
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden_size
+        self.sam_model = SamEncoder(spec)
+        self.vision_model = ClipEncoder(spec)
+        self.projector = Projector(spec)
+        self.image_newline = nn.Parameter(torch.zeros(h))
+        self.view_seperator = nn.Parameter(torch.zeros(h))  # (sic) the checkpoint's spelling
+        self.embed_tokens = nn.Embedding(spec.vocab_size, h)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, attn_impl) for i in range(spec.num_hidden_layers))
+        self.norm = RMSNorm(h, spec.rms_norm_eps)
+
+    # --- vision ---
+    def project(self, clip: torch.Tensor, sam: torch.Tensor) -> torch.Tensor:
+        """CLIP [N, 1+g*g, C] and SAM [N, C_sam, g, g] -> [N, g*g, hidden]: CLIP (CLS dropped) first, then SAM."""
+        sam_tokens = sam.flatten(2).transpose(1, 2)
+        return self.projector(torch.cat([clip[:, 1:], sam_tokens], dim=-1))
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Views [N, 3, S, S] -> features [N, (S/64)^2, hidden] through SAM, CLIP and the projector."""
+        sam = self.sam_model(pixels)
+        return self.project(self.vision_model(sam), sam)
+
+    def encode_views(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Encode several view batches, running the encoders once per distinct view size."""
+        groups: dict[tuple, list[int]] = {}
+        for i, v in enumerate(views):
+            groups.setdefault(tuple(v.shape[1:]), []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(views)
+        for idxs in groups.values():
+            feats = self.encode(torch.cat([views[i] for i in idxs]) if len(idxs) > 1 else views[idxs[0]])
+            for i, part in zip(idxs, feats.split([views[i].shape[0] for i in idxs])):
+                out[i] = part
+        return out
+
+    def _rows_with_newline(self, grid: torch.Tensor) -> torch.Tensor:
+        """[rows, cols, H] -> [rows * (cols + 1), H]: image_newline after every row."""
+        rows, _, h = grid.shape
+        newline = self.image_newline.to(grid.dtype).expand(rows, 1, h)
+        return torch.cat([grid, newline], dim=1).reshape(-1, h)
+
+    def layout_image(self, global_feats: torch.Tensor, local_feats: torch.Tensor | None,
+                     grid: tuple[int, int]) -> torch.Tensor:
+        """One image's slots [slots, H]: stitched local tiles with newlines, global grid with newlines,
+        view_seperator. global_feats [g*g, H]; local_feats [tw*th, t*t, H] in row-major tile order or None."""
+        tw, th = grid
+        h = global_feats.shape[-1]
+        parts = []
+        if (tw, th) != (1, 1):
+            if local_feats is None:
+                raise ValueError(f"grid {tw}x{th} needs local tile features")
+            n, tt, _ = local_feats.shape
+            t = math.isqrt(tt)
+            if n != tw * th or t * t != tt:
+                raise ValueError(f"local features {tuple(local_feats.shape)} do not fit a {tw}x{th} grid of square tiles")
+            # tile (r, c) is local_feats[r*tw + c]; stitch into one (th*t) x (tw*t) map
+            stitched = local_feats.view(th, tw, t, t, h).permute(0, 2, 1, 3, 4).reshape(th * t, tw * t, h)
+            parts.append(self._rows_with_newline(stitched))
+        g = math.isqrt(global_feats.shape[0])
+        if g * g != global_feats.shape[0]:
+            raise ValueError(f"global features {tuple(global_feats.shape)} are not a square grid")
+        parts.append(self._rows_with_newline(global_feats.reshape(g, g, h)))
+        parts.append(self.view_seperator.to(global_feats.dtype)[None])
+        return torch.cat(parts)
+
+    def vision_embeddings(self, images: Sequence[ImagePair], images_spatial_crop) -> list[torch.Tensor]:
+        """Per batch row, the image's slot embeddings [slots, H]. Rows with grid (1, 1) run no local views."""
+        grids = _grids(images_spatial_crop, len(images))
+        views = []
+        for row, ((crops, glob), (tw, th)) in enumerate(zip(images, grids)):
+            views.append(glob if glob.dim() == 4 else glob[None])
+            if (tw, th) != (1, 1):
+                if crops is None or crops.shape[0] != tw * th:
+                    got = None if crops is None else tuple(crops.shape)
+                    raise ValueError(f"row {row}: grid {tw}x{th} needs {tw * th} crops, got {got}")
+                views.append(crops)
+        feats = iter(self.encode_views(views))
+        out = []
+        for tw, th in grids:
+            glob = next(feats)[0]
+            local = next(feats) if (tw, th) != (1, 1) else None
+            out.append(self.layout_image(glob, local, (tw, th)))
+        return out
+
+    # --- language model ---
+    def embed(self, input_ids: torch.Tensor, images_seq_mask: torch.Tensor | None = None,
+              image_embeds: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+        """Token embeddings [B, S, H] with each row's image slots (images_seq_mask True) replaced in order."""
+        x = self.embed_tokens(input_ids)
+        if image_embeds is None:
+            return x
+        if images_seq_mask is None or len(image_embeds) != x.shape[0]:
+            raise ValueError("image embeddings need images_seq_mask and one entry per batch row")
+        rows = []
+        for b, emb in enumerate(image_embeds):
+            if emb is None:
+                rows.append(x[b])
+                continue
+            mask = images_seq_mask[b].to(x.device)
+            if not mask.is_meta:
+                n = int(mask.sum())
+                if n != emb.shape[0]:
+                    raise ValueError(f"row {b}: images_seq_mask has {n} image slots but the image gives {emb.shape[0]}")
+            rows.append(x[b].masked_scatter(mask[:, None], emb.to(x.dtype)))
+        return torch.stack(rows)
+
+    def decode(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Decoder layers + final norm over embeddings [B, S, H]; positions continue from cache.length."""
+        start = cache.length
+        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache)
+        return self.norm(x)
+
+
+class DeepseekOCRForCausalLM(nn.Module):
+    """`model` + untied `lm_head`. attn_impl picks the LM attention ('eager' or 'sdpa'); SAM/CLIP use SDPA."""
+
+    def __init__(self, spec: ModelSpec, attn_impl: str = "sdpa"):
+        super().__init__()
+        self.spec = spec
+        self.model = DeepseekOCRModel(spec, check_attn_impl(attn_impl))
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    @property
+    def attn_impl(self) -> str:
+        return self.model.layers[0].self_attn.attn_impl
+
+    def set_attn_impl(self, attn_impl: str) -> None:
+        check_attn_impl(attn_impl)
+        for layer in self.model.layers:
+            layer.self_attn.attn_impl = attn_impl
+
+    def forward_lm(self, x: torch.Tensor, cache: KVCache | None = None,
+                   logits: str = "all") -> tuple[torch.Tensor, KVCache]:
+        """Embeddings [B, S, H] -> float32 logits [B, S, V] ('all') or [B, 1, V] ('last'), and the cache
+        (a new one when None is given)."""
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
+        cache = KVCache() if cache is None else cache
+        h = self.model.decode(x, cache)
+        if logits == "last":
+            h = h[:, -1:]
+        return self.lm_head(h).float(), cache
+
+    def forward(self, input_ids: torch.Tensor, images: Sequence[ImagePair] | None = None,
+                images_seq_mask: torch.Tensor | None = None, images_spatial_crop=None,
+                cache: KVCache | None = None, logits: str = "all") -> tuple[torch.Tensor, KVCache]:
+        """Prefill (runs the vision stages when images are given) or decode step (S == 1: vision never runs)."""
+        image_embeds = None
+        if images is not None and input_ids.shape[1] > 1:
+            if images_seq_mask is None or images_spatial_crop is None:
+                raise ValueError("images need images_seq_mask and images_spatial_crop")
+            image_embeds = self.model.vision_embeddings(images, images_spatial_crop)
+        x = self.model.embed(input_ids, images_seq_mask, image_embeds)
+        return self.forward_lm(x, cache=cache, logits=logits)
+
+
+def _grids(images_spatial_crop, rows: int) -> list[tuple[int, int]]:
+    """[[tw, th], ...] per row from a tensor ([B, 2] or [B, 1, 2], on any real device) or a list."""
+    if isinstance(images_spatial_crop, torch.Tensor):
+        if images_spatial_crop.is_meta:
+            raise ValueError("images_spatial_crop is layout metadata: pass it on CPU or as a list, not on meta")
+        images_spatial_crop = images_spatial_crop.reshape(-1, 2).tolist()
+    grids = [(int(tw), int(th)) for tw, th in images_spatial_crop]
+    if len(grids) != rows:
+        raise ValueError(f"{len(grids)} images_spatial_crop entries for {rows} image rows")
+    if any(tw < 1 or th < 1 for tw, th in grids):
+        raise ValueError(f"crop grids must be positive, got {grids}")
+    return grids
+
+
+@torch.inference_mode()
+def generate_greedy(model: DeepseekOCRForCausalLM, input_ids: torch.Tensor, max_new_tokens: int,
+                    eos_token_id: int | None = None, **image_inputs) -> torch.Tensor:
+    """Plain greedy decoding (no n-gram ban): new tokens [B, n], n <= max_new_tokens. For tests and demos;
+    the session owns the real generation loop."""
+    logits, cache = model(input_ids, logits="last", **image_inputs)
+    out = []
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for step in range(max_new_tokens):
+        token = logits[:, -1].argmax(-1)
+        out.append(token)
+        if eos_token_id is not None:
+            done |= token == eos_token_id
+            if bool(done.all()):
+                break
+        if step + 1 < max_new_tokens:
+            logits, cache = model(token[:, None], cache=cache, logits="last")
+    return torch.stack(out, dim=1) if out else input_ids.new_zeros(input_ids.shape[0], 0)
