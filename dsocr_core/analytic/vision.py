@@ -1,0 +1,258 @@
+"""Vision rows (SAM, CLIP, projector): the cost of ONE view of side S pixels, as plain numbers.
+
+A view's cost depends only on the spec and S, so the sweep computes it once per view size and scales it by the
+number of views (`Cost.scaled`); the stage code adds the global views and the tile views as two calls.
+
+Byte model (activations): every matmul, conv and attention kernel reads its inputs and writes its output once in
+the activation dtype; each norm, activation and residual add is one read of its inputs and one write of its
+output (as if fused). Not charged: fp32 casts inside norms, the bicubic resize of position tables (once per call,
+a few MB), reshapes/permutes that torch does as views. SAM's dense relative-position mask IS charged: it is
+materialised in the activation dtype and read by SDPA. Weights are charged once per forward call.
+FLOP constants for non-matmul work (other FLOPs): LayerNorm 7/element, exact GELU 8, quick_gelu 5, softmax with
+its scale 6 per score, residual add 1, mask add 1.
+"""
+from __future__ import annotations
+
+from ..spec import ModelSpec
+from .cost import Cost
+from .params import clip_layer_params, sam_block_params
+
+LN_FLOPS = 7  # LayerNorm per element: mean, centre, square, variance, normalise, scale, shift
+GELU_FLOPS = 8  # exact (erf) GELU per element
+QUICK_GELU_FLOPS = 5  # x * sigmoid(1.702 x) per element
+SOFTMAX_FLOPS = 6  # per attention score: scale, max, subtract, exp, sum, divide
+
+
+def sam_patches(spec: ModelSpec, side: int) -> int:
+    """SAM patches per side of a view: conv kernel = stride = patch."""
+    return side // spec.sam_patch
+
+
+def conv_out(n: int, kernel: int = 3, stride: int = 2, pad: int = 1) -> int:
+    return (n + 2 * pad - kernel) // stride + 1  # output size of a convolution along one side
+
+
+def sam_out_side(spec: ModelSpec, side: int) -> int:
+    """SAM output grid per side (after net_2 and net_3, both stride 2): the vision features per side."""
+    return conv_out(conv_out(sam_patches(spec, side)))
+
+
+def layer_norm(tokens: float, width: int, dt: int, n_params: int) -> Cost:
+    """A LayerNorm over tokens x width: one read, one write; peak = input (kept for the residual) + output."""
+    el = tokens * width
+    return Cost(other_flops=LN_FLOPS * el,  # LayerNorm arithmetic
+                weight_bytes=n_params * dt,  # weight + bias
+                act_read=el * dt, act_write=el * dt,  # read input, write output
+                peak_activation=2 * el * dt,  # input and output alive together
+                weight_memory=n_params * dt)
+
+
+def sam_patch_embed(spec: ModelSpec, side: int, dt: int, params: dict) -> Cost:
+    p, w, k = sam_patches(spec, side), spec.sam_width, spec.sam_patch
+    n = params["model.sam_model.patch_embed"]
+    return Cost(tensor_flops=2 * p * p * w * 3 * k * k,  # conv 3->W, kernel = stride = patch
+                tensor_flops_causal=2 * p * p * w * 3 * k * k,
+                weight_bytes=n * dt,
+                act_read=3 * side * side * dt,  # pixels
+                act_write=p * p * w * dt,  # patch embeddings
+                peak_activation=(3 * side * side + p * p * w) * dt,
+                weight_memory=n * dt)
+
+
+def sam_pos_embed(spec: ModelSpec, side: int, dt: int, params: dict) -> Cost:
+    """Adding the absolute position table (resized to the patch grid; the resize itself is not charged)."""
+    p, w = sam_patches(spec, side), spec.sam_width
+    n = params["model.sam_model.pos_embed"]
+    return Cost(other_flops=p * p * w,  # one add per element
+                weight_bytes=n * dt,  # the table
+                act_read=p * p * w * dt, act_write=p * p * w * dt,  # x read, x + pos written
+                peak_activation=2 * p * p * w * dt,
+                weight_memory=n * dt)
+
+
+def sam_attn(spec: ModelSpec, side: int, dt: int, global_block: bool, params_n: int) -> Cost:
+    """SAM attention on one view. Windowed blocks pad the P x P map to a multiple of the window and run on
+    windows of win^2 tokens; global blocks run on all P^2 tokens. A dense relative-position bias
+    [groups*heads, L, L] is materialised in dt and passed to SDPA as its mask."""
+    p, w, heads = sam_patches(spec, side), spec.sam_width, spec.sam_heads
+    if global_block:
+        span, groups = p, 1  # one group of P x P tokens
+    else:
+        win = spec.sam_window
+        padded = -(-p // win) * win  # P rounded up to a multiple of the window
+        span, groups = win, (padded // win) ** 2  # windows of win x win tokens
+    seq = span * span  # tokens per attention group (L)
+    n = groups * seq  # tokens through qkv/proj: padded P^2 for windowed, P^2 for global
+    scores = groups * heads * seq * seq  # elements of the dense mask and of the score matrix
+    rel = 2 * groups * heads * seq * span  # elements of rel_h [.., h, w, h] plus rel_w [.., h, w, w]
+    real = p * p * w  # elements of the unpadded map (residual stream)
+    pad_copy = 0 if global_block else real  # window partition and un-partition each copy the map once
+    tensor = (2 * n * w * 3 * w  # qkv projection
+              + 2 * n * w * 2 * span  # rel-pos einsums rel_h and rel_w (q against [span, span, d] tables)
+              + 4 * n * seq * w  # SDPA QK^T and PV with the dense mask, non-causal (4 * groups*heads * L*L * d)
+              + 2 * n * w * w)  # output projection
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,  # vision attention is not causal
+                other_flops=(scores  # mask = rel_h + rel_w, broadcast to [L, L]
+                             + SOFTMAX_FLOPS * scores  # softmax over the scores
+                             + real),  # residual add (done in the block; charged here)
+                weight_bytes=params_n * dt,
+                act_read=(pad_copy  # window partition reads the normed map
+                          + n * w  # qkv reads its input
+                          + 2 * n * w  # the two einsums each read q
+                          + rel  # building the mask reads rel_h and rel_w
+                          + 3 * n * w  # SDPA reads q, k, v
+                          + scores  # SDPA reads the dense mask
+                          + n * w  # proj reads the attention output
+                          + pad_copy  # un-partition reads the windows
+                          + 2 * real) * dt,  # residual add reads shortcut and attention output
+                act_write=(pad_copy  # partitioned (padded) windows
+                           + 3 * n * w  # q, k, v
+                           + rel  # rel_h and rel_w
+                           + scores  # the dense mask
+                           + n * w  # SDPA output
+                           + n * w  # proj output
+                           + pad_copy  # un-partitioned map
+                           + real) * dt,  # residual sum
+                peak_activation=(real  # shortcut
+                                 + 3 * n * w  # q, k, v
+                                 + rel + scores  # rel_h, rel_w and the dense mask
+                                 + n * w) * dt,  # SDPA output
+                weight_memory=params_n * dt)
+
+
+def sam_mlp(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
+    p, w, m = sam_patches(spec, side), spec.sam_width, spec.sam_mlp_dim
+    t = p * p  # MLP runs on the unpadded map
+    tensor = 2 * t * w * m * 2  # lin1 and lin2
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
+                other_flops=GELU_FLOPS * t * m + t * w,  # exact GELU, residual add
+                weight_bytes=params_n * dt,
+                act_read=t * (w + m + m + 2 * w) * dt,  # lin1 in, GELU in, lin2 in, residual operands
+                act_write=t * (m + m + w + w) * dt,  # lin1 out, GELU out, lin2 out, residual sum
+                peak_activation=t * (w + m + m + w) * dt,  # input, hidden, GELU output, output
+                weight_memory=params_n * dt)
+
+
+def sam_neck(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
+    p, w, nd = sam_patches(spec, side), spec.sam_width, spec.sam_neck_dim
+    t = p * p
+    tensor = 2 * t * w * nd + 2 * t * nd * nd * 9  # 1x1 conv W->neck, 3x3 conv neck->neck (pad 1)
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
+                other_flops=2 * LN_FLOPS * t * nd,  # two LayerNorm2d
+                weight_bytes=params_n * dt,
+                act_read=t * (w + 3 * nd) * dt,  # conv1 in, LN in, conv2 in, LN in
+                act_write=t * 4 * nd * dt,  # conv1, LN, conv2, LN outputs
+                peak_activation=t * max(w + nd, 2 * nd) * dt,
+                weight_memory=params_n * dt)
+
+
+def sam_downsample(spec: ModelSpec, side: int, dt: int, which: int, params_n: int) -> Cost:
+    """net_2 (which=0) or net_3 (which=1): 3x3 stride-2 conv, no bias."""
+    n_in = sam_patches(spec, side) if which == 0 else conv_out(sam_patches(spec, side))
+    c_in = spec.sam_neck_dim if which == 0 else spec.sam_downsample[0]
+    c_out = spec.sam_downsample[which]
+    o = conv_out(n_in)  # output side
+    tensor = 2 * o * o * c_in * c_out * 9  # 3x3 conv, stride 2
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
+                weight_bytes=params_n * dt,
+                act_read=n_in * n_in * c_in * dt, act_write=o * o * c_out * dt,
+                peak_activation=(n_in * n_in * c_in + o * o * c_out) * dt,
+                weight_memory=params_n * dt)
+
+
+def clip_tokens(spec: ModelSpec, side: int) -> int:
+    g = sam_out_side(spec, side)
+    return g * g + 1  # SAM features + CLS
+
+
+def clip_embeddings(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
+    g, c = sam_out_side(spec, side), spec.clip_width
+    n = g * g + 1
+    read = c + (spec.clip_pos_grid ** 2 + 1) * c  # class embedding and position table (patch conv never runs)
+    return Cost(other_flops=n * c,  # position add
+                weight_bytes=read * dt,
+                act_read=(g * g * c  # flatten/transpose of SAM features
+                          + g * g * c  # concat with CLS
+                          + n * c) * dt,  # position add
+                act_write=(g * g * c + n * c + n * c) * dt,
+                peak_activation=(g * g * c + 2 * n * c) * dt,
+                weight_memory=params_n * dt)
+
+
+def clip_attn(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
+    n, c, heads = clip_tokens(spec, side), spec.clip_width, spec.clip_heads
+    tensor = (2 * n * c * 3 * c  # qkv_proj
+              + 4 * n * n * c  # SDPA QK^T and PV, no mask (4 * heads * N*N * head_dim)
+              + 2 * n * c * c)  # out_proj
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
+                other_flops=SOFTMAX_FLOPS * heads * n * n + n * c,  # softmax in the kernel, residual add
+                weight_bytes=params_n * dt,
+                act_read=(n * c + 3 * n * c + n * c + 2 * n * c) * dt,  # qkv in, SDPA q/k/v, out_proj in, residual
+                act_write=(3 * n * c + n * c + n * c + n * c) * dt,  # q/k/v, SDPA out, out_proj out, residual sum
+                peak_activation=(n * c + 3 * n * c + n * c) * dt,  # shortcut, q/k/v, output (no score matrix)
+                weight_memory=params_n * dt)
+
+
+def clip_mlp(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
+    n, c, m = clip_tokens(spec, side), spec.clip_width, spec.clip_mlp_dim
+    tensor = 2 * n * c * m * 2  # fc1 and fc2
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
+                other_flops=QUICK_GELU_FLOPS * n * m + n * c,  # quick_gelu, residual add
+                weight_bytes=params_n * dt,
+                act_read=n * (c + m + m + 2 * c) * dt,
+                act_write=n * (m + m + c + c) * dt,
+                peak_activation=n * (c + m + m + c) * dt,
+                weight_memory=params_n * dt)
+
+
+def projector(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
+    g, h, din = sam_out_side(spec, side), spec.hidden_size, spec.projector_input_dim
+    f = g * g  # features of the view (CLS dropped)
+    tensor = 2 * f * din * h  # Linear(projector_input_dim -> hidden)
+    return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
+                weight_bytes=params_n * dt,
+                act_read=(f * spec.clip_width + f * spec.sam_downsample[1]  # concat reads CLIP and SAM features
+                          + f * din) * dt,  # the linear reads the concatenation
+                act_write=(f * din + f * h) * dt,  # concatenation, projected features
+                peak_activation=f * (spec.clip_width + spec.sam_downsample[1] + din + h) * dt,
+                weight_memory=params_n * dt)
+
+
+def view_rows(spec: ModelSpec, side: int, dt: int, params: dict) -> list[tuple[str, str, tuple[str, ...], Cost]]:
+    """Every vision row for one view of `side` pixels: (stage, kind, module paths, per-view cost)."""
+    rows = []
+    sam = "model.sam_model"
+    rows.append(("sam", "sam.patch_embed", (f"{sam}.patch_embed",), sam_patch_embed(spec, side, dt, params)))
+    rows.append(("sam", "sam.pos_embed", (f"{sam}.pos_embed",), sam_pos_embed(spec, side, dt, params)))
+    p2 = sam_patches(spec, side) ** 2
+    blocks = {False: [b for b in range(spec.sam_layers) if b not in spec.sam_global_blocks],
+              True: [b for b in range(spec.sam_layers) if b in spec.sam_global_blocks]}
+    for is_global, idx in blocks.items():
+        if not idx:
+            continue
+        tag = "global" if is_global else "windowed"
+        n = sam_block_params(spec, is_global)
+        paths = lambda name: tuple(f"{sam}.blocks.{b}.{name}" for b in idx)  # noqa: E731
+        rows.append(("sam", f"sam.norm1.{tag}", paths("norm1"), layer_norm(p2, spec.sam_width, dt, n["norm1"])))
+        rows.append(("sam", f"sam.attn.{tag}", paths("attn"), sam_attn(spec, side, dt, is_global, n["attn"])))
+        rows.append(("sam", f"sam.norm2.{tag}", paths("norm2"), layer_norm(p2, spec.sam_width, dt, n["norm2"])))
+        rows.append(("sam", f"sam.mlp.{tag}", paths("mlp"), sam_mlp(spec, side, dt, n["mlp"])))
+    rows.append(("sam", "sam.neck", (f"{sam}.neck",), sam_neck(spec, side, dt, params[f"{sam}.neck"])))
+    rows.append(("sam", "sam.net_2", (f"{sam}.net_2",), sam_downsample(spec, side, dt, 0, params[f"{sam}.net_2"])))
+    rows.append(("sam", "sam.net_3", (f"{sam}.net_3",), sam_downsample(spec, side, dt, 1, params[f"{sam}.net_3"])))
+
+    vm = "model.vision_model"
+    n_tok = clip_tokens(spec, side)
+    rows.append(("clip", "clip.embeddings", (f"{vm}.embeddings",),
+                 clip_embeddings(spec, side, dt, params[f"{vm}.embeddings"])))
+    rows.append(("clip", "clip.pre_layrnorm", (f"{vm}.pre_layrnorm",),
+                 layer_norm(n_tok, spec.clip_width, dt, params[f"{vm}.pre_layrnorm"])))
+    n = clip_layer_params(spec)
+    paths = lambda name: tuple(f"{vm}.transformer.layers.{i}.{name}" for i in range(spec.clip_layers))  # noqa: E731
+    rows.append(("clip", "clip.layer_norm1", paths("layer_norm1"), layer_norm(n_tok, spec.clip_width, dt, n["layer_norm1"])))
+    rows.append(("clip", "clip.self_attn", paths("self_attn"), clip_attn(spec, side, dt, n["self_attn"])))
+    rows.append(("clip", "clip.layer_norm2", paths("layer_norm2"), layer_norm(n_tok, spec.clip_width, dt, n["layer_norm2"])))
+    rows.append(("clip", "clip.mlp", paths("mlp"), clip_mlp(spec, side, dt, n["mlp"])))
+
+    rows.append(("projector", "projector", ("model.projector",), projector(spec, side, dt, params["model.projector"])))
+    return rows

@@ -1,0 +1,197 @@
+"""GPU presets (datasheet ceilings), matching of `torch.cuda.get_device_name()` strings, and calibration.
+
+Presets are dense BF16 tensor-core peaks (FP32 accumulate, no sparsity) and DRAM bandwidth from the vendor
+datasheets named in each preset's `source`. Calibration measures what the present GPU really achieves (a large
+bf16 matmul and a device-to-device copy) and returns a Hardware with calibrated=True.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import statistics
+import time
+
+from .spec import Hardware, SpecError
+
+_H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet, "
+            "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet")
+_A100_DS = ("NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/"
+            "a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+
+PRESETS: dict[str, Hardware] = {
+    "h200": Hardware(name="NVIDIA H200 SXM", peak_tflops=989, bandwidth_tbs=4.8, memory_gb=141,
+                     source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: BF16 1,979 TFLOPS with sparsity, "
+                            "989 dense; 141 GB HBM3e at 4.8 TB/s), https://www.nvidia.com/en-us/data-center/h200/"),
+    "h100-sxm": Hardware(name="NVIDIA H100 SXM", peak_tflops=989, bandwidth_tbs=3.35, memory_gb=80,
+                         source=_H100_DS + " (H100 SXM: BF16 1,979 TFLOPS with sparsity, 989 dense; 80 GB HBM3 "
+                                           "at 3.35 TB/s)"),
+    "h100-pcie": Hardware(name="NVIDIA H100 PCIe", peak_tflops=756, bandwidth_tbs=2.0, memory_gb=80,
+                          source=_H100_DS + " (H100 PCIe: BF16 1,513 TFLOPS with sparsity, 756 dense; 80 GB HBM2e "
+                                            "at 2.0 TB/s)"),
+    "h20": Hardware(name="NVIDIA H20", peak_tflops=148, bandwidth_tbs=4.0, memory_gb=96,
+                    source="NVIDIA H20 product brief (China-market Hopper; NVIDIA publishes no public datasheet "
+                           "page): BF16 148 TFLOPS dense, 96 GB HBM3 at 4.0 TB/s"),
+    "a100-sxm-80gb": Hardware(name="NVIDIA A100 SXM 80GB", peak_tflops=312, bandwidth_tbs=2.039, memory_gb=80,
+                              source=_A100_DS + " (A100 80GB SXM: BF16 312 TFLOPS dense; HBM2e at 2,039 GB/s)"),
+    "a100-sxm-40gb": Hardware(name="NVIDIA A100 SXM 40GB", peak_tflops=312, bandwidth_tbs=1.555, memory_gb=40,
+                              source=_A100_DS + " (A100 40GB SXM: BF16 312 TFLOPS dense; HBM2 at 1,555 GB/s)"),
+    "l40s": Hardware(name="NVIDIA L40S", peak_tflops=362, bandwidth_tbs=0.864, memory_gb=48,
+                     source="NVIDIA L40S GPU datasheet (BF16 733 TFLOPS with sparsity, 362 dense; 48 GB GDDR6 at "
+                            "864 GB/s), https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"),
+    "rtx4090": Hardware(name="NVIDIA GeForce RTX 4090", peak_tflops=165, bandwidth_tbs=1.008, memory_gb=24,
+                        source="NVIDIA Ada Lovelace GPU Architecture whitepaper, GeForce RTX 4090 table (BF16 tensor "
+                               "with FP32 accumulate 165.2 TFLOPS dense; 24 GB GDDR6X at 1,008 GB/s), "
+                               "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"),
+    "rtx5090": Hardware(name="NVIDIA GeForce RTX 5090", peak_tflops=209.5, bandwidth_tbs=1.792, memory_gb=32,
+                        source="NVIDIA RTX Blackwell GPU Architecture whitepaper, GeForce RTX 5090 table (BF16 "
+                               "tensor with FP32 accumulate 209.5 TFLOPS dense; 32 GB GDDR7 at 1,792 GB/s), "
+                               "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/"
+                               "nvidia-rtx-blackwell-gpu-architecture.pdf"),
+    "b200": Hardware(name="NVIDIA B200", peak_tflops=2250, bandwidth_tbs=8.0, memory_gb=180,
+                     source="NVIDIA HGX B200 datasheet, per GPU (FP16/BF16 4.5 PFLOPS with sparsity, 2.25 dense; "
+                            "180 GB HBM3e at 8 TB/s), https://www.nvidia.com/en-us/data-center/hgx/"),
+}
+
+# (preset, pattern that must match, pattern that must not) on the normalised device name; the exclusions keep
+# look-alike products with other clocks or memory (NVL, laptop and China "D" variants, A100 PCIe) unmatched.
+_DEVICE_PATTERNS: list[tuple[str, str, str | None]] = [
+    ("h200", r"\bh200\b", r"\bnvl\b"),
+    ("h100-pcie", r"\bh100\b.*\bpcie\b", None),
+    ("h100-sxm", r"\bh100\b.*\b(sxm\d?|hbm3)\b", r"\b(nvl|pcie)\b"),
+    ("h20", r"\bh20\b", None),
+    ("a100-sxm-80gb", r"\ba100\b.*\bsxm\d?\b.*\b80gb\b", None),
+    ("a100-sxm-40gb", r"\ba100\b.*\bsxm\d?\b.*\b40gb\b", None),
+    ("l40s", r"\bl40s\b", None),
+    ("rtx4090", r"\brtx 4090\b", r"\b(laptop|mobile)\b|4090 d\b"),
+    ("rtx5090", r"\brtx 5090\b", r"\b(laptop|mobile)\b|5090 d\b"),
+    ("b200", r"\bb200\b", None),
+]
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"[-_/,()]", " ", name.lower())).strip()
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def match_device_name(device_name: str) -> Hardware | None:
+    """The preset for a `torch.cuda.get_device_name()` string ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB",
+    "NVIDIA GeForce RTX 4090", ...), or None when no preset describes that exact product."""
+    norm = _normalise(device_name)
+    for key, pattern, exclude in _DEVICE_PATTERNS:
+        if re.search(pattern, norm) and not (exclude and re.search(exclude, norm)):
+            return PRESETS[key]
+    return None
+
+
+def get_hardware(name: str) -> Hardware:
+    """A preset by key ("h200", "h100-sxm", "rtx4090"; case, spaces and dashes ignored) or by device name.
+    Raises SpecError naming the presets when nothing matches."""
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError("hardware name is empty")
+    squash = lambda s: re.sub(r"[\s\-_]", "", s.lower())  # noqa: E731
+    by_key = {squash(k): hw for k, hw in PRESETS.items()}
+    hw = by_key.get(squash(name)) or match_device_name(name)
+    if hw is None:
+        raise SpecError(f"unknown hardware {name!r}; presets: {', '.join(PRESETS)} "
+                        "(or a torch.cuda.get_device_name() string of one of them)")
+    return hw
+
+
+# --------------------------------------------------------------------------------------------- calibration
+class CalibrationError(SpecError):
+    """Calibration cannot run here (no CUDA device, bad sizes)."""
+
+
+def _median_seconds(fn, device: str, warmup: int, repeats: int) -> float:
+    """Median wall time of fn() on `device`: CUDA events around each repeat on GPUs, perf_counter on CPU."""
+    import torch
+
+    if warmup < 0 or repeats < 1:
+        raise CalibrationError("need warmup >= 0 and repeats >= 1")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)  # ms -> s
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise CalibrationError("calibration needs a CUDA GPU, but torch.cuda.is_available() is False "
+                                   "(use a preset with --hardware NAME, or device='cpu' for a smoke test)")
+    elif device != "cpu":
+        raise CalibrationError(f"unsupported calibration device {device!r}; use 'cuda', 'cuda:N' or 'cpu'")
+
+
+def measure_matmul_flops(size: int = 8192, device: str = "cuda", warmup: int = 3, repeats: int = 10) -> float:
+    """Achieved bf16 FLOP/s of a size^3 matmul (2*size^3 FLOPs per call), median of `repeats` after warm-up."""
+    import torch
+
+    _check_device(device)
+    if size < 1:
+        raise CalibrationError("matmul size must be positive")
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=gen)
+    out = torch.empty(size, size, device=device, dtype=torch.bfloat16)
+    seconds = _median_seconds(lambda: torch.mm(a, b, out=out), device, warmup, repeats)
+    return 2.0 * size ** 3 / seconds  # 2 FLOPs per multiply-add
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda", warmup: int = 3, repeats: int = 10) -> float:
+    """Achieved copy bandwidth in bytes/s, counting bytes read plus bytes written (2 * nbytes per copy)."""
+    import torch
+
+    _check_device(device)
+    if nbytes < 1:
+        raise CalibrationError("copy size must be positive")
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda: dst.copy_(src), device, warmup, repeats)
+    return 2.0 * nbytes / seconds  # read + write
+
+
+def calibrate(device: str = "cuda", matmul_size: int = 8192, copy_bytes: int = 1 << 30, warmup: int = 3,
+              repeats: int = 10) -> Hardware:
+    """Measure the present GPU and return a calibrated Hardware: peak = achieved bf16 matmul FLOP/s, bandwidth =
+    achieved device-to-device copy (read + write). device='cpu' runs the same code path on the CPU (tests)."""
+    import torch
+
+    _check_device(device)
+    flops = measure_matmul_flops(matmul_size, device, warmup, repeats)
+    bandwidth = measure_copy_bandwidth(copy_bytes, device, warmup, repeats)
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        memory_gb = torch.cuda.get_device_properties(device).total_memory / 1e9
+        preset = match_device_name(name)
+    else:
+        import os
+        name, preset = "CPU", None
+        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    source = (f"calibrated on {name} at {when} with torch {torch.__version__}: bf16 {matmul_size}^3 matmul "
+              f"{flops / 1e12:.1f} TFLOP/s, copy of {copy_bytes / 2**20:.0f} MiB {bandwidth / 1e12:.3f} TB/s "
+              f"(read + write), medians of {repeats} after {warmup} warm-up")
+    if preset is not None:
+        source += f"; datasheet {preset.peak_tflops:g} TFLOP/s, {preset.bandwidth_tbs:g} TB/s"
+    return Hardware(name=name, peak_tflops=flops / 1e12, bandwidth_tbs=bandwidth / 1e12, memory_gb=memory_gb,
+                    source=source, calibrated=True)
