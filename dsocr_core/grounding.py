@@ -635,12 +635,23 @@ def match_blocks(ref: Sequence[Block], other: Sequence[Block], threshold: float 
     import numpy as np
     from scipy.optimize import linear_sum_assignment
 
-    m = np.zeros((len(ref), len(other)))
-    for i, a in enumerate(ref):
-        for j, b in enumerate(other):
-            if a.page == b.page:
-                v = iou(a.bbox, b.bbox)
-                m[i, j] = v if v >= threshold else 0.0
+    def boxes(blocks: Sequence[Block]):
+        arr = np.array([b.bbox if b.bbox is not None else (0, 0, 0, 0) for b in blocks], dtype=float)
+        has = np.array([b.bbox is not None for b in blocks])
+        return arr, has, np.array([b.page for b in blocks])
+
+    (ra, rh, rp), (oa, oh, op) = boxes(ref), boxes(other)
+    ix = np.clip(np.minimum(ra[:, None, 2], oa[None, :, 2]) - np.maximum(ra[:, None, 0], oa[None, :, 0]), 0, None)
+    iy = np.clip(np.minimum(ra[:, None, 3], oa[None, :, 3]) - np.maximum(ra[:, None, 1], oa[None, :, 1]), 0, None)
+    inter = ix * iy
+    area_r = (ra[:, 2] - ra[:, 0]) * (ra[:, 3] - ra[:, 1])
+    area_o = (oa[:, 2] - oa[:, 0]) * (oa[:, 3] - oa[:, 1])
+    union = area_r[:, None] + area_o[None, :] - inter
+    same = (ra[:, None, :] == oa[None, :, :]).all(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.where(union > 0, inter / np.where(union > 0, union, 1), same.astype(float))  # == iou()
+    m = np.where(rh[:, None] & oh[None, :] & (rp[:, None] == op[None, :]), m, 0.0)
+    m = np.where(m >= threshold, m, 0.0)
     rows, cols = linear_sum_assignment(m, maximize=True)
     return [(int(i), int(j), float(m[i, j])) for i, j in zip(rows, cols) if m[i, j] >= threshold and m[i, j] > 0]
 
