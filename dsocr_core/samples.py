@@ -55,7 +55,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("receipt", 600, 1800, "Order Receipt", seed=6, paragraphs=3, table_rows=8, table_cols=2, bars=3,
              note="tall strip; tiles 1x3"),
     PageSpec("card", 620, 440, "Visitor Card", seed=7, paragraphs=1, table_rows=2, table_cols=2, bars=3,
-             note="no larger than 640 on both sides after tiling rules: global view only"),
+             note="no side above 640 pixels: global view only, no tiles"),
 )
 
 WORDS = ("system data report value team plan review result method process period total growth margin "
