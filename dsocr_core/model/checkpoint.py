@@ -8,6 +8,7 @@ Synthetic weights are seeded per tensor name, so a tensor's values do not depend
 from __future__ import annotations
 
 import json
+import math
 import time
 import zlib
 from pathlib import Path
@@ -28,6 +29,7 @@ SINGLE_NAME = "model.safetensors"
 ALLOWED_EXTRA = frozenset({"model.vision_model.embeddings.position_ids"})
 LIST_LIMIT = 20  # names shown per kind of problem
 INIT_STD = 0.02
+CHUNK_ELEMENTS = 1 << 28  # tensors read per opening of a safetensors file while loading
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
 
@@ -174,13 +176,14 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
     _check_names(listing, expected, str(folder))
 
     state = {}
-    for path in files:
-        with _open(path) as f:
-            for name in f.keys():
-                if name not in expected:
-                    continue  # an allowed extra
-                # one tensor of scratch at a time; none when file dtype and device already match
-                state[name] = _read(f, name, path).to(device=device, dtype=dtype)
+    for path, names in _read_plan(listing, expected, files):
+        with _open(path) as f:  # reopened per chunk: the file's mmap (counted in RSS) is released as we go
+            for name in names:
+                raw = _read(f, name, path)
+                tensor = raw.to(device=device, dtype=dtype)  # at most one tensor of scratch at a time
+                # safetensors hands out CPU tensors backed by the file's mmap: copy them into our own memory so
+                # later edits to the file cannot change the model and timings do not include page faults
+                state[name] = raw.clone() if tensor is raw else tensor
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
     file_dtypes: dict[str, int] = {}
@@ -216,6 +219,23 @@ def _weight_files(folder: Path) -> tuple[list[Path], dict | None]:
     if not files:
         raise CheckpointError(f"{folder} has no *.safetensors weights (and no {INDEX_NAME})")
     return files, None
+
+
+def _read_plan(listing: dict, expected: Mapping, files: list[Path]) -> list[tuple[Path, list[str]]]:
+    """(file, names) chunks of at most CHUNK_ELEMENTS elements each, skipping allowed extras."""
+    plan = []
+    for path in files:
+        chunk, size = [], 0
+        for name in sorted(n for n in expected if listing[n][2] == path.name):
+            numel = math.prod(listing[name][0])
+            if chunk and size + numel > CHUNK_ELEMENTS:
+                plan.append((path, chunk))
+                chunk, size = [], 0
+            chunk.append(name)
+            size += numel
+        if chunk:
+            plan.append((path, chunk))
+    return plan
 
 
 def _open(path: Path):

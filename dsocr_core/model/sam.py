@@ -165,7 +165,8 @@ class SamEncoder(nn.Module):
         self.net_3 = nn.Conv2d(c1, c2, kernel_size=3, stride=2, padding=1, bias=False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(pixels.to(self.pos_embed.dtype))  # [N, P, P, W]
+        pos = self.pos_embed
+        x = self.patch_embed(pixels.to(device=pos.device, dtype=pos.dtype))  # [N, P, P, W]; no-op when matching
         x = x + self._pos_embed(x.shape[1], x.shape[2])
         for block in self.blocks:
             x = block(x)
