@@ -85,6 +85,8 @@ def choose_grid(width: int, height: int, min_num: int = 2, max_num: int = 9, til
 def crop_grid(width: int, height: int, mode: Mode | str = "gundam", min_num: int = 2, max_num: int = 9) -> tuple[int, int]:
     """Tile grid an image gets in a mode: (1, 1) means global view only (untiled modes, or a small page)."""
     info = mode_info(mode)
+    if width <= 0 or height <= 0:
+        raise SpecError(f"image size must be positive, got {width}x{height}")
     if not info.crop_mode:
         return (1, 1)
     if width <= info.tile_size and height <= info.tile_size:

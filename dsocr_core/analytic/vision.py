@@ -3,13 +3,14 @@
 A view's cost depends only on the spec and S, so the sweep computes it once per view size and scales it by the
 number of views (`Cost.scaled`); the stage code adds the global views and the tile views as two calls.
 
-Byte model (activations): every matmul, conv and attention kernel reads its inputs and writes its output once in
-the activation dtype; each norm, activation and residual add is one read of its inputs and one write of its
-output (as if fused). Not charged: fp32 casts inside norms, the bicubic resize of position tables (once per call,
-a few MB), reshapes/permutes that torch does as views. SAM's dense relative-position mask IS charged: it is
-materialised in the activation dtype and read by SDPA. Weights are charged once per forward call.
-FLOP constants for non-matmul work (other FLOPs): LayerNorm 7/element, exact GELU 8, quick_gelu 5, softmax with
-its scale 6 per score, residual add 1, mask add 1.
+Byte model (activations): the ops our eager torch model runs (dsocr_core/model), each reading its inputs and
+writing its output once in the activation dtype: matmuls, convs, SDPA, nn.LayerNorm and GELU are single kernels;
+LayerNorm2d, quick_gelu and the window partition are several ops, each charged. SAM's dense relative-position mask
+is materialised in the activation dtype and read by SDPA. Not charged: the bicubic/linear resize of position
+tables (once per call, a few MB), `torch.cat` of pixel batches, einsum-internal transposes. Weights are charged
+once per forward call.
+FLOP constants for non-matmul work (other FLOPs): LayerNorm 7/element, LayerNorm2d 8, exact GELU 8, quick_gelu 6,
+softmax with its scale 6 per score, residual add 1, mask add 1.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from .cost import Cost
 from .params import clip_layer_params, sam_block_params
 
 LN_FLOPS = 7  # LayerNorm per element: mean, centre, square, variance, normalise, scale, shift
+LN2D_FLOPS = 8  # LayerNorm2d as written: mean, centre, square, mean, centre again, divide, scale, shift
 GELU_FLOPS = 8  # exact (erf) GELU per element
-QUICK_GELU_FLOPS = 5  # x * sigmoid(1.702 x) per element
+QUICK_GELU_FLOPS = 6  # h * sigmoid(1.702 h): scale, sigmoid (~4), multiply
 SOFTMAX_FLOPS = 6  # per attention score: scale, max, subtract, exp, sum, divide
 
 
@@ -71,50 +73,54 @@ def sam_pos_embed(spec: ModelSpec, side: int, dt: int, params: dict) -> Cost:
 
 
 def sam_attn(spec: ModelSpec, side: int, dt: int, global_block: bool, params_n: int) -> Cost:
-    """SAM attention on one view. Windowed blocks pad the P x P map to a multiple of the window and run on
-    windows of win^2 tokens; global blocks run on all P^2 tokens. A dense relative-position bias
-    [groups*heads, L, L] is materialised in dt and passed to SDPA as its mask."""
+    """SAM attention on one view, with the block's window partition and residual add. Windowed blocks pad the
+    P x P map to a multiple of the window and run on windows of win^2 tokens; global blocks run on all P^2 tokens.
+    The bias rel_h + rel_w is materialised as a dense [groups*heads, L, L] mask in dt and passed to SDPA."""
     p, w, heads = sam_patches(spec, side), spec.sam_width, spec.sam_heads
     if global_block:
-        span, groups = p, 1  # one group of P x P tokens
+        span, groups, padded = p, 1, False  # one group of P x P tokens
     else:
         win = spec.sam_window
-        padded = -(-p // win) * win  # P rounded up to a multiple of the window
-        span, groups = win, (padded // win) ** 2  # windows of win x win tokens
+        pp = -(-p // win) * win  # P rounded up to a multiple of the window
+        span, groups, padded = win, (pp // win) ** 2, pp != p  # windows of win x win tokens
     seq = span * span  # tokens per attention group (L)
     n = groups * seq  # tokens through qkv/proj: padded P^2 for windowed, P^2 for global
-    scores = groups * heads * seq * seq  # elements of the dense mask and of the score matrix
+    scores = groups * heads * seq * seq  # elements of the dense mask (and of the implicit score matrix)
     rel = 2 * groups * heads * seq * span  # elements of rel_h [.., h, w, h] plus rel_w [.., h, w, w]
     real = p * p * w  # elements of the unpadded map (residual stream)
-    pad_copy = 0 if global_block else real  # window partition and un-partition each copy the map once
+    windowed = 0 if global_block else 1
+    pad = real if padded else 0  # F.pad reads the map (and writes n * w elements)
     tensor = (2 * n * w * 3 * w  # qkv projection
               + 2 * n * w * 2 * span  # rel-pos einsums rel_h and rel_w (q against [span, span, d] tables)
               + 4 * n * seq * w  # SDPA QK^T and PV with the dense mask, non-causal (4 * groups*heads * L*L * d)
               + 2 * n * w * w)  # output projection
     return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,  # vision attention is not causal
                 other_flops=(scores  # mask = rel_h + rel_w, broadcast to [L, L]
-                             + SOFTMAX_FLOPS * scores  # softmax over the scores
+                             + SOFTMAX_FLOPS * scores  # softmax over the scores inside SDPA
                              + real),  # residual add (done in the block; charged here)
                 weight_bytes=params_n * dt,
-                act_read=(pad_copy  # window partition reads the normed map
+                act_read=(windowed * (pad + n * w)  # partition: zero-pad, then the window permute copy
                           + n * w  # qkv reads its input
+                          + n * w  # q reshaped to [groups*heads, h, w, d] (a copy)
                           + 2 * n * w  # the two einsums each read q
                           + rel  # building the mask reads rel_h and rel_w
-                          + 3 * n * w  # SDPA reads q, k, v
-                          + scores  # SDPA reads the dense mask
-                          + n * w  # proj reads the attention output
-                          + pad_copy  # un-partition reads the windows
+                          + 3 * n * w + scores  # SDPA reads q, k, v and the dense mask
+                          + n * w  # head merge (transpose + reshape copy)
+                          + n * w  # proj reads the merged heads
+                          + windowed * (n * w + (real if padded else 0))  # un-partition copy, crop copy
                           + 2 * real) * dt,  # residual add reads shortcut and attention output
-                act_write=(pad_copy  # partitioned (padded) windows
+                act_write=(windowed * ((n * w if padded else 0) + n * w)  # padded map, windows
                            + 3 * n * w  # q, k, v
+                           + n * w  # reshaped q
                            + rel  # rel_h and rel_w
                            + scores  # the dense mask
                            + n * w  # SDPA output
+                           + n * w  # merged heads
                            + n * w  # proj output
-                           + pad_copy  # un-partitioned map
+                           + windowed * (n * w + (real if padded else 0))  # un-partitioned map, cropped map
                            + real) * dt,  # residual sum
                 peak_activation=(real  # shortcut
-                                 + 3 * n * w  # q, k, v
+                                 + 3 * n * w + n * w  # q, k, v and the reshaped q
                                  + rel + scores  # rel_h, rel_w and the dense mask
                                  + n * w) * dt,  # SDPA output
                 weight_memory=params_n * dt)
@@ -138,11 +144,11 @@ def sam_neck(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
     t = p * p
     tensor = 2 * t * w * nd + 2 * t * nd * nd * 9  # 1x1 conv W->neck, 3x3 conv neck->neck (pad 1)
     return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
-                other_flops=2 * LN_FLOPS * t * nd,  # two LayerNorm2d
+                other_flops=2 * LN2D_FLOPS * t * nd,  # two LayerNorm2d
                 weight_bytes=params_n * dt,
-                act_read=t * (w + 3 * nd) * dt,  # conv1 in, LN in, conv2 in, LN in
-                act_write=t * 4 * nd * dt,  # conv1, LN, conv2, LN outputs
-                peak_activation=t * max(w + nd, 2 * nd) * dt,
+                act_read=t * (w + nd + 2 * 8 * nd) * dt,  # conv1 in, conv2 in, 8 reads per LayerNorm2d element
+                act_write=t * (2 * nd + 2 * 6 * nd) * dt,  # conv outputs, 6 writes per LayerNorm2d element
+                peak_activation=t * max(w + nd, 4 * nd) * dt,  # conv1 in/out, or LN2d input, centred, squared, out
                 weight_memory=params_n * dt)
 
 
@@ -171,11 +177,10 @@ def clip_embeddings(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
     read = c + (spec.clip_pos_grid ** 2 + 1) * c  # class embedding and position table (patch conv never runs)
     return Cost(other_flops=n * c,  # position add
                 weight_bytes=read * dt,
-                act_read=(g * g * c  # flatten/transpose of SAM features
-                          + g * g * c  # concat with CLS
-                          + n * c) * dt,  # position add
-                act_write=(g * g * c + n * c + n * c) * dt,
-                peak_activation=(g * g * c + 2 * n * c) * dt,
+                act_read=(g * g * c  # concat reads the (transposed) SAM features
+                          + 2 * n * c) * dt,  # position add reads tokens and positions
+                act_write=2 * n * c * dt,  # concatenation, sum
+                peak_activation=(g * g * c + 3 * n * c) * dt,
                 weight_memory=params_n * dt)
 
 
@@ -187,9 +192,13 @@ def clip_attn(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
     return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
                 other_flops=SOFTMAX_FLOPS * heads * n * n + n * c,  # softmax in the kernel, residual add
                 weight_bytes=params_n * dt,
-                act_read=(n * c + 3 * n * c + n * c + 2 * n * c) * dt,  # qkv in, SDPA q/k/v, out_proj in, residual
-                act_write=(3 * n * c + n * c + n * c + n * c) * dt,  # q/k/v, SDPA out, out_proj out, residual sum
-                peak_activation=(n * c + 3 * n * c + n * c) * dt,  # shortcut, q/k/v, output (no score matrix)
+                act_read=(n * c  # qkv_proj reads x
+                          + 3 * n * c  # SDPA reads q, k, v
+                          + n * c  # head merge copy
+                          + n * c  # out_proj reads merged heads
+                          + 2 * n * c) * dt,  # residual add
+                act_write=(3 * n * c + n * c + n * c + n * c + n * c) * dt,  # q/k/v, SDPA, merge, out_proj, sum
+                peak_activation=(n * c + 3 * n * c + 2 * n * c) * dt,  # shortcut, q/k/v, output and its copy
                 weight_memory=params_n * dt)
 
 
@@ -199,9 +208,9 @@ def clip_mlp(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
     return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
                 other_flops=QUICK_GELU_FLOPS * n * m + n * c,  # quick_gelu, residual add
                 weight_bytes=params_n * dt,
-                act_read=n * (c + m + m + 2 * c) * dt,
-                act_write=n * (m + m + c + c) * dt,
-                peak_activation=n * (c + m + m + c) * dt,
+                act_read=n * (c + 4 * m + m + 2 * c) * dt,  # fc1 in; 1.702*h, sigmoid, h*s read 4; fc2 in; residual
+                act_write=n * (m + 3 * m + c + c) * dt,  # fc1 out; three quick_gelu outputs; fc2 out; residual sum
+                peak_activation=n * (c + 3 * m + c) * dt,  # input, h, sigmoid and product, output
                 weight_memory=params_n * dt)
 
 

@@ -1,0 +1,104 @@
+"""Vectorised sweeps: the same numbers as single points, monotonic growth, grid layout and limits."""
+import numpy as np
+import pytest
+
+from dsocr_core.analytic import Points, evaluate, stage_totals, sweep_table
+from dsocr_core.hardware import get_hardware
+from dsocr_core.spec import ModelSpec, SpecError, Workload
+from dsocr_core.tiling import crop_grid
+
+SPEC = ModelSpec()
+HW = get_hardware("a100-sxm-40gb")
+
+
+@pytest.mark.parametrize("settings", [
+    dict(mode="gundam", attn="sdpa", logits="all"),
+    dict(mode="gundam", attn="eager", logits="last", max_crops=6),
+    dict(mode="base", attn="flash", logits="all", dtype="float32"),
+])
+def test_sweep_equals_single_points(settings):
+    mode = settings["mode"]
+    crops = [(1, 1), (2, 2), (3, 2)] if mode == "gundam" else [(1, 1)]
+    text, batch, steps = [1, 10, 700], [1, 5], [0, 1, 17]
+    pts = Points.grid(crops=crops, text_tokens=text, batch=batch, decode_steps=steps, **settings)
+    stages = evaluate(SPEC, pts, HW)
+    i = 0
+    for c in crops:
+        for t in text:
+            for b in batch:
+                for n in steps:
+                    w = Workload(crops=None if c == (1, 1) else c, text_tokens=t, batch=b, decode_steps=n,
+                                 **settings)
+                    single = stage_totals(SPEC, w, HW)
+                    for stage, values in single.items():
+                        for key, value in values.items():
+                            got = stages[stage][key][i]
+                            assert got == value if isinstance(value, str) else got == pytest.approx(value, rel=1e-12)
+                    i += 1
+    assert i == pts.size
+
+
+def test_image_sizes_tile_like_tiling():
+    images = [(1920, 1080), (640, 640), (1240, 1754), (3000, 1000), (500, 5000), (2000, 2000)]
+    for lo, hi in [(2, 9), (2, 6)]:
+        pts = Points.grid(images=images, min_crops=lo, max_crops=hi)
+        got = list(zip(pts.crops_w.tolist(), pts.crops_h.tolist()))
+        assert got == [crop_grid(w, h, "gundam", lo, hi) for w, h in images]
+    single = stage_totals(SPEC, Workload(image_size=(1920, 1080)), HW)
+    assert evaluate(SPEC, Points.grid(images=[(1920, 1080)]), HW)["total"]["time_s"][0] == single["total"]["time_s"]
+
+
+def test_growth_is_monotonic():
+    text = np.array([1, 2, 10, 100, 1000, 4000])
+    pts = Points.grid(crops=[(2, 2)], text_tokens=text, batch=[4], decode_steps=[50])
+    s = evaluate(SPEC, pts, HW)
+    for stage in ("prefill", "decode", "total"):
+        for key in ("tensor_flops", "flops", "bytes", "time_s", "kv_cache_memory"):
+            assert np.all(np.diff(s[stage][key]) > 0), (stage, key)
+    assert np.all(np.diff(s["prefill"]["peak_activation_memory"]) > 0)  # a decode step's peak (SDPA) does not grow
+    crops = [(1, 1), (2, 1), (2, 2), (3, 2), (3, 3), (4, 4), (6, 5)]
+    s = evaluate(SPEC, Points.grid(crops=crops, text_tokens=[10], decode_steps=[10]), HW)
+    for stage in ("sam", "clip", "projector", "vision", "prefill", "decode", "total"):
+        for key in ("tensor_flops", "bytes", "time_s"):
+            assert np.all(np.diff(s[stage][key]) > 0), (stage, key)
+    steps = evaluate(SPEC, Points.grid(crops=[(2, 2)], decode_steps=[0, 1, 2, 10, 1000]), HW)["decode"]
+    assert np.all(np.diff(steps["time_s"]) > 0) and np.all(np.diff(steps["kv_bytes"]) > 0)
+    batch = evaluate(SPEC, Points.grid(crops=[(2, 2)], batch=[1, 2, 8, 64], decode_steps=[10]), HW)["decode"]
+    assert np.all(np.diff(batch["weight_bytes"]) > 0)  # more distinct experts touched per step
+
+
+def test_grid_layout_and_table():
+    pts = Points.grid(crops=[(1, 1), (2, 2)], text_tokens=[10, 20, 30], batch=[1, 2], decode_steps=[0, 5])
+    assert pts.size == 24
+    assert pts.crops_w.tolist()[:12] == [1] * 12 and pts.decode_steps.tolist()[:4] == [0, 5, 0, 5]
+    assert pts.image_slots.tolist()[0] == 273 and pts.image_slots.tolist()[-1] == 693
+    df = sweep_table(SPEC, pts, HW, with_capacity=True)
+    assert len(df) == 24 and {"prefill.flops", "decode.bound", "capacity.pages_per_day", "sequence"} <= set(df)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(batch=[0]), "batch"),
+    (dict(text_tokens=[-5]), "text tokens"),
+    (dict(decode_steps=[-1]), "decode steps"),
+    (dict(crops=[(0, 2)]), "crop grid"),
+    (dict(crops=[(40, 40)]), "past the limit"),
+    (dict(crops=[(2, 2)], mode="tiny"), "does not tile"),
+    (dict(attn="xformers"), "attention"),
+    (dict(text_tokens=np.arange(1, 5001), batch=np.arange(1, 101), decode_steps=np.arange(50)), "past the limit"),
+])
+def test_impossible_grids_raise(kwargs, msg):
+    with pytest.raises(SpecError, match=msg):
+        Points.grid(**kwargs)
+
+
+def test_hundred_thousand_points_are_fast():
+    import time
+
+    crops = [(1, 1)] + [(w, h) for w in range(1, 10) for h in range(1, 10) if 2 <= w * h <= 9]
+    t0 = time.perf_counter()
+    pts = Points.grid(crops=crops, text_tokens=np.linspace(10, 4010, 37).astype(int), batch=[1, 2, 4, 8, 16, 32, 64, 128],
+                      decode_steps=[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
+    stages = evaluate(SPEC, pts, HW)
+    elapsed = time.perf_counter() - t0
+    assert pts.size >= 100_000 and np.all(np.isfinite(stages["total"]["time_s"]))
+    assert elapsed < 5.0  # the benchmark's goal is >= 100k points/s; this only guards against regressions
