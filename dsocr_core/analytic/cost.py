@@ -7,7 +7,7 @@ of ONE such module summed over the calls it takes part in, and the per-call part
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,7 +70,8 @@ def affine_sum(first, last, n):
 
 def sum_of_max(c0, c1, m0, m1, n):
     """Sum over n steps i = 0..n-1 of max(c_i, m_i) where c and m are affine in i with first values c0, m0 and last
-    values c1, m1 (closed form, no loop over steps). Used for decode time summed over contexts."""
+    values c1, m1 (closed form, no loop over steps). Used for decode time summed over contexts.
+    With n == 1 the first and last values must be those of the same (only) step."""
     n = np.asarray(n, dtype=float)
     last = np.maximum(n - 1, 1)
     h0 = c0 - m0  # compute minus memory time at the first step
@@ -97,7 +98,6 @@ class Row:
     cost: Cost  # one module, all its calls combined
     parts: tuple[Cost, ...] = ()  # per-call costs timed separately (vision: global views, tile views)
     steps: tuple[Cost, Cost, object] | None = None  # decode: (first step, last step, number of steps)
-    extra: dict = field(default_factory=dict)
 
     @property
     def count(self) -> int:

@@ -54,10 +54,10 @@ def sam_patch_embed(spec: ModelSpec, side: int, dt: int, params: dict) -> Cost:
     n = params["model.sam_model.patch_embed"]
     return Cost(tensor_flops=2 * p * p * w * 3 * k * k,  # conv 3->W, kernel = stride = patch
                 tensor_flops_causal=2 * p * p * w * 3 * k * k,
-                weight_bytes=n * dt,
+                weight_bytes=n * dt,  # conv weight + bias
                 act_read=3 * side * side * dt,  # pixels
                 act_write=p * p * w * dt,  # patch embeddings
-                peak_activation=(3 * side * side + p * p * w) * dt,
+                peak_activation=(3 * side * side + p * p * w) * dt,  # pixels and patch embeddings
                 weight_memory=n * dt)
 
 
@@ -68,7 +68,7 @@ def sam_pos_embed(spec: ModelSpec, side: int, dt: int, params: dict) -> Cost:
     return Cost(other_flops=p * p * w,  # one add per element
                 weight_bytes=n * dt,  # the table
                 act_read=p * p * w * dt, act_write=p * p * w * dt,  # x read, x + pos written
-                peak_activation=2 * p * p * w * dt,
+                peak_activation=2 * p * p * w * dt,  # x and x + pos
                 weight_memory=n * dt)
 
 
@@ -161,8 +161,8 @@ def sam_downsample(spec: ModelSpec, side: int, dt: int, which: int, params_n: in
     tensor = 2 * o * o * c_in * c_out * 9  # 3x3 conv, stride 2
     return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
                 weight_bytes=params_n * dt,
-                act_read=n_in * n_in * c_in * dt, act_write=o * o * c_out * dt,
-                peak_activation=(n_in * n_in * c_in + o * o * c_out) * dt,
+                act_read=n_in * n_in * c_in * dt, act_write=o * o * c_out * dt,  # input map, output map
+                peak_activation=(n_in * n_in * c_in + o * o * c_out) * dt,  # both alive during the conv
                 weight_memory=params_n * dt)
 
 
@@ -180,7 +180,7 @@ def clip_embeddings(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
                 act_read=(g * g * c  # concat reads the (transposed) SAM features
                           + 2 * n * c) * dt,  # position add reads tokens and positions
                 act_write=2 * n * c * dt,  # concatenation, sum
-                peak_activation=(g * g * c + 3 * n * c) * dt,
+                peak_activation=(g * g * c + 3 * n * c) * dt,  # SAM features, concat, positions, sum
                 weight_memory=params_n * dt)
 
 
@@ -219,11 +219,11 @@ def projector(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
     f = g * g  # features of the view (CLS dropped)
     tensor = 2 * f * din * h  # Linear(projector_input_dim -> hidden)
     return Cost(tensor_flops=tensor, tensor_flops_causal=tensor,
-                weight_bytes=params_n * dt,
+                weight_bytes=params_n * dt,  # weight + bias
                 act_read=(f * spec.clip_width + f * spec.sam_downsample[1]  # concat reads CLIP and SAM features
                           + f * din) * dt,  # the linear reads the concatenation
                 act_write=(f * din + f * h) * dt,  # concatenation, projected features
-                peak_activation=f * (spec.clip_width + spec.sam_downsample[1] + din + h) * dt,
+                peak_activation=f * (spec.clip_width + spec.sam_downsample[1] + din + h) * dt,  # inputs, concat, out
                 weight_memory=params_n * dt)
 
 
