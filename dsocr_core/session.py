@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from .flops import count_flops
+from .flops import count_flops, model_counter, module_flops
 from .generation import next_tokens
 from .spec import ModelSpec
 from .timing import StageTimer
@@ -152,38 +152,16 @@ class Session:
         return self.to_device(inputs)
 
     def to_device(self, inputs):
-        inputs.input_ids = inputs.input_ids.to(self.device)
-        inputs.images_seq_mask = inputs.images_seq_mask.to(self.device)
-        inputs.images_spatial_crop = inputs.images_spatial_crop.to(self.device)
-        inputs.images = [(c.to(self.device, self.torch_dtype), g.to(self.device, self.torch_dtype))
-                         for c, g in inputs.images]
-        return inputs
+        """Inputs on this session's device, pixels in its dtype."""
+        return inputs.to(self.device, self.torch_dtype)
 
     # ------------------------------------------------------------------ stages
     def _vision(self, inputs, timer: StageTimer) -> list[torch.Tensor]:
-        """SAM over every view of every row, then CLIP, then the projector and slot layout: per row [slots, H]."""
-        m = self.model.model
-        views = []  # (row, kind, pixels)
-        for row, (crops, glob) in enumerate(inputs.images):
-            tw, th = (int(v) for v in inputs.images_spatial_crop[row].tolist())
-            if (tw, th) != (1, 1):
-                views.append((row, "local", crops))
-            views.append((row, "global", glob))
-        with timer.stage("sam", track_memory=True):
-            sam = [m.sam_model(px) for _, _, px in views]
-        with timer.stage("clip", track_memory=True):
-            clip = [m.vision_model(s) for s in sam]
-        with timer.stage("projector", track_memory=True):
-            feats = [m.project(c, s) for c, s in zip(clip, sam)]
-            per_row: dict[int, dict[str, torch.Tensor]] = {}
-            for (row, kind, _), f in zip(views, feats):
-                per_row.setdefault(row, {})[kind] = f
-            embeds = []
-            for row in range(len(inputs.images)):
-                grid = tuple(int(v) for v in inputs.images_spatial_crop[row].tolist())
-                local = per_row[row].get("local")
-                embeds.append(m.layout_image(per_row[row]["global"][0], local, grid))
-        return embeds
+        """The model's own vision code (the one one-shot generation runs), with sam/clip/projector timed."""
+        def stage(name: str):
+            return timer.stage(name, track_memory=True)
+
+        return self.model.model.vision_embeddings(inputs.images, inputs.images_spatial_crop, stage=stage)
 
     @torch.no_grad()
     def prefill(self, inputs, logits: str = "all", upto: int | None = None,
@@ -347,27 +325,26 @@ class Session:
         FlopCounterMode in its own pass (never while timing). Returns {stage: {"flops", "modules"}}."""
         m = self.model.model
         out: dict[str, dict] = {}
-        views = []
-        for row, (crops, glob) in enumerate(inputs.images):
-            grid = tuple(int(v) for v in inputs.images_spatial_crop[row].tolist())
-            views += ([crops] if grid != (1, 1) else []) + [glob]
-        sam, total, mods = count_flops(lambda: [m.sam_model(v) for v in views], m.sam_model, "model.sam_model")
-        out["sam"] = {"flops": total, "modules": mods}
-        clip, total, mods = count_flops(lambda: [m.vision_model(s) for s in sam], m.vision_model,
-                                        "model.vision_model")
-        out["clip"] = {"flops": total, "modules": mods}
-        _, total, mods = count_flops(lambda: [m.project(c, s) for c, s in zip(clip, sam)], m.projector,
-                                     "model.projector")
-        out["projector"] = {"flops": total, "modules": mods}
-        embeds = self._vision(inputs, StageTimer(self.device))
+        counters: dict[str, list] = {}
+
+        def stage(name: str):
+            # a fresh counter per entry: a FlopCounterMode clears its counts when entered again
+            counters.setdefault(name, []).append(model_counter(self.model))
+            return counters[name][-1]
+
+        with torch.no_grad():
+            embeds = m.vision_embeddings(inputs.images, inputs.images_spatial_crop, stage=stage)
+        for name in VISION_STAGES:
+            total, mods = module_flops(counters[name], self.model)
+            out[name] = {"flops": total, "modules": mods}
         x = m.embed(inputs.input_ids, inputs.images_seq_mask, embeds)
         (logits_out, cache), total, mods = count_flops(lambda: self.model.forward_lm(x, cache=None, logits=logits),
-                                                       self.model, "")
+                                                       self.model)
         out["prefill"] = {"flops": total, "modules": mods}
         token = logits_out[:, -1].argmax(-1)
         step_flops, step_mods = [], {}
         for _ in range(decode_steps):
-            (step_logits, cache), total, mods = count_flops(lambda: self.decode_step(token, cache), self.model, "")
+            (step_logits, cache), total, mods = count_flops(lambda: self.decode_step(token, cache), self.model)
             token = step_logits.argmax(-1)
             step_flops.append(total)
             for k, v in mods.items():

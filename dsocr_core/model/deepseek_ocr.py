@@ -7,7 +7,8 @@ HF path (facts section 6): `images` is one (crops, global) pair per batch row, `
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Sequence
 
 import torch
 from torch import nn
@@ -19,6 +20,11 @@ from .kv_cache import KVCache
 from .sam import SamEncoder
 
 ImagePair = tuple[torch.Tensor | None, torch.Tensor]  # (crops [n,3,t,t] or None/zeros, global [1,3,S,S])
+StageFn = Callable[[str], ContextManager]  # stage("sam") -> context manager around that stage's work
+
+
+def no_stage(name: str) -> ContextManager:
+    return nullcontext()
 
 
 class Projector(nn.Module):
@@ -59,15 +65,24 @@ class DeepseekOCRModel(nn.Module):
         sam = self.sam_model(pixels)
         return self.project(self.vision_model(sam), sam)
 
-    def encode_views(self, views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Encode several view batches, running the encoders once per distinct view size."""
+    def encode_views(self, views: Sequence[torch.Tensor], stage: StageFn = no_stage) -> list[torch.Tensor]:
+        """Encode several view batches, running the encoders once per distinct view size. `stage(name)` wraps
+        all SAM calls, then all CLIP calls, then all projector calls, so a caller can time the three stages
+        while one-shot generation runs exactly the same code."""
         groups: dict[tuple, list[int]] = {}
         for i, v in enumerate(views):
             groups.setdefault(tuple(v.shape[1:]), []).append(i)
+        batches = [torch.cat([views[i] for i in idxs]) if len(idxs) > 1 else views[idxs[0]]
+                   for idxs in groups.values()]
+        with stage("sam"):
+            sams = [self.sam_model(b) for b in batches]
+        with stage("clip"):
+            clips = [self.vision_model(s) for s in sams]
+        with stage("projector"):
+            feats = [self.project(c, s) for c, s in zip(clips, sams)]
         out: list[torch.Tensor | None] = [None] * len(views)
-        for idxs in groups.values():
-            feats = self.encode(torch.cat([views[i] for i in idxs]) if len(idxs) > 1 else views[idxs[0]])
-            for i, part in zip(idxs, feats.split([views[i].shape[0] for i in idxs])):
+        for idxs, f in zip(groups.values(), feats):
+            for i, part in zip(idxs, f.split([views[i].shape[0] for i in idxs])):
                 out[i] = part
         return out
 
@@ -101,8 +116,10 @@ class DeepseekOCRModel(nn.Module):
         parts.append(self.view_seperator.to(global_feats.dtype)[None])
         return torch.cat(parts)
 
-    def vision_embeddings(self, images: Sequence[ImagePair], images_spatial_crop) -> list[torch.Tensor]:
-        """Per batch row, the image's slot embeddings [slots, H]. Rows with grid (1, 1) run no local views."""
+    def vision_embeddings(self, images: Sequence[ImagePair], images_spatial_crop,
+                          stage: StageFn = no_stage) -> list[torch.Tensor]:
+        """Per batch row, the image's slot embeddings [slots, H]. Rows with grid (1, 1) run no local views.
+        `stage` as in encode_views; the slot layout counts as part of the projector stage."""
         grids = _grids(images_spatial_crop, len(images))
         views = []
         for row, ((crops, glob), (tw, th)) in enumerate(zip(images, grids)):
@@ -112,12 +129,13 @@ class DeepseekOCRModel(nn.Module):
                     got = None if crops is None else tuple(crops.shape)
                     raise ValueError(f"row {row}: grid {tw}x{th} needs {tw * th} crops, got {got}")
                 views.append(crops)
-        feats = iter(self.encode_views(views))
+        feats = iter(self.encode_views(views, stage))
         out = []
-        for tw, th in grids:
-            glob = next(feats)[0]
-            local = next(feats) if (tw, th) != (1, 1) else None
-            out.append(self.layout_image(glob, local, (tw, th)))
+        with stage("projector"):
+            for tw, th in grids:
+                glob = next(feats)[0]
+                local = next(feats) if (tw, th) != (1, 1) else None
+                out.append(self.layout_image(glob, local, (tw, th)))
         return out
 
     # --- language model ---
