@@ -1,0 +1,191 @@
+"""Measured sweeps: time every stage of the session over a grid of workloads and store each point at once.
+
+Per point: synthetic inputs of the target shape, `warmup` untimed runs, `repeats` timed runs (prefill stages
+and K decode steps), medians and spread, then FLOPs in a separate counting pass. A point is written to the
+store as soon as it is measured, so an interrupt loses nothing already measured and a re-run resumes by
+skipping finished points. An out-of-memory is caught, memory freed, the point recorded as `oom`, and the sweep
+goes on.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import traceback
+from dataclasses import dataclass
+from statistics import median
+from typing import Callable, Iterable
+
+import torch
+
+from .preprocess import synthetic_for_workload
+from .session import VISION_STAGES, Session
+from .spec import Workload
+from .store import RunStore, point_key, stage_stats
+from .tiling import HF_CROP_RANGE, MODES, candidate_grids
+from .timing import StageTimer
+
+Progress = Callable[[int, int, Workload, str], None]  # (points handled, total, workload, status)
+
+
+def vendor_grids(min_crops: int = HF_CROP_RANGE[0], max_crops: int = HF_CROP_RANGE[1]) -> list[tuple[int, int]]:
+    """Every tile grid the vendor HF path can choose (2..9 tiles: 1x2, 2x1, ..., 3x3, 1x9, 9x1)."""
+    return candidate_grids(min_crops, max_crops)
+
+
+def sweep_workloads(modes: Iterable[str] = ("gundam",), grids: Iterable[tuple[int, int]] = ((1, 1),),
+                    text_tokens: Iterable[int] = (10,), batches: Iterable[int] = (1,),
+                    decode_steps: Iterable[int] = (32,), dtype: str = "bfloat16", attn: str = "sdpa",
+                    logits: str = "all") -> list[Workload]:
+    """The grid as Workloads. Crop grids apply to the tiling modes; other modes get one point per setting."""
+    out, seen = [], set()
+    for mode, grid, text, batch, steps in itertools.product(modes, grids, text_tokens, batches, decode_steps):
+        crops = tuple(grid) if MODES[mode].crop_mode else None
+        w = Workload(mode=mode, crops=crops, text_tokens=text, batch=batch, decode_steps=steps, dtype=dtype,
+                     attn=attn, logits=logits)
+        if point_key(w) not in seen:
+            seen.add(point_key(w))
+            out.append(w)
+    return out
+
+
+@dataclass
+class PointResult:
+    stages: dict[str, dict]
+    kv_bytes: int
+    resolved: dict
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _timed_run(session: Session, inputs, workload: Workload) -> tuple[dict[str, float], list[float], dict, object]:
+    timer = StageTimer(session.device)
+    pre = session.prefill(inputs, logits=workload.logits, timer=timer)
+    cache = pre.cache
+    if workload.decode_steps:
+        _, _ = session.decode(workload.decode_steps, pre, timer=timer)
+    marks = timer.finish()
+    totals: dict[str, float] = {}
+    for name, seconds in marks:
+        totals[name] = totals.get(name, 0.0) + seconds
+    steps = [s for name, s in marks if name == "decode"]
+    return totals, steps, dict(timer.peak_memory), cache
+
+
+def count_decode_flops(session: Session, inputs, workload: Workload) -> tuple[int, int]:
+    """(FLOPs of K decode steps from the prompt, FLOPs of the mean step), counted at the first and the last
+    step. Decode FLOPs are affine in the context length (attention grows by a constant per token), so the sum
+    over K steps is exactly K * (first + last) / 2."""
+    from .flops import count_flops
+
+    k = workload.decode_steps
+    if k == 0:
+        return 0, 0
+    pre = session.prefill(inputs, logits="last")
+    token, cache = pre.logits[:, -1].argmax(-1), pre.cache
+    (logits, cache), first, _ = count_flops(lambda: session.decode_step(token, cache), session.model)
+    token = logits.argmax(-1)
+    last = first
+    for step in range(1, k):
+        if step == k - 1:
+            (logits, cache), last, _ = count_flops(lambda: session.decode_step(token, cache), session.model)
+        else:
+            logits, cache = session.decode_step(token, cache)
+        token = logits.argmax(-1)
+    return k * (first + last) // 2, (first + last) // 2
+
+
+def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup: int = 1,
+                  seed: int = 0, count_flops: bool = True) -> PointResult:
+    """Time one workload (medians over `repeats` after `warmup`), then count its FLOPs in a separate pass."""
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
+    for _ in range(warmup):
+        warm = workload.model_copy(update={"decode_steps": min(workload.decode_steps, 2)})
+        _timed_run(session, inputs, warm)
+    runs, peaks, cache = [], {}, None
+    for _ in range(repeats):
+        totals, steps, peak, cache = _timed_run(session, inputs, workload)
+        runs.append((totals, steps))
+        for k, v in peak.items():
+            peaks[k] = max(peaks.get(k, 0), v)
+    kv_bytes = int(cache.nbytes)
+    del cache
+    stages: dict[str, dict] = {}
+    for stage in (*VISION_STAGES, "prefill"):
+        stages[stage] = stage_stats([t.get(stage, 0.0) for t, _ in runs])
+    stages["vision"] = stage_stats([sum(t.get(s, 0.0) for s in VISION_STAGES) for t, _ in runs])
+    if workload.decode_steps:
+        stages["decode"] = stage_stats([t.get("decode", 0.0) for t, _ in runs])
+        # per-step time: the median step of each repeat, then stats over repeats
+        stages["decode_step"] = stage_stats([median(s) for _, s in runs])
+        stages["decode_step"]["times_s"] = runs[len(runs) // 2][1]
+    for stage, peak in peaks.items():
+        if stage in stages:
+            stages[stage]["peak_memory_bytes"] = peak
+    if count_flops:
+        flops = session.count_stage_flops(inputs, logits=workload.logits, decode_steps=0)
+        for stage in (*VISION_STAGES, "prefill"):
+            stages[stage]["flops"] = flops[stage]["flops"]
+        stages["vision"]["flops"] = sum(flops[s]["flops"] for s in VISION_STAGES)
+        if workload.decode_steps:
+            total, mean_step = count_decode_flops(session, inputs, workload)
+            stages["decode"]["flops"] = total
+            stages["decode_step"]["flops"] = mean_step
+    resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
+                "text_tokens": inputs.text_tokens}
+    return PointResult(stages, kv_bytes, resolved)
+
+
+def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_id: str | None = None,
+              name: str = "measured sweep", repeats: int = 3, warmup: int = 1, seed: int = 0,
+              progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+              meta: dict | None = None, kind: str = "sweep") -> str:
+    """Measure every workload not yet finished in `run_id` (a new run when None). Returns the run id.
+
+    `should_stop` is polled between points (the app's stop button); an interrupt leaves every finished point
+    in the store."""
+    from .environment import capture_environment
+
+    if run_id is None:
+        run_id = store.create_run(kind, name, capture_environment(str(session.device)), session.weights,
+                                  dtype=session.dtype, attn=session.attn_impl, session_mode="reference",
+                                  meta={**(meta or {}), "repeats": repeats, "warmup": warmup, "seed": seed,
+                                        "session": session.describe(),
+                                        "spec": session.spec.model_dump(mode="json")})
+    done = store.finished_keys(run_id)
+    total = len(workloads)
+    for i, workload in enumerate(workloads, 1):
+        if should_stop is not None and should_stop():
+            break
+        if point_key(workload) in done:
+            if progress:
+                progress(i, total, workload, "skipped")
+            continue
+        status, message = "done", ""
+        try:
+            if workload.attn != session.attn_impl:
+                session.model.set_attn_impl(workload.attn)
+            result = measure_point(session, workload, repeats, warmup, seed)
+            store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved)
+        except Exception as exc:  # one bad point must not end the sweep
+            status = "oom" if is_oom(exc) else "error"
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            if status == "error":
+                message += " | " + traceback.format_exc(limit=2).splitlines()[-1][:200]
+            free_memory(session.device)
+            store.put_point(run_id, workload, status, message)
+        finally:
+            session.model.set_attn_impl(session.attn_impl)
+        if progress:
+            progress(i, total, workload, status)
+    return run_id

@@ -1,0 +1,110 @@
+"""Measured sweeps on a tiny synthetic model (CPU): storing, resuming, failures, comparison."""
+import pytest
+import torch
+
+import dsocr_core.measure as measure
+from dsocr_core.cli import main
+from dsocr_core.compare import compare_run, summarize, summary_markdown
+from dsocr_core.measure import run_sweep, sweep_workloads, vendor_grids
+from dsocr_core.session import Session
+from dsocr_core.store import RunStore
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.load(synthetic="tiny", device="cpu", dtype="float32")
+
+
+def small_grid():
+    return sweep_workloads(["tiny", "gundam"], [(2, 1)], [10, 30], [1], [3], dtype="float32")
+
+
+def test_vendor_grids_cover_2_to_9_tiles():
+    grids = vendor_grids()
+    assert {w * h for w, h in grids} == set(range(2, 10))
+    assert (4, 2) in grids and (1, 9) in grids and (3, 3) in grids and (2, 5) not in grids
+
+
+def test_sweep_stores_every_point_with_stats_and_flops(session, tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    seen = []
+    run_id = run_sweep(session, store, small_grid(), repeats=2, progress=lambda *a: seen.append(a[3]))
+    run = store.get_run(run_id)
+    assert run["n_done"] == 4 and seen == ["done"] * 4
+    assert run["flags"]["synthetic_weights"] and run["flags"]["cpu"]
+    df = store.points(run_id)
+    assert set(df.stage) >= {"sam", "clip", "projector", "vision", "prefill", "decode", "decode_step"}
+    assert (df.median_s > 0).all() and (df.repeats == 2).all() and (df.flops > 0).all()
+    assert (df.kv_bytes > 0).all()
+    # decode FLOPs: K steps from the prompt, exactly K x the mean step
+    dec = df[df.stage == "decode"].set_index("key").flops
+    step = df[df.stage == "decode_step"].set_index("key").flops
+    assert ((dec - 3 * step).abs() <= 3).all()
+
+
+def test_resume_skips_finished_points(session, tmp_path, monkeypatch):
+    store = RunStore(tmp_path / "runs.sqlite")
+    workloads = small_grid()
+    calls = []
+    stop_after = iter([False, False, True])
+    run_id = run_sweep(session, store, workloads, repeats=1, should_stop=lambda: next(stop_after, True))
+    assert store.get_run(run_id)["n_done"] == 2  # stopped: what was measured is kept
+    real = measure.measure_point
+    monkeypatch.setattr(measure, "measure_point", lambda s, w, *a, **k: calls.append(w) or real(s, w, *a, **k))
+    run_sweep(session, store, workloads, run_id=run_id, repeats=1)
+    assert len(calls) == 2 and store.get_run(run_id)["n_done"] == 4
+
+
+def test_oom_and_error_are_recorded_and_the_sweep_goes_on(session, tmp_path, monkeypatch):
+    store = RunStore(tmp_path / "runs.sqlite")
+    workloads = small_grid()
+    real = measure.measure_point
+
+    def flaky(s, w, *a, **k):
+        if w is workloads[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        if w is workloads[1]:
+            raise RuntimeError("kernel exploded")
+        return real(s, w, *a, **k)
+
+    monkeypatch.setattr(measure, "measure_point", flaky)
+    run_id = run_sweep(session, store, workloads, repeats=1)
+    run = store.get_run(run_id)
+    assert (run["n_oom"], run["n_error"], run["n_done"]) == (1, 1, 2)
+    df = store.points(run_id)
+    assert "out of memory" in df[df.status == "oom"].message.iloc[0]
+    assert "kernel exploded" in df[df.status == "error"].message.iloc[0]
+
+
+def test_comparison_joins_analytic_and_measured(session, tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = run_sweep(session, store, small_grid()[:2], repeats=1,
+                       meta={"calibration": {"name": "test GPU", "peak_tflops": 1.0, "bandwidth_tbs": 0.05,
+                                             "memory_gb": 16, "calibrated": True}})
+    df = compare_run(store, run_id)
+    assert len(df) == 2 * 7
+    # our analytic model reproduces the FLOP counter exactly for every stage
+    assert df.flop_rel_diff.abs().max() < 1e-3
+    assert (df.mfu_calibrated > 0).all() and (df.mbu_calibrated > 0).all()
+    assert df.mfu_datasheet.isna().all()  # a CPU run has no datasheet GPU
+    s = summarize(df)
+    assert s["prefill"]["points"] == 2
+    assert "| prefill | 2 |" in summary_markdown(s)
+
+
+def test_measure_cli(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--dtype", "float32", "--modes", "tiny",
+                 "--text-tokens", "10", "--decode-steps", "2", "--repeats", "1", "--store",
+                 str(tmp_path / "s.sqlite"), "--export", str(out), "--summary", str(tmp_path / "sum.md")])
+    assert code == 0 and out.exists() and (tmp_path / "sum.json").exists()
+    assert "1 done" in capsys.readouterr().out
+    fresh = RunStore(tmp_path / "other.sqlite")
+    run_id = fresh.import_run(out)
+    assert fresh.get_run(run_id)["n_done"] == 1
+
+
+@pytest.mark.parametrize("args", [["--grids", "2y2"], ["--batch", "0"], ["--text-tokens", "x"]])
+def test_measure_cli_rejects_bad_grids(args, tmp_path, capsys):
+    code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--store", str(tmp_path / "s.sqlite"), *args])
+    assert code == 2 and "error:" in capsys.readouterr().err
