@@ -1,0 +1,198 @@
+"""`profile`: a dataset run over real pages (a folder or a list file, PDFs rendered at --dpi), with sampling,
+per-stage statistics and the analytic prediction beside them, stored in the run store (resumable), and an
+optional torch.profiler operator breakdown per stage (--trace)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..cli import UserError
+
+DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="profile real pages: per-stage statistics over a data set, operator breakdown",
+                       description=__doc__)
+    p.add_argument("--pages", type=Path, required=True,
+                   help="folder of page images/PDFs, or a text file listing paths (relative to the list's folder)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="local checkpoint folder (config.json + safetensors)")
+    src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
+    p.add_argument("--weights-seed", type=int, default=0, help="seed of --synthetic weights")
+    p.add_argument("--sample", type=int, metavar="N", help="pages per epoch (default: all)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--order", choices=["random", "fixed"], default="random",
+                   help="random: a seeded shuffle per epoch; fixed: the listed order")
+    p.add_argument("--dpi", type=int, default=144, help="PDF rendering resolution (vendor: 144)")
+    p.add_argument("--mode", default="gundam", choices=["tiny", "small", "base", "large", "gundam", "gundam-m"])
+    p.add_argument("--min-crops", type=int, default=2)
+    p.add_argument("--max-crops", type=int, default=9)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=20)
+    p.add_argument("--logits", choices=["all", "last"], default="all")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
+    p.add_argument("--flops", choices=["shape", "page", "none"], default="shape",
+                   help="FLOP counting pass: once per input shape (exact, reused), every page, or none")
+    p.add_argument("--warmup", choices=["shape", "first", "none"], default="shape",
+                   help="untimed warm-up before the first page of each input shape, before the first page only, "
+                        "or never")
+    p.add_argument("--store", type=Path, help="run store file (default: $DSOCR_STORE or data/runs.sqlite)")
+    p.add_argument("--name", help="run name")
+    p.add_argument("--resume", metavar="RUN_ID", help="continue this dataset run (an id or a unique id prefix)")
+    p.add_argument("--trace", action="store_true",
+                   help="after the timed pages, a torch.profiler pass: operators per stage (CSV) and a Chrome trace")
+    p.add_argument("--trace-pages", type=int, default=2, help="pages in the profiler pass")
+    p.add_argument("--trace-tokens", type=int, default=32, help="tokens generated per page in the profiler pass")
+    p.add_argument("--trace-dir", type=Path, help="where to write operators.csv, operator_stages.csv, trace.json "
+                                                  "(default: out/profile/<run id>)")
+    p.add_argument("--record-shapes", action="store_true", help="record operator input shapes in the trace")
+    p.add_argument("--hardware", help="hardware preset for the analytic time prediction (default: the run's GPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print one JSON object (summary and stage statistics)")
+    p.set_defaults(func=run)
+
+
+def _resolve_run(store, prefix: str) -> str:
+    runs = [r["id"] for r in store.list_runs("dataset") if r["id"].startswith(prefix)]
+    if len(runs) != 1:
+        raise UserError(f"--resume {prefix}: {'no' if not runs else len(runs)} dataset runs match in {store.path}")
+    return runs[0]
+
+
+def run(args) -> int:
+    from ..dataset import DatasetError, discover, sample
+    from ..profile_run import ProfileSettings, check_resume, create_dataset_run, run_dataset
+    from ..session import Session
+    from ..store import RunStore
+
+    settings = ProfileSettings(mode=args.mode, prompt=args.prompt, min_crops=args.min_crops, max_crops=args.max_crops,
+                               max_new_tokens=args.max_new_tokens, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                               logits=args.logits, dpi=args.dpi, flops=args.flops, warmup=args.warmup)
+    try:
+        settings.validate()
+        dataset = discover(args.pages)
+        samples = sample(dataset.pages, args.sample, args.epochs, args.seed, args.order)
+    except DatasetError as exc:
+        raise UserError(str(exc)) from None
+    if args.trace_pages < 1 or args.trace_tokens < 1:
+        raise UserError("--trace-pages and --trace-tokens must be at least 1")
+    hardware = None
+    if args.hardware:
+        from ..hardware import get_hardware
+
+        hardware = get_hardware(args.hardware)
+    store = RunStore(args.store)
+    session = Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
+                           device=args.device, dtype=args.dtype, attn=args.attn)
+    sampling = {"n": args.sample, "epochs": args.epochs, "seed": args.seed, "order": args.order,
+                "samples": len(samples)}
+    if args.resume:
+        run_id = _resolve_run(store, args.resume)
+        check_resume(store, run_id, session, dataset, settings)
+        store.update_run(run_id, meta={"sampling": sampling})
+    else:
+        run_id = create_dataset_run(store, session, dataset, settings, sampling, name=args.name)
+    quiet = args.json or args.no_progress
+    if not quiet:
+        n_pdf = sum(p.pdf_page is not None for p in dataset.pages)
+        print(f"run {run_id}  ({'resumed' if args.resume else 'new'}, store {store.path})", file=sys.stderr)
+        print(f"data set {dataset.source}: {len(dataset.pages)} pages ({n_pdf} from PDFs); {len(samples)} samples "
+              f"({args.epochs} epoch(s), {args.order} order, seed {args.seed})"
+              + (f"; {'; '.join(dataset.notes)}" if dataset.notes else ""), file=sys.stderr)
+        if args.sample and args.sample > len(dataset.pages):
+            print(f"note: --sample {args.sample} is more than the {len(dataset.pages)} pages; each epoch takes all",
+                  file=sys.stderr)
+
+    bar = None
+    if not quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(samples), unit="page", file=sys.stderr, dynamic_ncols=True)
+    tally = {"done": 0, "oom": 0, "error": 0, "skipped": 0}
+
+    def progress(i, total, s, status):
+        tally[status] = tally.get(status, 0) + 1
+        if bar is not None:
+            bar.set_postfix_str(f"{s.page.label[-30:]} {status}; " + " ".join(f"{k} {v}" for k, v in tally.items() if v))
+            bar.update(1)
+
+    try:
+        run_dataset(session, store, run_id, samples, settings, progress=progress)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        print(f"interrupted; finished pages are stored. Resume with: --resume {run_id[:12]}", file=sys.stderr)
+        raise
+    if bar is not None:
+        bar.close()
+
+    if args.trace:
+        from ..operators import profile_operators
+
+        out_dir = args.trace_dir or Path("out") / "profile" / run_id
+        try:
+            prof = profile_operators(session, samples, settings, n_pages=args.trace_pages,
+                                     max_new_tokens=args.trace_tokens, out_dir=out_dir,
+                                     record_shapes=args.record_shapes)
+        except ValueError as exc:
+            print(f"operator breakdown skipped: {exc}", file=sys.stderr)
+        else:
+            store.update_run(run_id, meta={"operators": prof.to_meta()})
+
+    return report(store, run_id, hardware, as_json=args.json)
+
+
+def report(store, run_id: str, hardware, as_json: bool = False) -> int:
+    from ..stats import operator_table, page_table, run_summary, stage_summary
+
+    pages = page_table(store, run_id, hardware)
+    summary = run_summary(store, run_id, pages)
+    stages = stage_summary(pages)
+    ops = operator_table(store, run_id)
+    if as_json:
+        doc = {"summary": summary, "stages": json.loads(stages.to_json(orient="records")),
+               "operators": json.loads(ops.to_json(orient="records"))}
+        print(json.dumps(doc))
+        return 0 if summary["done"] else 1
+    from ..store import FLAG_LABELS
+
+    flags = [FLAG_LABELS.get(k, k) for k, v in summary["flags"].items() if v]
+    print(f"\n{summary['label']}")
+    print(f"samples {summary['samples']}: done {summary['done']}, error {summary['error']}, oom {summary['oom']}"
+          + (f"   [{', '.join(flags)}]" if flags else ""))
+    for e in summary["errors"][:10]:
+        print(f"  {e['label']}: {e['message']}")
+    if summary["done"]:
+        print(f"pages/s {summary['pages_per_s']:.3f} (one page at a time, wall incl. preprocessing)   "
+              f"tokens/page {summary['tokens_per_page']:.1f}   output tokens/s {summary['output_tokens_per_s'] or 0:.1f}")
+        print(f"\n{'stage':<24}{'n':>5}{'mean':>11}{'median':>11}{'p90':>11}{'std':>11}{'analytic':>11}")
+        for _, r in stages.iterrows():
+            if r["unit"] == "s":
+                cells = [f"{r[c] * 1e3:9.2f}ms" if r[c] == r[c] else f"{'-':>11}"
+                         for c in ("mean", "median", "p90", "std", "analytic_mean")]
+            elif r["unit"] == "tokens":
+                cells = [f"{r[c]:11.1f}" if r[c] == r[c] else f"{'-':>11}"
+                         for c in ("mean", "median", "p90", "std", "analytic_mean")]
+            else:
+                cells = [f"{r[c] / 1e9:9.2f} G" if r[c] == r[c] else f"{'-':>11}"
+                         for c in ("mean", "median", "p90", "std", "analytic_mean")]
+            stage = r["stage"] + (" FLOPs" if r["unit"] == "FLOP" else "")
+            print(f"{stage:<24}{r['n']:>5}" + "".join(cells))
+    if len(ops):
+        print("\ntop operators per stage (self time, share of the stage):")
+        for (stage, device), group in ops.groupby(["stage", "device"], sort=False):
+            top = group.head(5)
+            print(f"  {stage} [{device}] total {group['stage_total_us'].iloc[0] / 1e3:.1f} ms: " + "; ".join(
+                f"{r['operator']} {r['share'] * 100:.0f}%" for _, r in top.iterrows()))
+        files = (store.get_run(run_id)["meta"].get("operators") or {}).get("files") or {}
+        if files.get("trace"):
+            print(f"\nChrome trace (open in https://ui.perfetto.dev): {files['trace']}")
+            print(f"operator CSV: {files['operators_csv']}")
+    print(f"\nrun id {run_id}")
+    return 0 if summary["done"] else 1
