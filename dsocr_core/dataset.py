@@ -2,8 +2,9 @@
 
 A data set is given as a folder (searched recursively; hidden files and folders skipped; image files and PDFs
 by extension, everything else ignored), as a text file listing one path per line (relative to the list's
-folder, or absolute; blank lines and lines starting with `#` skipped), or as one image or PDF file. PDFs are split into pages and rendered
-at `dpi` (144 by default, as the vendor does) with pypdfium2; without it, PDF pages are listed as unreadable.
+folder, or absolute; blank lines and lines starting with `#` skipped), or as one image or PDF file. PDFs are
+split into pages, rendered when loaded at `dpi` (144 by default, as the vendor does) with pypdfium2; without it,
+PDF pages are listed as unreadable.
 
 Every page has a stable name: its path relative to the data set's root (the folder, or the list's folder) in
 POSIX form, plus its 0-based page index for PDF pages. A sample is a page in an epoch; (name, pdf_page, epoch)
@@ -77,7 +78,7 @@ class Sample:
 
 @dataclass
 class Dataset:
-    source: Path  # the folder or list file given
+    source: Path  # the folder, list file or page file given (resolved)
     root: Path  # what page names are relative to
     pages: list[Page]
     notes: list[str] = field(default_factory=list)  # e.g. PDFs skipped for lack of pypdfium2
@@ -176,7 +177,7 @@ def discover(source: str | Path, recursive: bool = True) -> Dataset:
     if not pages:
         what = "image or PDF files" if source.is_dir() else "entries"
         raise DatasetError(f"{source}: no pages found (no {what})")
-    return Dataset(source, root, pages, notes)
+    return Dataset(source.resolve(), root, pages, notes)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -189,6 +189,12 @@ class OperatorProfile:
                    int(meta.get("max_new_tokens") or 0), dict(meta.get("files") or {}))
 
 
+def store_operator_profile(store, run_id: str, profile: OperatorProfile, top: int = 25) -> None:
+    """Keep `profile` (its top operators per stage and its stage totals) in the run's meta, where
+    stats.operator_table and stats.operator_stages read it. A later profile replaces an earlier one."""
+    store.update_run(run_id, meta={"operators": profile.to_meta(top)})
+
+
 def profile_operators(session, samples: Sequence, settings, n_pages: int = 2,
                       max_new_tokens: int = DEFAULT_TRACE_TOKENS, out_dir: str | Path | None = None,
                       record_shapes: bool = False) -> OperatorProfile:

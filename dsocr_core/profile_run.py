@@ -24,7 +24,8 @@ length (`sequence`), text tokens, batch 1 and decode_steps (decode steps actuall
 the first token coming from the prefill). Stages: sam, clip, projector, vision, prefill, decode (the page's
 summed decode time) and decode_step (statistics over the page's steps); each with its FLOPs and, on CUDA, peak
 memory. `extra`: text, detections summary, decode_steps_s (every step), generated_tokens, eos, ttft_s,
-tpot_s (median step, as Session), preprocess_s, generation_s, wall_s (preprocess + generation), flops_source.
+tpot_s (median step, as Session), preprocess_s, generation_s, wall_s (preprocess + generation), flops_source
+(counted | same shape | not counted | failed: <why>; a failed FLOP pass keeps the page's timings).
 A resumed run skips points already done or oom; error points are tried again.
 """
 from __future__ import annotations
@@ -260,7 +261,13 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     t1 = time.perf_counter()
     trace = generate_timed(session, inputs, settings.max_new_tokens, **gen)
     generation_s = time.perf_counter() - t1
-    flops, flops_source = (flop_cache or FlopCache(session, "none")).counted(inputs, settings.logits)
+    try:  # a failing FLOP pass (e.g. out of memory under the counter) must not throw away the timed page
+        flops, flops_source = (flop_cache or FlopCache(session, "none")).counted(inputs, settings.logits)
+    except Exception as exc:  # noqa: BLE001
+        from .measure import free_memory
+
+        free_memory(session.device)
+        flops, flops_source = None, f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
 
     eos_id = session.spec.eos_token_id
     text = session.tokenizer.decode([t for t in trace.generated if t != eos_id])

@@ -153,6 +153,37 @@ def test_decode_flops_from_two_counted_steps_are_exact(session):
     assert FlopCache(session, "none").counted(inputs, "last") == (None, "not counted")
 
 
+def test_oom_is_recorded_and_a_failed_flop_pass_keeps_the_timings(tmp_path, session, pages_dir, monkeypatch):
+    import torch
+
+    import dsocr_core.profile_run as pr
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    ds = discover(pages_dir)
+    good = [p for p in ds.pages if p.name in ("card.png", "small.png")]
+    run_id = new_run(store, session, ds)
+    real = pr.generate_timed
+
+    def flaky(session_, inputs, max_new_tokens, **kw):
+        if inputs.image_size == (640, 832) and max_new_tokens > 2:  # small.png's timed run, not its warm-up
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(session_, inputs, max_new_tokens, **kw)
+
+    def no_flops(*args, **kwargs):
+        raise RuntimeError("counter broke")
+
+    monkeypatch.setattr(pr, "generate_timed", flaky)
+    monkeypatch.setattr(session, "count_stage_flops", no_flops)
+    counts = run_dataset(session, store, run_id, sample(good, order="fixed"), FAST)
+    assert counts["done"] == 1 and counts["oom"] == 1
+    frame = store.points(run_id)
+    oom = frame[frame["status"] == "oom"].iloc[0]
+    assert "out of memory" in oom["message"] and json.loads(oom["key"])["page"] == "small.png"
+    done = frame[frame["status"] == "done"]
+    assert done.iloc[0]["extra"]["flops_source"] == "failed: RuntimeError: counter broke"
+    assert done["flops"].isna().all() and (done["median_s"] > 0).all()
+
+
 def test_settings_are_validated():
     for bad, match in [({"max_new_tokens": 0}, "max_new_tokens"), ({"prompt": "Free OCR."}, "<image>"),
                        ({"mode": "huge"}, "mode"), ({"flops": "all"}, "flops"), ({"dpi": 5}, "dpi")]:

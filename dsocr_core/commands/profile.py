@@ -16,7 +16,8 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="profile real pages: per-stage statistics over a data set, operator breakdown",
                        description=__doc__)
     p.add_argument("--pages", type=Path, required=True,
-                   help="folder of page images/PDFs, or a text file listing paths (relative to the list's folder)")
+                   help="folder of page images/PDFs (recursive), a text file listing paths (relative to the "
+                        "list's folder), or one image or PDF")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", type=Path, help="local checkpoint folder (config.json + safetensors)")
     src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
@@ -133,7 +134,7 @@ def run(args) -> int:
         bar.close()
 
     if args.trace:
-        from ..operators import profile_operators
+        from ..operators import profile_operators, store_operator_profile
 
         out_dir = args.trace_dir or Path("out") / "profile" / run_id
         try:
@@ -143,7 +144,7 @@ def run(args) -> int:
         except ValueError as exc:
             print(f"operator breakdown skipped: {exc}", file=sys.stderr)
         else:
-            store.update_run(run_id, meta={"operators": prof.to_meta()})
+            store_operator_profile(store, run_id, prof)
 
     return report(store, run_id, hardware, as_json=args.json)
 
