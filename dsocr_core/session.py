@@ -256,14 +256,21 @@ class Session:
             pre = self.prefill(inputs, logits=logits, upto=T if first_token == "prefill" else T - 1, timer=timer)
             cache = pre.cache
             recorder.phase = "decode"
+
+            def select(logits: torch.Tensor) -> torch.Tensor:
+                return next_tokens(logits, history, no_repeat_ngram_size, finished, self.spec.pad_token_id)
+
+            # token choice is timed with the step that produced the logits, as in the one-shot path
             if first_token == "prefill":
-                step_logits = pre.logits[:, -1]
+                with timer.stage("prefill"):
+                    token = select(pre.logits[:, -1])
             else:
                 with timer.stage("decode", track_memory=True):
                     step_logits, cache = self.decode_step(history[:, -1], cache)
+                    token = select(step_logits)
                 decode_steps += 1
+            del pre  # frees the all-position logits during decode
             for step in range(max_new_tokens):
-                token = next_tokens(step_logits, history, no_repeat_ngram_size, finished, self.spec.pad_token_id)
                 generated.append(token)
                 history = torch.cat([history, token[:, None]], 1)
                 finished |= token == self.spec.eos_token_id
@@ -271,6 +278,7 @@ class Session:
                     break
                 with timer.stage("decode", track_memory=True):
                     step_logits, cache = self.decode_step(token, cache)
+                    token = select(step_logits)
                 decode_steps += 1
         finally:
             recorder.close()

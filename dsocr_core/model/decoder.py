@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch import nn
 
 from ..spec import ModelSpec
@@ -19,6 +20,11 @@ def check_attn_impl(attn_impl: str) -> str:
         raise ValueError(f"attn_impl must be one of {ATTN_IMPLS} for our model, got {attn_impl!r}")
     return attn_impl
 
+
+# cuDNN attention builds an execution plan for every new sequence length (about 35 ms of CPU time each on an
+# H200 with torch 2.11), and a growing KV cache is a new length at every decode step. The LM therefore lets SDPA
+# choose only among the flash, memory-efficient and math kernels.
+LM_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 class RMSNorm(nn.Module):
     """Weight-only RMSNorm computed in float32, cast back before the weight (Llama convention)."""
@@ -87,11 +93,12 @@ class Attention(nn.Module):
 
     def _sdpa(self, q, k, v):
         s_q, s_kv = q.shape[-2], k.shape[-2]
-        if s_q == s_kv:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if s_q == 1:  # one new token sees the whole cache
-            return F.scaled_dot_product_attention(q, k, v)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s_q, s_kv, q.device))
+        with sdpa_kernel(LM_SDPA_BACKENDS):
+            if s_q == s_kv:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if s_q == 1:  # one new token sees the whole cache
+                return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s_q, s_kv, q.device))
 
 
 class MLP(nn.Module):
