@@ -1,0 +1,69 @@
+"""Attention for the fast engine: one decode query against a static KV cache, and SAM's attention with the
+decomposed relative-position bias folded into q/k so a flash kernel can run without a dense mask.
+
+SAM fold (exact up to rounding). The reference adds bias(i, j) = rel_h[i, row(j)] + rel_w[i, col(j)] as a dense
+[B, heads, N, N] mask (384 MiB per 1024^2 view), which rules out flash attention. Written as one dot product:
+
+    scale * q_i . k_j + rel_h[i, row(j)] + rel_w[i, col(j)] = [scale*q_i, rel_h_i, rel_w_i] . [k_j, e_row(j), e_col(j)]
+
+with e_r the one-hot vector of row r. So SDPA over q' = [scale*q, rel_h, rel_w], k' = [k, onehot rows, onehot
+cols] (zero-padded to a multiple of 8) with scale 1.0 computes the same scores; v is zero-padded to the same head
+dim so the flash kernel is eligible, and the padding is cut off the output. For head dim 64 the scale is 1/8, a
+power of two, so scale*q is exact in bf16.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..model.sam import SamAttention, rel_pos_table
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
+                     impl: str = "reduce") -> torch.Tensor:
+    """One new query per row against cache slots 0..pos (later slots are masked out).
+
+    q [B, heads, d]; keys/values [B, heads, L, d] (a prefix of the static cache, L > pos); pos long [1].
+    impl 'reduce': explicit float32 multiply-sum and softmax (what Inductor turns into split reductions with
+    good parallelism at batch 1); 'sdpa': scaled_dot_product_attention with a boolean mask (eager GPU path).
+    Returns [B, heads, d] in q's dtype."""
+    length = keys.shape[2]
+    valid = torch.arange(length, device=keys.device) <= pos  # [L]
+    if impl == "sdpa":
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=valid.view(1, 1, 1, length))
+        return out[:, :, 0]
+    if impl != "reduce":
+        raise ValueError(f"decode attention impl must be 'reduce' or 'sdpa', got {impl!r}")
+    scores = (q.float()[:, :, None, :] * keys.float()).sum(-1) * q.shape[-1] ** -0.5  # [B, heads, L]
+    probs = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=-1)
+    return (probs[..., None] * values.float()).sum(2).to(q.dtype)
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def sam_attention(attn: SamAttention, x: torch.Tensor, fold: bool = True) -> torch.Tensor:
+    """SamAttention.forward with the relative-position bias folded into q/k (fold=True) or the reference's
+    dense bias (fold=False). x [b, h, w, c] -> [b, h, w, c]."""
+    if not fold:
+        return attn(x)
+    b, h, w, c = x.shape
+    n, d, heads = h * w, attn.head_dim, attn.heads
+    q, k, v = attn.qkv(x).reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [b, heads, n, d]
+    rh = rel_pos_table(attn.rel_pos_h, h, h).to(q.dtype)  # [h, h, d]
+    rw = rel_pos_table(attn.rel_pos_w, w, w).to(q.dtype)  # [w, w, d]
+    qr = q.reshape(b * heads, h, w, d)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", qr, rh).reshape(b, heads, n, h)  # the reference's two einsums
+    rel_w = torch.einsum("bhwc,wkc->bhwk", qr, rw).reshape(b, heads, n, w)
+    dim = _round8(d + h + w)
+    pad = dim - (d + h + w)
+    idx = torch.arange(n, device=x.device)  # key j sits at row j // w, column j % w
+    onehot = torch.cat([(idx // w)[:, None] == torch.arange(h, device=x.device),
+                        (idx % w)[:, None] == torch.arange(w, device=x.device)], -1).to(q.dtype)  # [n, h + w]
+    qf = torch.cat([q * d ** -0.5, rel_h, rel_w], -1)
+    kf = torch.cat([k, onehot.expand(b, heads, n, h + w)], -1)
+    if pad:
+        qf, kf = F.pad(qf, (0, pad)), F.pad(kf, (0, pad))
+    out = F.scaled_dot_product_attention(qf, kf, F.pad(v, (0, dim - d)), scale=1.0)[..., :d]
+    return attn.proj(out.transpose(1, 2).reshape(b, h, w, c))

@@ -1,0 +1,400 @@
+"""The fast engine: prefill and decode of DeepSeek-OCR close to the hardware, on the reference model's weights.
+
+What it does differently from the reference path (each point is explained in docs/fast-mode.md):
+* static KV cache (static_cache.py), one per batch size, reused across requests; decode attends over a
+  length bucket (a multiple of `bucket` slots) with later slots masked, so each bucket's step has fixed shapes;
+* positions, the new token and the cache write position live on the device; no `.item()`/`.tolist()` in a step;
+* MoE without host sync (moe.py): gather-GEMV at batch 1, grouped GEMM otherwise and in prefill; the shared
+  expert runs as two extra experts;
+* logits for the last position only;
+* each decode step (all 12 layers + final norm + lm_head) is captured in a CUDA graph per (batch, bucket), and
+  its pieces are compiled with torch.compile (fused norms, RoPE, softmax, gather-GEMV) when `compile` is on;
+* prefill is captured per input shape as four graphs (sam, clip, projector, LM) so each stage stays timeable;
+  SAM attention folds the relative-position bias into q/k (attention.py) and runs flash attention.
+
+On a CPU everything runs eagerly (no graphs, no compile): the same functions, so CPU tests check the tokens.
+The n-gram ban and greedy choice are `generation.next_tokens`, applied outside the graph on a history buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..generation import next_tokens
+from ..model.decoder import rope_cos_sin
+from ..timing import StageTimer
+from .graphs import Captured
+from .lm import LMConfig, make_decode_fns, prefill_layer, rms_norm
+from .static_cache import StaticKVCache, round_up
+from .vision import embed_with_images, run_clip, run_projector, run_sam, view_groups, view_list
+from .weights import LMWeights
+
+DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
+COMPILE_OPTIONS = {"coordinate_descent_tuning": True}  # tunes the GEMV/attention reductions' block sizes
+
+
+class StaleCacheError(RuntimeError):
+    """A cache handle from an earlier prefill: its static cache has been overwritten since."""
+
+
+@dataclass
+class DecodeState:
+    """Static buffers of one batch size: the cache, the step's inputs/outputs and the graphs that use them."""
+
+    batch: int
+    cache: StaticKVCache
+    token: torch.Tensor  # [B] long, the step's input token
+    pos: torch.Tensor  # [1] long, the step's position (= tokens already cached)
+    logits: torch.Tensor  # [B, V] float32, the step's output
+    history: torch.Tensor  # [B, capacity] long, prompt + generated ids (for the n-gram ban)
+    moe_impl: str
+    serial: int = 0  # bumped by every prefill; older cache handles become stale
+    graphs: dict[int, Captured] = field(default_factory=dict)  # decode step per bucket length
+    prefills: dict[tuple, dict] = field(default_factory=dict)  # prefill stages per input shape
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+
+@dataclass
+class FastCache:
+    """What prefill() hands out: the state plus the prefill it belongs to (like the reference's KVCache)."""
+
+    state: DecodeState
+    serial: int
+
+    def check(self) -> DecodeState:
+        if self.serial != self.state.serial:
+            raise StaleCacheError("this cache belongs to an earlier prefill; its static buffers have been reused")
+        return self.state
+
+    @property
+    def length(self) -> int:
+        return self.state.cache.length
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.cache.filled_bytes()
+
+
+class _Compiled:
+    """A torch.compile'd function that falls back to the eager one (and says why) if compiling fails."""
+
+    def __init__(self, eager, options: dict | None):
+        self.eager = eager
+        self.compiled = torch.compile(eager, fullgraph=True, options=options)
+        self.error: str | None = None
+
+    def __call__(self, *args):
+        if self.error is None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - fall back, keep the reason for describe()
+                self.error = f"{type(exc).__name__}: {exc}"[:800]
+        return self.eager(*args)
+
+
+class FastEngine:
+    def __init__(self, model, *, compile: bool | None = None, graphs: bool | None = None, moe: str = "auto",
+                 attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_fold: bool = True,
+                 compile_options: dict | None = None):
+        if moe not in ("auto", "gather", "grouped"):
+            raise ValueError(f"moe must be 'auto', 'gather' or 'grouped', got {moe!r}")
+        if attention not in ("auto", "reduce", "sdpa"):
+            raise ValueError(f"attention must be 'auto', 'reduce' or 'sdpa', got {attention!r}")
+        self.model = model.eval()
+        self.spec = model.spec
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
+        cuda = self.device.type == "cuda"
+        self.graphs = cuda if graphs is None else bool(graphs and cuda)
+        self.compile = cuda if compile is None else bool(compile)
+        self.moe = moe
+        self.attention = attention if attention != "auto" else ("sdpa" if cuda and not self.compile else "reduce")
+        self.gemv = "reduce" if self.compile else "linear"
+        self.bucket = bucket
+        self.gather_max_rows = gather_max_rows
+        self.sam_fold = sam_fold
+        self.compile_options = COMPILE_OPTIONS if compile_options is None else compile_options
+        self.w = LMWeights.from_model(model)
+        self.cfg = LMConfig.from_spec(self.spec, self.w.shared_slots)
+        self._rope_len = 0
+        self._states: dict[int, DecodeState] = {}
+        self._ensure_rope(self.spec.max_position_embeddings)
+        self._fns: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ set-up
+    def _ensure_rope(self, length: int) -> None:
+        """RoPE tables [length, d] from the reference's own rope_cos_sin (same values per position)."""
+        if length <= self._rope_len:
+            return
+        self.cos_t, self.sin_t = rope_cos_sin(torch.arange(length, device=self.device), self.spec.head_dim,
+                                              self.spec.rope_theta, self.dtype)
+        self._rope_len = length
+        for st in self._states.values():  # graphs captured the old tables' addresses
+            st.graphs.clear()
+            st.prefills.clear()
+
+    def moe_impl(self, batch: int) -> str:
+        if self.moe != "auto":
+            return self.moe
+        rows = batch * (self.cfg.k + self.cfg.shared_slots)
+        return "gather" if self.compile and rows <= self.gather_max_rows else "grouped"
+
+    def fns(self, moe_impl: str) -> dict[str, Any]:
+        if moe_impl not in self._fns:
+            eager = make_decode_fns(self.cfg, self.attention, moe_impl, self.gemv)
+            self._fns[moe_impl] = ({k: _Compiled(f, self.compile_options) for k, f in eager.items()}
+                                   if self.compile else eager)
+        return self._fns[moe_impl]
+
+    def state(self, batch: int, needed: int) -> DecodeState:
+        """The static state of this batch size with room for `needed` positions (a bigger one replaces it)."""
+        st = self._states.get(batch)
+        if st is not None and st.capacity >= needed:
+            return st
+        if st is not None:
+            del self._states[batch]
+            st.graphs.clear()
+            st.prefills.clear()
+            del st
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        capacity = round_up(max(needed, 1), self.bucket)
+        self._ensure_rope(capacity)
+        s = self.spec
+        cache = StaticKVCache(s.num_hidden_layers, batch, s.num_attention_heads, capacity, s.head_dim, self.dtype,
+                              self.device)
+        st = DecodeState(batch, cache, torch.zeros(batch, dtype=torch.long, device=self.device),
+                         torch.zeros(1, dtype=torch.long, device=self.device),
+                         torch.zeros(batch, s.vocab_size, dtype=torch.float32, device=self.device),
+                         torch.zeros(batch, capacity, dtype=torch.long, device=self.device), self.moe_impl(batch))
+        self._states[batch] = st
+        return st
+
+    def _grow(self, st: DecodeState, needed: int) -> DecodeState:
+        """Move a state's cache and history into bigger buffers, in place (handles stay valid; graphs are
+        captured again)."""
+        old_cache, old_hist, length = st.cache, st.history, st.cache.length
+        capacity = round_up(needed, self.bucket)
+        self._ensure_rope(capacity)
+        s = self.spec
+        cache = StaticKVCache(s.num_hidden_layers, st.batch, s.num_attention_heads, capacity, s.head_dim,
+                              self.dtype, self.device)
+        cache.kv[..., :length, :].copy_(old_cache.kv[..., :length, :])
+        cache.length = length
+        history = torch.zeros(st.batch, capacity, dtype=torch.long, device=self.device)
+        history[:, : old_hist.shape[1]].copy_(old_hist)
+        st.cache, st.history = cache, history
+        st.graphs.clear()
+        st.prefills.clear()
+        return st
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(self, inputs, upto: int | None = None, logits: str = "last", max_new_tokens: int | None = None,
+                timer: StageTimer | None = None) -> tuple[torch.Tensor, FastCache]:
+        """Vision + LM over the prompt (its first `upto` tokens). Returns float32 logits [B, T_logits, V]
+        ('last': T_logits = 1) and a cache handle. Stages timed: sam, clip, projector, prefill."""
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
+        timer = timer or StageTimer(self.device)
+        ids = inputs.input_ids if upto is None else inputs.input_ids[:, :upto]
+        b, t = ids.shape
+        st = self.state(b, t + (DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens))
+        st.serial += 1
+        images = list(inputs.images) if inputs.images and t > 1 else []
+        if images:
+            grids = [tuple(int(v) for v in g) for g in inputs.images_spatial_crop.reshape(-1, 2).tolist()]
+            views = view_list(images, grids)
+            mask = inputs.images_seq_mask[:, :t]
+            slots = mask.reshape(-1).nonzero()[:, 0]  # flat positions of the image slots (one host sync)
+            _check_slots(mask, views, grids, 4 * self.spec.sam_patch)
+            key = (t, logits, tuple(grids), tuple(tuple(v.shape) for v in views), int(slots.numel()))
+        else:
+            grids, views, slots = [], [], None
+            key = (t, logits)
+        entry = st.prefills.get(key)
+        if entry is None:
+            entry = self._prefill_entry(st, ids, views, grids, slots, logits)
+            st.prefills[key] = entry
+        bufs = entry["bufs"]
+        bufs["ids"].copy_(ids)
+        if images:
+            bufs["slots"].copy_(slots)
+            for buf, v in zip(bufs["views"], views):
+                buf.copy_(v)
+        outs = entry["outs"]
+        for name, run in entry["stages"]:
+            with timer.stage(name, track_memory=True):
+                outs[name] = run()
+        st.cache.length = t
+        st.history[:, :t].copy_(ids)
+        return outs["prefill"], FastCache(st, st.serial)
+
+    def _prefill_entry(self, st: DecodeState, ids, views, grids, slots, logits: str) -> dict:
+        """Static input buffers and the four stage runners (captured as graphs sharing one pool on a GPU)."""
+        bufs = {"ids": torch.empty_like(ids)}
+        outs: dict[str, Any] = {}
+        stages = []
+        pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        model = self.model
+
+        def cap(fn):
+            return Captured(fn, self.graphs, pool)
+
+        if views:
+            bufs["views"] = [torch.empty_like(v) for v in views]
+            bufs["slots"] = torch.empty_like(slots)
+            groups = view_groups(views)
+            stages += [
+                ("sam", cap(lambda: run_sam(model, bufs["views"], groups, self.sam_fold))),
+                ("clip", cap(lambda: run_clip(model, outs["sam"]))),
+                ("projector", cap(lambda: run_projector(model, bufs["views"], groups, grids, outs["sam"],
+                                                        outs["clip"]))),
+            ]
+
+        def lm():
+            x = embed_with_images(model, bufs["ids"], bufs.get("slots"), outs.get("projector"))
+            return self._lm_prefill(st, x, logits)
+
+        stages.append(("prefill", cap(lm)))
+        return {"bufs": bufs, "outs": outs, "stages": stages}
+
+    def _lm_prefill(self, st: DecodeState, x: torch.Tensor, logits: str) -> torch.Tensor:
+        t = x.shape[1]
+        cos, sin = self.cos_t[:t], self.sin_t[:t]
+        for i, lw in enumerate(self.w.layers):
+            x = prefill_layer(x, lw, cos, sin, st.cache.keys(i, t), st.cache.values(i, t), self.cfg)
+        h = x if logits == "all" else x[:, -1:]
+        return F.linear(rms_norm(h, self.w.norm, self.cfg.eps), self.w.lm_head).float()
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode_step(self, cache: FastCache, token: torch.Tensor | None = None) -> torch.Tensor:
+        """One step for every row: `token` [B] (None: the state's token buffer as is) at position cache.length.
+        Returns the state's logits buffer [B, V] float32 (overwritten by the next step)."""
+        st = cache.check()
+        n = st.cache.length
+        if n >= st.capacity:
+            st = self._grow(st, n + DEFAULT_NEW_TOKENS)
+        if token is not None:
+            st.token.copy_(token.reshape(-1))
+        length = min(st.capacity, round_up(n + 1, self.bucket))
+        st.pos.fill_(n)
+        run = st.graphs.get(length)
+        if run is None:
+            run = st.graphs[length] = Captured(lambda: self._step(st, length), self.graphs)
+        run()
+        st.cache.length = n + 1
+        return st.logits
+
+    def _step(self, st: DecodeState, length: int) -> torch.Tensor:
+        fns = self.fns(st.moe_impl)
+        batched = st.batch > 1 and self.compile
+        if batched:
+            torch._dynamo.maybe_mark_dynamic(st.token, 0)
+        x = fns["embed"](st.token, self.w.embed)
+        for i, lw in enumerate(self.w.layers):
+            keys, values = st.cache.keys(i, length), st.cache.values(i, length)
+            if self.compile:
+                for t in (keys, values):
+                    torch._dynamo.maybe_mark_dynamic(t, 2)
+                    if batched:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+                if batched:
+                    torch._dynamo.maybe_mark_dynamic(x, 0)
+            args = (x, keys, values, st.pos, self.cos_t, self.sin_t, lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2)
+            x = fns["moe"](*args, lw.gate) if lw.moe else fns["dense"](*args)
+        if batched:
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        st.logits.copy_(fns["final"](x, self.w.norm, self.w.lm_head))
+        return st.logits
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, inputs, max_new_tokens: int, no_repeat_ngram_size: int = 20,
+                 timer: StageTimer | None = None, check_every: int = 32) -> list[torch.Tensor]:
+        """Greedy generation with the vendor's n-gram ban: prefill, then decode steps. Returns one [B] tensor
+        per step (finished rows emit the pad id). Stops once every row has emitted EOS; that is checked every
+        `check_every` steps (the only host syncs), and the extra steps only add pad tokens, which the caller
+        trims like the reference does."""
+        timer = timer or StageTimer(self.device)
+        b, t = inputs.input_ids.shape
+        s = self.spec
+        step_logits, cache = self.prefill(inputs, max_new_tokens=max_new_tokens, timer=timer)
+        st = cache.state
+        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
+        generated: list[torch.Tensor] = []
+        token = next_tokens(step_logits[:, -1], st.history[:, :t], no_repeat_ngram_size, finished, s.pad_token_id)
+        for step in range(max_new_tokens):
+            st = cache.check()
+            st.history[:, t + step].copy_(token)
+            generated.append(token)
+            finished |= token == s.eos_token_id
+            if step == max_new_tokens - 1:
+                break
+            if check_every and (step + 1) % check_every == 0 and bool(finished.all()):
+                break
+            with timer.stage("decode"):
+                logits = self.decode_step(cache, token)
+                token = next_tokens(logits, st.history[:, : t + step + 1], no_repeat_ngram_size, finished,
+                                    s.pad_token_id)
+        return _cut_after_all_finished(generated, s.eos_token_id)
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> dict:
+        errors = {}
+        for impl, fns in self._fns.items():
+            for name, f in fns.items():
+                if isinstance(f, _Compiled) and f.error:
+                    errors[f"{impl}.{name}"] = f.error
+        capture_errors = {}
+        for b, st in self._states.items():
+            for length, run in st.graphs.items():
+                if run.error:
+                    capture_errors[f"decode.b{b}.l{length}"] = run.error
+            for key, entry in st.prefills.items():
+                for name, run in entry["stages"]:
+                    if run.error:
+                        capture_errors[f"prefill.b{b}.{name}"] = run.error
+        return {
+            "session_mode": "fast", "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "cuda_graphs": self.graphs, "compile": self.compile, "attention": self.attention,
+            "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
+            "gemv": self.gemv, "bucket": self.bucket, "sam_fold": self.sam_fold,
+            "grouped_mm": hasattr(torch, "_grouped_mm"),
+            "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
+            "kv_cache_bytes": {b: st.cache.nbytes for b, st in self._states.items()},
+            "compile_errors": errors, "capture_errors": capture_errors,
+        }
+
+
+def _cut_after_all_finished(generated: list[torch.Tensor], eos: int) -> list[torch.Tensor]:
+    """Drop the steps after the one where the last row emitted EOS (what the reference loop never runs)."""
+    if not generated:
+        return generated
+    tokens = torch.stack(generated, 1)  # [B, n]
+    hit = (tokens == eos)
+    if not bool(hit.any(1).all()):
+        return generated
+    last = int(hit.float().argmax(1).max())  # step where the slowest row finished
+    return generated[: last + 1]
+
+
+def _check_slots(mask: torch.Tensor, views: list[torch.Tensor], grids: list[tuple[int, int]], px: int) -> None:
+    """The reference raises when a row's image-slot count differs from its image's; so do we (host values)."""
+    counts = mask.sum(1).tolist()
+    it = iter(views)
+    for row, (tw, th) in enumerate(grids):
+        g = next(it).shape[-1] // px  # features per side: pixels / (patch * 4)
+        n = g * (g + 1) + 1
+        if (tw, th) != (1, 1):
+            tile = next(it).shape[-1] // px
+            n += (th * tile) * (tw * tile + 1)
+        if counts[row] != n:
+            raise ValueError(f"row {row}: images_seq_mask has {counts[row]} image slots but the image gives {n}")
