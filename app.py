@@ -1,0 +1,25 @@
+"""DeepSeek-OCR inference cost dashboard: `streamlit run app.py`.
+
+Routes with st.navigation over the files in pages/ (listed here, never discovered), draws the shared sidebar
+and hands its settings to the page (ui.page_setup()).
+"""
+import streamlit as st
+
+import ui
+from ui import resources, sidebar
+
+st.set_page_config(page_title="DeepSeek-OCR cost dashboard", page_icon=":material/description:", layout="wide")
+
+PAGES = [
+    st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
+    st.Page("pages/analytic.py", title="Analytic sweep", icon=":material/show_chart:"),
+    st.Page("pages/measured.py", title="Measured sweep", icon=":material/timer:"),
+    st.Page("pages/parity.py", title="Vendor parity", icon=":material/compare:"),
+    st.Page("pages/mfu.py", title="MFU", icon=":material/speed:"),
+]
+
+page = st.navigation(PAGES)
+resources.run_store()  # opens the store and imports the bundled reference runs once per process
+settings = sidebar.render()
+with ui.app_context(settings):
+    page.run()

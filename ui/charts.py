@@ -1,0 +1,148 @@
+"""Altair chart builders. They draw frames that dsocr_core computed; none of them computes a cost."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
+STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
+UNITS = {  # name -> (factor applied to the base unit, axis suffix)
+    "FLOPs": (1.0, "FLOPs"), "bytes": (1.0, "bytes"), "GB": (1e-9, "GB"), "ms": (1e3, "ms"), "s": (1.0, "s"),
+    "share": (100.0, "%"), "FLOP/s": (1.0, "FLOP/s"),
+}
+
+
+def _stage_colour(stages) -> alt.Scale:
+    present = [s for s in STAGE_ORDER if s in set(stages)]
+    extra = [s for s in dict.fromkeys(stages) if s not in STAGE_ORDER]
+    domain = present + extra
+    colours = [STAGE_COLOURS[STAGE_ORDER.index(s)] if s in STAGE_ORDER else "#9d755d" for s in domain]
+    return alt.Scale(domain=domain, range=colours)
+
+
+def _y(unit: str, title: str, log: bool) -> alt.Y:
+    factor, suffix = UNITS[unit]
+    fmt = "~s" if unit in ("FLOPs", "bytes", "FLOP/s") else ",.4~g"
+    return alt.Y("value:Q", title=f"{title} ({suffix})", scale=alt.Scale(type="log" if log else "linear"),
+                 axis=alt.Axis(format=fmt))
+
+
+def _scaled(data: pd.DataFrame, unit: str) -> pd.DataFrame:
+    factor = UNITS[unit][0]
+    out = data.copy()
+    out["value"] = out["value"].astype(float) * factor
+    return out
+
+
+def _tooltip(data: pd.DataFrame, x: str, extra: list[str]) -> list:
+    cols = [c for c in ["config", *extra, x, "grid", "page", "sequence", "batch", "decode_steps", "hardware"]
+            if c in data]
+    return [alt.Tooltip(c) for c in dict.fromkeys(cols)] + [alt.Tooltip("value:Q", format=",.4~g")]
+
+
+def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colour: str = "stage",
+          log_y: bool = False, log_x: bool = False, side_by_side: bool = False, height: int = 300) -> alt.Chart:
+    """Lines with points: one per `colour` value; configurations dashed when overlaid, or in columns."""
+    data = _scaled(data, unit)
+    if log_y:
+        data = data[data["value"] > 0]
+    several = data["config"].nunique() > 1 if "config" in data else False
+    enc = dict(
+        x=alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(type="log" if log_x else "linear", zero=False)),
+        y=_y(unit, title, log_y),
+        color=alt.Color(f"{colour}:N", title=colour,
+                        scale=_stage_colour(data[colour]) if colour == "stage" else alt.Undefined,
+                        sort=STAGE_ORDER if colour == "stage" else alt.Undefined),
+        tooltip=_tooltip(data, x, [colour]),
+    )
+    if several and not side_by_side:
+        enc["strokeDash"] = alt.StrokeDash("config:N", title="configuration")
+        enc["shape"] = alt.Shape("config:N", title="configuration")
+    chart = alt.Chart(data).mark_line(point=True).encode(**enc).properties(height=height)
+    if several and side_by_side:
+        chart = chart.properties(width=320).facet(column=alt.Column("config:N", title=None))
+    return chart.interactive() if not (several and side_by_side) else chart
+
+
+def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
+             x_field: str = "intensity", y_field: str = "flops_per_s", height: int = 360) -> alt.LayerChart:
+    """Attainable FLOP/s against arithmetic intensity (log-log) with each stage as a point."""
+    roof = alt.Chart(roofs).mark_line(color="#333333").encode(
+        x=alt.X("intensity:Q", title="arithmetic intensity (FLOPs per byte)", scale=alt.Scale(type="log")),
+        y=alt.Y("attainable_flops:Q", title="FLOP/s", scale=alt.Scale(type="log"), axis=alt.Axis(format="~s")),
+        strokeDash=alt.StrokeDash("hardware:N", title="roof"),
+        tooltip=[alt.Tooltip("hardware:N"), alt.Tooltip("intensity:Q", format=",.3~g"),
+                 alt.Tooltip("attainable_flops:Q", format="~s")],
+    )
+    tips = [c for c in ["config", "run", "stage", "point", "bound", "hardware"] if c in points]
+    dots = alt.Chart(points).mark_point(filled=True, size=90).encode(
+        x=alt.X(f"{x_field}:Q", scale=alt.Scale(type="log")),
+        y=alt.Y(f"{y_field}:Q", scale=alt.Scale(type="log")),
+        color=alt.Color("stage:N", scale=_stage_colour(points["stage"]), sort=STAGE_ORDER),
+        shape=(alt.Shape("config:N", title="configuration") if "config" in points and points["config"].nunique() > 1
+               else alt.Undefined),
+        tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip(f"{x_field}:Q", format=",.3~g", title="intensity"),
+                                                   alt.Tooltip(f"{y_field}:Q", format="~s", title="FLOP/s")],
+    )
+    return alt.layer(roof, dots).properties(title=title, height=height).interactive()
+
+
+def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str, column: str | None = None,
+         x_title: str | None = None, height: int = 280) -> alt.Chart:
+    """Grouped bars: `x` categories, one bar per `colour` value (xOffset), optional facet columns."""
+    factor, suffix = UNITS[unit]
+    data = data.copy()
+    data[y] = data[y].astype(float) * factor
+    sort = STAGE_ORDER if x == "stage" else alt.Undefined
+    enc = dict(
+        x=alt.X(f"{x}:N", title=x_title or x, sort=sort),
+        xOffset=alt.XOffset(f"{colour}:N"),
+        y=alt.Y(f"{y}:Q", title=f"{title} ({suffix})", axis=alt.Axis(format=",.4~g")),
+        color=alt.Color(f"{colour}:N", title=colour),
+        tooltip=[alt.Tooltip(c) for c in [x, colour, column] if c] + [alt.Tooltip(f"{y}:Q", format=",.4~g")],
+    )
+    chart = alt.Chart(data).mark_bar().encode(**enc).properties(height=height)
+    if column:
+        chart = chart.properties(width=300).facet(column=alt.Column(f"{column}:N", title=None))
+    return chart
+
+
+def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str, x_title: str,
+                         unit: str = "ms", title: str = "time", log_y: bool = True) -> alt.LayerChart:
+    """Measured medians as points (with their p10-p90 spread) over analytic lines, colour = stage."""
+    factor = UNITS[unit][0]
+    m = measured.copy()
+    for c in ("value", "low", "high"):
+        if c in m:
+            m[c] = m[c].astype(float) * factor
+    p = predicted.copy()
+    p["value"] = p["value"].astype(float) * factor
+    if log_y:
+        m, p = m[m["value"] > 0], p[p["value"] > 0]
+    stages = list(dict.fromkeys([*m.get("stage", []), *p.get("stage", [])]))
+    colour = alt.Color("stage:N", scale=_stage_colour(stages), sort=STAGE_ORDER)
+    xs = alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(zero=False))
+    ys = alt.Y("value:Q", title=f"{title} ({UNITS[unit][1]})", scale=alt.Scale(type="log" if log_y else "linear"),
+               axis=alt.Axis(format=",.4~g"))
+    tips = [c for c in ["run", "stage", "grid", "mode", "sequence", "batch", "decode_steps", "source"] if c in m]
+    layers = []
+    if not p.empty:
+        layers.append(alt.Chart(p).mark_line(strokeDash=[6, 3]).encode(
+            x=xs, y=ys, color=colour, detail="source:N",
+            strokeDash=alt.StrokeDash("source:N", title="analytic"),
+            tooltip=[alt.Tooltip(c) for c in ["run", "stage", "source"] if c in p]
+            + [alt.Tooltip("value:Q", format=",.4~g")]))
+    if "low" in m and m["low"].notna().any():
+        layers.append(alt.Chart(m).mark_rule().encode(x=xs, y="low:Q", y2="high:Q", color=colour))
+    layers.append(alt.Chart(m).mark_point(filled=True, size=70).encode(
+        x=xs, y=ys, color=colour, shape=alt.Shape("run:N", title="measured run") if "run" in m else alt.Undefined,
+        tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip("value:Q", format=",.4~g", title=f"measured {unit}")]))
+    return alt.layer(*layers).properties(height=340).interactive()
+
+
+def params_bar(data: pd.DataFrame) -> alt.Chart:
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X("parameters:Q", title="parameters", axis=alt.Axis(format="~s")),
+        y=alt.Y("group:N", sort="-x", title=None),
+        tooltip=["group", alt.Tooltip("parameters:Q", format=",")],
+    ).properties(height=280)

@@ -1,0 +1,80 @@
+"""Widget groups used by more than one place (the two analytic configurations, the sweep form)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dsocr_core import tiling
+from dsocr_core.hardware import PRESETS
+from dsocr_core.spec import Hardware
+
+from . import inputs
+from .analytic import AXES, SweepRequest
+
+ATTN = ["sdpa", "eager", "flash"]
+DTYPES = ["bfloat16", "float16", "float32"]
+SIDEBAR = "sidebar"
+AXIS_DEFAULTS = {
+    "text": "10, 100, 250, 500, 1000, 2000, 4000",
+    "image": "640x832, 1024x1024, 1240x1754, 1920x1080, 2480x3508",
+    "batch": "1, 2, 4, 8, 16, 32, 64",
+    "decode": "0, 64, 256, 512, 1024, 2048, 4096",
+}
+
+
+def axis_values(axis: str) -> tuple:
+    """The values the sweep runs over (raises inputs.InputError)."""
+    if axis == "crops":
+        lo, hi = st.slider("Crop counts (most-square grid of each count; 1 = global view only)", 1, 100, (1, 16),
+                           key="an_crops_range")
+        return tuple(range(lo, hi + 1))
+    label = {"text": "Text lengths (non-image prompt tokens, BOS included)", "image": "Page sizes (WIDTHxHEIGHT)",
+             "batch": "Batch sizes", "decode": "Decode steps"}[axis]
+    text = st.text_input(label, AXIS_DEFAULTS[axis], key=f"an_values_{axis}")
+    if axis == "image":
+        return tuple(inputs.pair_list(text, "page sizes", 1, 1 << 17))
+    low = 0 if axis == "decode" else 1
+    return tuple(inputs.int_list(text, label.split(" (")[0].lower(), low))
+
+
+def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardware,
+           defaults: dict | None = None) -> tuple[SweepRequest, Hardware, dict]:
+    """One configuration's widgets. Returns the request, its hardware and the raw choices (for labels)."""
+    d = {"mode": "gundam", "attn": "sdpa", "dtype": "bfloat16", "batch": 1, "decode_steps": 512,
+         "text_tokens": 10, "crops": "2x2", "hardware": SIDEBAR, "logits": "all", **(defaults or {})}
+    modes = list(tiling.MODES)
+    c = st.columns(2)
+    mode = c[0].selectbox("Mode", modes, index=modes.index(d["mode"]), key=f"{prefix}_mode")
+    attn = c[1].selectbox("Attention", ATTN, index=ATTN.index(d["attn"]), key=f"{prefix}_attn",
+                          help="LM attention: eager materialises the score matrix; sdpa/flash do not.")
+    c = st.columns(2)
+    dtype = c[0].selectbox("Dtype", DTYPES, index=DTYPES.index(d["dtype"]), key=f"{prefix}_dtype")
+    hw_keys = [SIDEBAR, *PRESETS]
+    hw_names = {SIDEBAR: f"sidebar: {sidebar_hw.name}", **{k: v.name for k, v in PRESETS.items()}}
+    hw_key = c[1].selectbox("Hardware", hw_keys, index=hw_keys.index(d["hardware"]), format_func=hw_names.get,
+                            key=f"{prefix}_hw")
+    c = st.columns(2)
+    batch = d["batch"] if axis == "batch" else c[0].number_input(
+        "Batch", 1, 65536, d["batch"], key=f"{prefix}_batch")
+    steps = d["decode_steps"] if axis == "decode" else c[1].number_input(
+        "Decode steps", 0, 10_000_000, d["decode_steps"], key=f"{prefix}_steps")
+    c = st.columns(2)
+    text = d["text_tokens"] if axis == "text" else c[0].number_input(
+        "Text tokens", 1, 10_000_000, d["text_tokens"], key=f"{prefix}_text")
+    crops = None
+    if axis not in ("crops", "image") and tiling.MODES[mode].crop_mode:
+        grid = c[1].text_input("Crop grid", d["crops"], key=f"{prefix}_grid", help="width x height tiles")
+        crops = inputs.pair_list(grid, "crop grid", 1, tiling.MAX_CROPS)[0]
+    logits = st.radio("Prefill logits", ["all", "last"], horizontal=True, key=f"{prefix}_logits",
+                      index=["all", "last"].index(d["logits"]),
+                      help="all: fp32 logits at every prompt position (vendor HF); last: only the last (vLLM)")
+    hardware = sidebar_hw if hw_key == SIDEBAR else PRESETS[hw_key]
+    request = SweepRequest(label=label, mode=mode, attn=attn, dtype=dtype, logits=logits, axis=axis,
+                           values=values, text_tokens=int(text), batch=int(batch), decode_steps=int(steps),
+                           crops=crops)
+    raw = {"mode": mode, "attn": attn, "dtype": dtype, "batch": int(batch), "decode_steps": int(steps),
+           "text_tokens": int(text), "crops": crops, "hardware": hardware.name, "logits": logits}
+    return request, hardware, raw
+
+
+def axis_choice() -> str:
+    return st.radio("Sweep over", list(AXES), format_func=AXES.get, horizontal=True, key="an_axis")

@@ -1,0 +1,181 @@
+"""Reshaping measured runs (store.points / compare.compare_run frames) for tables and charts."""
+from __future__ import annotations
+
+import pandas as pd
+
+from dsocr_core.hardware import match_device_name
+from dsocr_core.spec import Hardware
+
+from .analytic import STAGE_NAMES
+
+TIME_STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "decode_step")
+X_CHOICES = {"sequence": "sequence length (prompt tokens)", "crop_count": "crop count (1 = global view only)",
+             "batch": "batch size", "decode_steps": "decode steps", "text_tokens": "text tokens"}
+
+
+def run_title(run: dict) -> str:
+    """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind and size."""
+    return f"{run['label']} [{run['kind']}, {run['n_points']} points]"
+
+
+def is_gpu_run(run: dict) -> bool:
+    return not run["flags"]["cpu"] and bool((run.get("environment") or {}).get("gpu_name"))
+
+
+def run_ceilings(run: dict) -> tuple[Hardware | None, Hardware | None]:
+    """(datasheet preset of the run's GPU, calibration stored in the run), each None when unknown."""
+    env = run.get("environment") or {}
+    datasheet = match_device_name(env["gpu_name"]) if env.get("gpu_name") else None
+    cal = (run.get("meta") or {}).get("calibration")
+    return datasheet, (Hardware(**cal) if cal else None)
+
+
+def flag_notes(run: dict) -> list[str]:
+    notes = []
+    if run["flags"]["synthetic_weights"]:
+        notes.append("synthetic (random) weights")
+    if run["flags"]["cpu"]:
+        notes.append("measured on the CPU")
+    if run["flags"]["fallback_tokenizer"]:
+        notes.append("fallback tokenizer")
+    return notes
+
+
+def point_table(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per point: its workload, status (done / oom / error) and message, and each stage's median in ms."""
+    if points.empty:
+        return pd.DataFrame(columns=["status", "mode", "grid", "text_tokens", "batch", "decode_steps", "sequence",
+                                     "message"])
+    base = points.drop_duplicates("point_id").set_index("point_id")
+    out = pd.DataFrame(index=base.index)
+    out["status"] = base["status"]
+    out["mode"] = base["mode"]
+    out["grid"] = [None if pd.isna(w) else f"{w}x{h}" for w, h in zip(base["grid_w"], base["grid_h"])]
+    for c in ("text_tokens", "batch", "decode_steps", "sequence"):
+        out[c] = base[c]
+    staged = points[points["stage"].notna()]
+    if not staged.empty:
+        ms = staged.pivot(index="point_id", columns="stage", values="median_s") * 1e3
+        for s in TIME_STAGES:
+            if s in ms:
+                out[f"{s} ms"] = ms[s].reindex(out.index)
+    out["message"] = base["message"]
+    out["updated"] = base["updated_at"]
+    return out.reset_index(drop=True)
+
+
+def _crop_count(grid: pd.Series) -> list[int]:
+    return [int(g.split("x")[0]) * int(g.split("x")[1]) if isinstance(g, str) and "x" in g else 1 for g in grid]
+
+
+def with_crop_count(cmp: pd.DataFrame) -> pd.DataFrame:
+    out = cmp.copy()
+    out["crop_count"] = _crop_count(out["grid"]) if "grid" in out else []
+    return out
+
+
+def overlay_frames(cmp: pd.DataFrame, run_name: str, stages: list[str], x: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(measured points, analytic lines) for measured_vs_analytic; analytic lines for the datasheet and the
+    calibrated ceilings where the run has them."""
+    if cmp.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    c = with_crop_count(cmp)
+    c = c[c["stage"].isin(stages)].sort_values(x)
+    base = ["stage", x, "mode", "grid", "sequence", "batch", "decode_steps"]
+    base = list(dict.fromkeys(b for b in base if b in c))
+    measured = c[base].copy()
+    measured["value"] = c["measured_s"].astype(float)
+    measured["run"] = run_name
+    lines = []
+    for source in ("datasheet", "calibrated"):
+        col = f"predicted_{source}_s"
+        if col in c and c[col].notna().any():
+            part = c[base].copy()
+            part["value"] = pd.to_numeric(c[col], errors="coerce")
+            part["source"] = f"{source} roofline"
+            part["run"] = run_name
+            lines.append(part.dropna(subset=["value"]))
+    predicted = pd.concat(lines, ignore_index=True) if lines else pd.DataFrame(columns=[*base, "value", "source"])
+    for frame in (measured, predicted):
+        if "stage" in frame:
+            frame["stage"] = frame["stage"].map(lambda s: STAGE_NAMES.get(s, s))
+    return measured, predicted
+
+
+def flop_frame(cmp: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Counted (FlopCounterMode) vs analytic tensor FLOPs per stage, long form."""
+    if cmp.empty:
+        return pd.DataFrame()
+    c = with_crop_count(cmp)
+    c = c[c["stage"] != "decode_step"]
+    parts = []
+    for col, name in (("measured_tensor_flops", "counted"), ("analytic_tensor_flops", "analytic")):
+        part = c[["stage", x, "mode", "grid"]].copy()
+        part["value"] = pd.to_numeric(c[col], errors="coerce")
+        part["config"] = name
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True).dropna(subset=["value"])
+    out["stage"] = out["stage"].map(lambda s: STAGE_NAMES.get(s, s))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- MFU
+def mfu_long(cmp: pd.DataFrame, point: str | None = None) -> pd.DataFrame:
+    """Per stage: MFU and MBU against the datasheet and the calibrated peaks (median over the points, or the
+    one chosen point), long form: stage, metric (MFU | MBU), peak (datasheet | calibrated), value (share)."""
+    rows = []
+    if cmp.empty:
+        return pd.DataFrame(columns=["stage", "metric", "peak", "value"])
+    sel = cmp if point is None else cmp[cmp["point"] == point]
+    for stage, g in sel.groupby("stage", sort=False):
+        for metric in ("mfu", "mbu"):
+            for peak in ("datasheet", "calibrated"):
+                vals = pd.to_numeric(g.get(f"{metric}_{peak}"), errors="coerce").dropna()
+                if len(vals):
+                    rows.append({"stage": STAGE_NAMES.get(stage, stage), "metric": metric.upper(), "peak": peak,
+                                 "value": float(vals.median())})
+    return pd.DataFrame(rows, columns=["stage", "metric", "peak", "value"])
+
+
+def limit_long(cmp: pd.DataFrame, point: str | None = None) -> pd.DataFrame:
+    """Per stage: measured time and the time at the limit (roofline) of each peak, long form."""
+    if cmp.empty:
+        return pd.DataFrame(columns=["stage", "time", "value"])
+    sel = cmp if point is None else cmp[cmp["point"] == point]
+    rows = []
+    for stage, g in sel.groupby("stage", sort=False):
+        for col, name in (("measured_s", "measured"), ("limit_datasheet_s", "at the datasheet limit"),
+                          ("limit_calibrated_s", "at the calibrated limit")):
+            vals = pd.to_numeric(g.get(col), errors="coerce").dropna()
+            if len(vals):
+                rows.append({"stage": STAGE_NAMES.get(stage, stage), "time": name, "value": float(vals.median())})
+    return pd.DataFrame(rows, columns=["stage", "time", "value"])
+
+
+def roofline_points(cmp: pd.DataFrame, point: str | None = None) -> pd.DataFrame:
+    """Measured stages on the roofline: x = analytic FLOPs per analytic byte, y = analytic FLOPs per measured
+    second (what the stage achieved)."""
+    if cmp.empty:
+        return pd.DataFrame()
+    sel = cmp if point is None else cmp[cmp["point"] == point]
+    sel = sel[(sel["stage"] != "decode_step") & (sel["measured_s"] > 0) & (sel["analytic_bytes"] > 0)]
+    out = pd.DataFrame({
+        "stage": sel["stage"].map(lambda s: STAGE_NAMES.get(s, s)),
+        "intensity": sel["analytic_flops"].astype(float) / sel["analytic_bytes"].astype(float),
+        "flops_per_s": sel["analytic_flops"].astype(float) / sel["measured_s"].astype(float),
+        "point": [f"{m} {g}, text {t}, batch {b}" for m, g, t, b in
+                  zip(sel["mode"], sel["grid"], sel["text_tokens"], sel["batch"])],
+        "bound": sel.get("bound_datasheet"),
+    })
+    out["config"] = "measured"
+    return out
+
+
+def point_choices(cmp: pd.DataFrame) -> dict[str, str]:
+    """{point key: short label} of a comparison frame, in order."""
+    if cmp.empty:
+        return {}
+    first = cmp.drop_duplicates("point")
+    return {p: f"{m} {g}, text {t}, batch {b}, {k} steps" for p, m, g, t, b, k in
+            zip(first["point"], first["mode"], first["grid"], first["text_tokens"], first["batch"],
+                first["decode_steps"])}

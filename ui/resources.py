@@ -1,0 +1,260 @@
+"""Cached wrappers of dsocr_core for the pages.
+
+* The model session is ONE `st.cache_resource` entry (max_entries=1): choosing another model in the sidebar
+  replaces it. GPU work from any tab goes through `gpu_lock()` (one process-wide lock), so two browser tabs
+  never run on the device at once; a page that finds it taken says so instead of waiting.
+* The run store is opened once per process; the bundled reference runs (data/reference/*.json) are imported
+  into it then (idempotent: an unchanged file is skipped).
+* Analytic frames go through `st.cache_data`, keyed by plain JSON text of the spec, hardware and request.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dsocr_core import analytic, tiling
+from dsocr_core.hardware import calibrate, match_device_name
+from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec
+from dsocr_core.store import RunImportError, RunStore, default_path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_DIR = ROOT / "data" / "reference"
+SHAPES_DB = ROOT / "data" / "image_shapes.sqlite"
+REFERENCE_ENV = "DSOCR_REFERENCE_DIR"  # tests point this at their own folder of exported runs
+
+
+# ------------------------------------------------------------------------------------------- device
+@dataclass(frozen=True)
+class GpuInfo:
+    available: bool
+    name: str | None = None
+    count: int = 0
+    memory_gb: float | None = None
+    preset: Hardware | None = None  # the datasheet preset matching the device name, if any
+
+    @property
+    def summary(self) -> str:
+        if not self.available:
+            return "no CUDA GPU detected"
+        return f"{self.name} ({self.memory_gb:.0f} GB)" + (f", {self.count} GPUs" if self.count > 1 else "")
+
+
+@st.cache_resource(show_spinner=False)
+def detected_gpu() -> GpuInfo:
+    import torch
+
+    if not torch.cuda.is_available():
+        return GpuInfo(False)
+    name = torch.cuda.get_device_name(0)
+    memory = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return GpuInfo(True, name, torch.cuda.device_count(), memory, match_device_name(name))
+
+
+@st.cache_resource(show_spinner=False)
+def gpu_lock() -> threading.Lock:
+    """One lock per server process for every job that runs the model or measures the device."""
+    return threading.Lock()
+
+
+class Busy(RuntimeError):
+    """The device is running another job (a sweep, or a parity run from another tab)."""
+
+
+@contextmanager
+def gpu_turn():
+    """Hold the device for one job, or raise Busy at once when another job holds it."""
+    lock = gpu_lock()
+    if not lock.acquire(blocking=False):
+        raise Busy("the device is busy with another job (a measured sweep, a parity run or a calibration from "
+                   "this or another tab); try again when it finishes")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# ------------------------------------------------------------------------------------------- hardware
+@st.cache_resource(show_spinner=False)
+def calibrations() -> dict[str, Hardware]:
+    """Ceilings measured on this machine, per device (shared by all tabs: the machine does not change)."""
+    return {}
+
+
+def run_calibration(device: str) -> Hardware:
+    """Measure matmul and copy ceilings (small sizes on the CPU, where it is only a smoke test)."""
+    with gpu_turn():
+        if device.startswith("cuda"):
+            hw = calibrate(device=device)
+        else:
+            hw = calibrate(device="cpu", matmul_size=1024, copy_bytes=64 << 20, warmup=1, repeats=3)
+    calibrations()[device] = hw
+    return hw
+
+
+# ------------------------------------------------------------------------------------------- session
+@st.cache_resource(max_entries=1, show_spinner="Loading the model ...")
+def _session(source: str, preset: str | None, checkpoint: str | None, device: str, dtype: str, attn: str):
+    from dsocr_core.session import Session
+
+    if source == "checkpoint":
+        return Session.load(checkpoint=checkpoint, device=device, dtype=dtype, attn=attn)
+    return Session.load(synthetic=preset, device=device, dtype=dtype, attn=attn)
+
+
+def get_session(model) -> tuple[object | None, str | None]:
+    """(session, None) or (None, why it could not be loaded) for a settings.ModelChoice."""
+    try:
+        return _session(*model.key), None
+    except Exception as exc:  # noqa: BLE001 - any load failure (missing folder, bad weights, OOM) is a message
+        return None, _load_message(exc, model)
+
+
+def _load_message(exc: BaseException, model) -> str:
+    from dsocr_core.measure import is_oom
+
+    if is_oom(exc):
+        return (f"out of memory while loading the {model.label}: choose a smaller dtype, the CPU, or the "
+                "synthetic tiny model")
+    return f"cannot load the {model.label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def free_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------- run store
+@dataclass
+class StoreHandle:
+    store: RunStore
+    reference_dir: Path
+    imported: list[str]
+    import_error: str | None
+
+
+@st.cache_resource(show_spinner="Opening the run store ...")
+def _open_store(path: str, reference_dir: str) -> StoreHandle:
+    store = RunStore(path)
+    error = None
+    try:
+        imported = store.import_dir(reference_dir)
+    except RunImportError as exc:  # good files are imported all the same; the message lists the bad ones
+        imported, error = [r["id"] for r in store.list_runs(kind="reference")], str(exc)
+    return StoreHandle(store, Path(reference_dir), imported, error)
+
+
+def run_store() -> StoreHandle:
+    """$DSOCR_STORE (or data/runs.sqlite) with the bundled reference runs imported."""
+    return _open_store(str(default_path()), os.environ.get(REFERENCE_ENV) or str(REFERENCE_DIR))
+
+
+# ------------------------------------------------------------------------------------------- specs
+OFFICIAL = "official"
+TINY = "tiny"
+
+
+def spec_from(kind: str, checkpoint: str | None = None) -> ModelSpec:
+    """The ModelSpec the analytic model uses: the official dimensions, the synthetic tiny ones, or a
+    checkpoint's config.json (raises SpecError)."""
+    if kind == OFFICIAL:
+        return ModelSpec()
+    if kind == TINY:
+        return tiny_spec()
+    return ModelSpec.from_config_json(checkpoint)
+
+
+def _spec(spec_json: str) -> ModelSpec:
+    return ModelSpec.model_validate_json(spec_json)
+
+
+def _hw(hw_json: str | None) -> Hardware | None:
+    return None if hw_json is None else Hardware.model_validate_json(hw_json)
+
+
+# ------------------------------------------------------------------------------------------- analytic
+@st.cache_data(max_entries=64, show_spinner=False)
+def sweep_frame(spec_json: str, hw_json: str, request_json: str) -> pd.DataFrame:
+    """The analytic sweep of one configuration (see ui.analytic.SweepRequest), one row per point."""
+    from .analytic import SweepRequest
+
+    req = SweepRequest.from_json(request_json)
+    return req.table(_spec(spec_json), _hw(hw_json))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def module_frame(spec_json: str, hw_json: str, workload_json: str) -> pd.DataFrame:
+    return analytic.module_table(_spec(spec_json), Workload.model_validate_json(workload_json), _hw(hw_json))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def capacity_of(spec_json: str, hw_json: str, workload_json: str) -> dict:
+    return analytic.capacity_summary(_spec(spec_json), Workload.model_validate_json(workload_json), _hw(hw_json))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def required_of(spec_json: str, hw_json: str, workload_json: str, ttft_s: float | None,
+                tpot_s: float | None) -> dict:
+    """What a GPU needs to meet the targets (analytic.required_hardware), as plain numbers."""
+    w = Workload.model_validate_json(workload_json)
+    pts = analytic.Points.from_workload(w)
+    out = analytic.required_hardware(_spec(spec_json), pts, ttft_s=ttft_s, tpot_s=tpot_s, reference=_hw(hw_json))
+    return {target: {k: (v.reshape(-1)[0].item() if hasattr(v, "reshape") else v) for k, v in d.items()}
+            for target, d in out.items()}
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def roof_frame(hw_json: str, low: float, high: float, n: int = 64) -> pd.DataFrame:
+    """The roofline of a GPU: attainable FLOP/s over intensities low..high (log-spaced)."""
+    import numpy as np
+
+    hw = _hw(hw_json)
+    intensity = np.logspace(np.log10(low), np.log10(high), n)
+    return pd.DataFrame({"intensity": intensity, "attainable_flops": analytic.attainable_flops(intensity, hw),
+                         "hardware": hw.name})
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def image_shapes(min_crops: int, max_crops: int, vendor_only: bool) -> pd.DataFrame:
+    return pd.DataFrame(tiling.query_image_shapes(SHAPES_DB, min_crops, max_crops, vendor_only))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def param_frame(spec_json: str) -> tuple[int, pd.DataFrame]:
+    spec = _spec(spec_json)
+    groups = analytic.param_breakdown(spec)
+    return analytic.total_params(spec), pd.DataFrame({"group": list(groups), "parameters": list(groups.values())})
+
+
+# ------------------------------------------------------------------------------------------- measured
+@st.cache_data(max_entries=32, show_spinner=False)
+def comparison(store_path: str, run_id: str, version: str, datasheet_json: str | None,
+               calibrated_json: str | None) -> pd.DataFrame:
+    """compare_run for one run; `version` (point counts and last update) makes a growing run recompute."""
+    from dsocr_core.compare import compare_run
+
+    return compare_run(RunStore(store_path), run_id, datasheet=_hw(datasheet_json), calibrated=_hw(calibrated_json))
+
+
+def run_version(run: dict, points: pd.DataFrame | None = None) -> str:
+    last = "" if points is None or points.empty else str(points["updated_at"].max())
+    return f"{run['n_points']}:{run['n_done']}:{run['n_oom']}:{run['n_error']}:{last}"
+
+
+def to_json(model) -> str | None:
+    return None if model is None else model.model_dump_json()
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True)

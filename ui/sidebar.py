@@ -1,0 +1,171 @@
+"""The shared sidebar: which model the session runs (a local checkpoint folder or synthetic weights, clearly
+labelled), on which device, and which hardware ceilings the analytic numbers use (a datasheet preset, the
+ceilings calibrated on this machine, or custom numbers)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from dsocr_core.hardware import PRESETS
+from dsocr_core.spec import Hardware, ModelSpec, SpecError
+
+from . import resources
+from .resources import GpuInfo
+
+CHECKPOINT_ENV = "DSOCR_CHECKPOINT"  # a default checkpoint folder for the sidebar
+SOURCES = {
+    "synthetic-tiny": "Synthetic tiny model (random weights)",
+    "synthetic-full": "Synthetic full-size model (random weights)",
+    "checkpoint": "Local checkpoint folder",
+}
+DTYPES = {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16", "float16", "float32"]}
+CALIBRATED, CUSTOM = "calibrated", "custom"
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    source: str  # "synthetic" | "checkpoint"
+    preset: str | None  # synthetic preset: "tiny" | "full"
+    checkpoint: str | None
+    device: str  # "cpu" | "cuda"
+    dtype: str
+    attn: str  # "sdpa" | "eager"
+    gpu_name: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.source, self.preset, self.checkpoint, self.device, self.dtype, self.attn)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.source == "synthetic"
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def where(self) -> str:
+        return "CPU" if self.on_cpu else f"GPU ({self.gpu_name})" if self.gpu_name else "GPU"
+
+    @property
+    def label(self) -> str:
+        """How results of this model are labelled wherever they are shown or exported."""
+        if self.synthetic:
+            size = "tiny" if self.preset == "tiny" else "full-size"
+            return f"synthetic {size} model on {self.where} (random weights)"
+        return f"checkpoint {Path(self.checkpoint or '').name or self.checkpoint} on {self.where}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: ModelChoice
+    model_error: str | None  # why the chosen model cannot be used (e.g. missing checkpoint folder)
+    hardware: Hardware
+    hardware_note: str  # where the ceilings come from
+    gpu: GpuInfo
+
+    @property
+    def spec_kind(self) -> str:
+        """Which dimensions the sidebar model has: 'tiny', 'official' or 'checkpoint'."""
+        if self.model.synthetic:
+            return resources.TINY if self.model.preset == "tiny" else resources.OFFICIAL
+        return "checkpoint" if self.model_error is None else resources.OFFICIAL
+
+
+def _default_source() -> str:
+    ckpt = os.environ.get(CHECKPOINT_ENV)
+    return "checkpoint" if ckpt and Path(ckpt).is_dir() else "synthetic-tiny"
+
+
+def _checkpoint_problem(folder: str) -> str | None:
+    if not folder.strip():
+        return "enter the path of a local checkpoint folder (with config.json and *.safetensors)"
+    path = Path(folder).expanduser()
+    if not path.exists():
+        return f"checkpoint folder {path} does not exist"
+    if not path.is_dir():
+        return f"{path} is not a folder; give the checkpoint folder"
+    try:
+        ModelSpec.from_config_json(path)
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+def _ceiling_caption(hw: Hardware) -> str:
+    return (f"{hw.peak_tflops:,.1f} TFLOP/s · {hw.bandwidth_tbs:,.3g} TB/s · {hw.memory_gb:,.0f} GB · "
+            f"ridge {hw.ridge_intensity:,.0f} FLOP/byte")
+
+
+def render() -> Settings:
+    gpu = resources.detected_gpu()
+    side = st.sidebar
+    side.header("Model")
+    source = side.radio("Model source", list(SOURCES), format_func=SOURCES.get, key="sb_source",
+                        index=list(SOURCES).index(_default_source()),
+                        help="Synthetic models have seeded random weights: their text is meaningless, their "
+                             "cost and the parity of the two generation paths are real.")
+    checkpoint, error = None, None
+    if source == "checkpoint":
+        checkpoint = side.text_input("Checkpoint folder", key="sb_checkpoint",
+                                     value=os.environ.get(CHECKPOINT_ENV, "checkpoints/DeepSeek-OCR"))
+        error = _checkpoint_problem(checkpoint)
+        if error:
+            side.error(error)
+        checkpoint = str(Path(checkpoint).expanduser())
+    devices = ["cuda", "cpu"] if gpu.available else ["cpu"]
+    device = side.selectbox("Device", devices, key="sb_device",
+                            help=None if gpu.available else "No CUDA GPU detected: the model runs on the CPU.")
+    dtype = side.selectbox("Dtype", DTYPES[device], key=f"sb_dtype_{device}")
+    attn = side.selectbox("LM attention", ["sdpa", "eager"], key="sb_attn")
+    model = ModelChoice("checkpoint" if source == "checkpoint" else "synthetic",
+                        None if source == "checkpoint" else source.split("-")[1], checkpoint, device, dtype, attn,
+                        gpu.name if device == "cuda" else None)
+    if model.synthetic:
+        side.caption(f"Results are labelled **{model.label}**.")
+        if model.preset == "full" and model.on_cpu:
+            side.warning("The full-size model on the CPU needs ~13 GB of memory (float32) and is slow.")
+
+    side.header("Hardware ceilings")
+    default = next((k for k, hw in PRESETS.items() if gpu.preset is not None and hw == gpu.preset), "h200")
+    options = [*PRESETS, CALIBRATED, CUSTOM]
+    names = {k: f"{hw.name} (datasheet)" for k, hw in PRESETS.items()}
+    names |= {CALIBRATED: f"Calibrated on this machine ({'GPU' if gpu.available else 'CPU'})",
+              CUSTOM: "Custom ceilings"}
+    choice = side.selectbox("Ceilings", options, index=options.index(default), format_func=names.get,
+                            key="sb_hardware")
+    if choice == CALIBRATED:
+        measured = resources.calibrations().get(device)
+        if side.button("Measure now" if measured is None else "Measure again", key="sb_calibrate"):
+            try:
+                with side.status("Measuring matmul and copy ceilings ...", expanded=False):
+                    measured = resources.run_calibration(device)
+            except resources.Busy as exc:
+                side.warning(str(exc))
+            except Exception as exc:  # noqa: BLE001 - a failed calibration leaves the app running
+                side.error(f"calibration failed: {type(exc).__name__}: {exc}")
+        if measured is None:
+            hardware = PRESETS[default]
+            note = f"not calibrated yet: using the {hardware.name} datasheet until you measure"
+            side.info(note)
+        else:
+            hardware, note = measured, measured.source
+            if not device.startswith("cuda"):
+                side.caption("Calibrated on the CPU: a smoke test of the method, not GPU ceilings.")
+    elif choice == CUSTOM:
+        c1, c2 = side.columns(2)
+        peak = c1.number_input("TFLOP/s", min_value=0.001, value=989.0, key="sb_peak")
+        bw = c2.number_input("TB/s", min_value=0.001, value=4.8, key="sb_bw")
+        mem = side.number_input("Memory GB", min_value=0.1, value=141.0, key="sb_mem")
+        hardware = Hardware(name="custom", peak_tflops=peak, bandwidth_tbs=bw, memory_gb=mem,
+                            source="custom ceilings typed in the sidebar")
+        note = hardware.source
+    else:
+        hardware, note = PRESETS[choice], PRESETS[choice].source
+    side.caption(_ceiling_caption(hardware))
+    side.caption(f"Detected: {gpu.summary}.")
+    return Settings(model, error, hardware, note, gpu)
