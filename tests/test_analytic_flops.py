@@ -65,10 +65,19 @@ def run_and_compare(model, spec, workload, device):
     check_rows(table, counts_by_path(fc), ("decode",))
 
 
-@pytest.mark.parametrize("attn,logits", [("sdpa", "all"), ("eager", "last")])
-def test_full_spec_on_meta_2x2_gundam(attn, logits):
+@pytest.mark.parametrize("mode,grid,text,batch,attn,logits", [
+    ("gundam", (2, 2), 10, 1, "sdpa", "all"),
+    ("gundam", (2, 2), 10, 1, "eager", "last"),
+    ("gundam", (3, 2), 500, 1, "sdpa", "all"),  # longer text: decode context 1,093 + 490
+    ("gundam", (1, 1), 2000, 2, "sdpa", "last"),  # untiled page, long prompt, batch 2
+    ("base", (1, 1), 10, 1, "sdpa", "all"),
+    ("tiny", (1, 1), 10, 4, "eager", "all"),
+    ("large", (1, 1), 100, 1, "sdpa", "last"),
+])
+def test_full_spec_on_meta(mode, grid, text, batch, attn, logits):
     spec = ModelSpec()
-    w = Workload(mode="gundam", crops=(2, 2), text_tokens=10, attn=attn, logits=logits)
+    w = Workload(mode=mode, crops=grid if mode == "gundam" and grid != (1, 1) else None, text_tokens=text,
+                 batch=batch, attn=attn, logits=logits)
     run_and_compare(meta_model(spec, attn_impl=attn), spec, w, "meta")
 
 
