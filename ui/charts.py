@@ -143,6 +143,6 @@ def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str
 def params_bar(data: pd.DataFrame) -> alt.Chart:
     return alt.Chart(data).mark_bar().encode(
         x=alt.X("parameters:Q", title="parameters", axis=alt.Axis(format="~s")),
-        y=alt.Y("group:N", sort="-x", title=None),
+        y=alt.Y("group:N", sort="-x", title=None, axis=alt.Axis(labelOverlap=False)),
         tooltip=["group", alt.Tooltip("parameters:Q", format=",")],
-    ).properties(height=280)
+    ).properties(height=22 * len(data) + 20)

@@ -52,18 +52,27 @@ def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardwa
     hw_names = {SIDEBAR: f"sidebar: {sidebar_hw.name}", **{k: v.name for k, v in PRESETS.items()}}
     hw_key = c[1].selectbox("Hardware", hw_keys, index=hw_keys.index(d["hardware"]), format_func=hw_names.get,
                             key=f"{prefix}_hw")
-    c = st.columns(2)
-    batch = d["batch"] if axis == "batch" else c[0].number_input(
-        "Batch", 1, 65536, d["batch"], key=f"{prefix}_batch")
-    steps = d["decode_steps"] if axis == "decode" else c[1].number_input(
-        "Decode steps", 0, 10_000_000, d["decode_steps"], key=f"{prefix}_steps")
-    c = st.columns(2)
-    text = d["text_tokens"] if axis == "text" else c[0].number_input(
-        "Text tokens", 1, 10_000_000, d["text_tokens"], key=f"{prefix}_text")
+    # the numbers that do not vary along the sweep axis, two per row
+    fields = [f for f in ("batch", "decode_steps", "text_tokens", "crops")
+              if not (f == "batch" and axis == "batch") and not (f == "decode_steps" and axis == "decode")
+              and not (f == "text_tokens" and axis == "text")
+              and not (f == "crops" and (axis in ("crops", "image") or not tiling.MODES[mode].crop_mode))]
+    fixed = {"batch": d["batch"], "decode_steps": d["decode_steps"], "text_tokens": d["text_tokens"]}
     crops = None
-    if axis not in ("crops", "image") and tiling.MODES[mode].crop_mode:
-        grid = c[1].text_input("Crop grid", d["crops"], key=f"{prefix}_grid", help="width x height tiles")
-        crops = inputs.pair_list(grid, "crop grid", 1, tiling.MAX_CROPS)[0]
+    for i, f in enumerate(fields):
+        if i % 2 == 0:
+            row = st.columns(2)
+        cell = row[i % 2]
+        if f == "batch":
+            fixed[f] = cell.number_input("Batch", 1, 65536, d["batch"], key=f"{prefix}_batch")
+        elif f == "decode_steps":
+            fixed[f] = cell.number_input("Decode steps", 0, 10_000_000, d["decode_steps"], key=f"{prefix}_steps")
+        elif f == "text_tokens":
+            fixed[f] = cell.number_input("Text tokens", 1, 10_000_000, d["text_tokens"], key=f"{prefix}_text")
+        else:
+            grid = cell.text_input("Crop grid", d["crops"], key=f"{prefix}_grid", help="width x height tiles")
+            crops = inputs.pair_list(grid, "crop grid", 1, tiling.MAX_CROPS)[0]
+    batch, steps, text = fixed["batch"], fixed["decode_steps"], fixed["text_tokens"]
     logits = st.radio("Prefill logits", ["all", "last"], horizontal=True, key=f"{prefix}_logits",
                       index=["all", "last"].index(d["logits"]),
                       help="all: fp32 logits at every prompt position (vendor HF); last: only the last (vLLM)")

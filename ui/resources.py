@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from contextlib import contextmanager
@@ -255,6 +254,3 @@ def run_version(run: dict, points: pd.DataFrame | None = None) -> str:
 def to_json(model) -> str | None:
     return None if model is None else model.model_dump_json()
 
-
-def dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True)

@@ -1,0 +1,211 @@
+"""End to end: `streamlit run app.py` in a subprocess, driven by Playwright in Debian's headless Chromium.
+
+Opens every page from the sidebar navigation, changes a control and sees a chart update, uploads a sample page
+on the parity page and sees both renderings. Screenshots of every page go to a temporary folder, or to
+docs/screenshots/ when DSOCR_SCREENSHOTS=1 (how the README's pictures are made).
+Never downloads a browser: without /usr/bin/chromium these tests are skipped.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+CHART = "[data-testid='stVegaLiteChart']"
+LABEL = "synthetic tiny model on CPU (random weights)"
+
+if not CHROMIUM.exists():
+    pytest.skip("needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium); browsers are never "
+                "downloaded", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (requirements.txt)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    port = _free_port()
+    env = {**os.environ, "DSOCR_STORE": str(tmp / "runs.sqlite"), "PYTHONUNBUFFERED": "1"}
+    env.pop("DSOCR_REFERENCE_DIR", None)  # the bundled data/reference runs, as users get them
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                pytest.fail(f"streamlit did not start:\n{(tmp / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 1500})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    yield pg
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    if os.environ.get("DSOCR_SCREENSHOTS") == "1":
+        folder = ROOT / "docs" / "screenshots"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def settle(page) -> None:
+    """Wait until the script run triggered by the last action has finished."""
+    page.wait_for_timeout(400)
+    page.wait_for_selector(IDLE, timeout=120_000)
+    page.wait_for_timeout(300)
+
+
+def open_page(page, url: str, title: str) -> None:
+    """Go to the app and open a page from the sidebar navigation, as a user would."""
+    if not page.url.startswith(url):
+        page.goto(url)
+        settle(page)
+    page.locator("[data-testid='stSidebarNav'] a", has_text=title).click()
+    settle(page)
+
+
+def snap(page, shots: Path, name: str, height: int = 1500) -> Path:
+    """A screenshot of the window, made `height` pixels tall so the page's charts are in it."""
+    path = shots / f"{name}.png"
+    page.set_viewport_size({"width": 1440, "height": height})
+    page.wait_for_timeout(700)
+    page.screenshot(path=str(path))
+    page.set_viewport_size({"width": 1440, "height": 1500})
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def main_text(page) -> str:
+    return page.locator("[data-testid='stMain']").inner_text()
+
+
+def has_reference_runs() -> bool:
+    return any((ROOT / "data" / "reference").glob("*.json"))
+
+
+def test_overview(page, server, shots):
+    page.goto(server)
+    settle(page)
+    page.get_by_text("Parameters by group").wait_for()
+    text = main_text(page)
+    assert "DeepSeek-OCR inference cost" in text and "Ceilings in use" in text
+    assert LABEL in text
+    assert page.locator(f"[data-testid='stMain'] {CHART}").count() == 1
+    assert page.locator("[data-testid='stSidebar']").get_by_text("Model source").is_visible()
+    snap(page, shots, "overview")
+
+
+def test_analytic_chart_follows_a_control(page, server, shots):
+    open_page(page, server, "Analytic sweep")
+    chart = page.locator(CHART).first
+    chart.wait_for()
+    points = chart.locator("g.mark-line path, g.mark-symbol path")
+    before = chart.inner_html()
+    assert "crop count" in chart.inner_text() or "crop count" in before
+    snap(page, shots, "analytic", 1900)
+    page.locator("[data-testid='stRadio'] label", has_text="Batch size").click()
+    settle(page)
+    chart = page.locator(CHART).first
+    page.wait_for_function(
+        "() => document.querySelector(\"[data-testid='stVegaLiteChart']\").innerHTML.includes('batch size')")
+    after = chart.inner_html()
+    assert after != before and "batch size" in after
+    assert points.count() > 0
+    page.get_by_role("tab", name="Roofline").click()
+    page.wait_for_timeout(800)
+    snap(page, shots, "analytic_roofline", 2000)
+
+
+def test_measured(page, server, shots):
+    open_page(page, server, "Measured sweep")
+    text = main_text(page)
+    if has_reference_runs():
+        page.locator(f"[data-testid='stMain'] {CHART}").first.wait_for()
+        assert "bundled reference run" in text
+    else:
+        assert "No bundled reference runs yet" in text
+    snap(page, shots, "measured", 1600)
+
+
+def test_parity_upload_shows_both_renderings(page, server, shots):
+    open_page(page, server, "Vendor parity")
+    assert LABEL in main_text(page)
+    page.locator("[data-testid='stRadio'] label", has_text="Upload page images").click()
+    settle(page)
+    inputs = page.locator("[data-testid='stFileUploaderDropzoneInput']")
+    inputs.nth(0).set_input_files(str(ROOT / "data" / "samples" / "card.png"))
+    settle(page)
+    inputs.nth(1).set_input_files(str(ROOT / "data" / "samples" / "card.grounding.txt"))  # as a vendor output
+    settle(page)
+    page.get_by_role("button", name="Run both paths").click()
+    page.get_by_text("Parity passed").wait_for(timeout=120_000)
+    settle(page)
+    captions = page.locator("[data-testid='stImageCaption']").all_inner_texts()
+    assert any(c.startswith("one-shot:") for c in captions), captions
+    assert any(c.startswith("separated:") for c in captions), captions
+    assert any(c.startswith("vendor output:") for c in captions), captions
+    assert page.locator("[data-testid='stMain'] [data-testid='stImage'] img").count() >= 3
+    assert "First divergence: none" in main_text(page)
+    snap(page, shots, "parity", 2100)
+
+
+def test_mfu(page, server, shots):
+    open_page(page, server, "MFU")
+    if has_reference_runs():
+        page.locator(f"[data-testid='stMain'] {CHART}").first.wait_for()
+        assert page.locator(f"[data-testid='stMain'] {CHART}").count() == 3
+        assert "median MFU" in main_text(page)
+    snap(page, shots, "mfu", 1800)
