@@ -142,6 +142,8 @@ class FastEngine:
     def moe_impl(self, batch: int) -> str:
         if self.moe != "auto":
             return self.moe
+        if self.device.type != "cuda":
+            return "gather"  # torch's CPU grouped GEMM is a slow fallback; prefill still uses it
         rows = batch * (self.cfg.k + self.cfg.shared_slots)
         return "gather" if self.compile and rows <= self.gather_max_rows else "grouped"
 
@@ -193,6 +195,17 @@ class FastEngine:
         st.graphs.clear()
         st.prefills.clear()
         return st
+
+    def release(self, batch: int | None = None) -> None:
+        """Free the static state (cache, buffers, graphs) of one batch size, or of all; handles to it go stale."""
+        for b in ([batch] if batch is not None else list(self._states)):
+            st = self._states.pop(b, None)
+            if st is not None:
+                st.serial += 1
+                st.graphs.clear()
+                st.prefills.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()

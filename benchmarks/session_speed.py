@@ -1,0 +1,488 @@
+"""Reference vs fast session: measured times against their hardware floors, on the GPU this runs on.
+
+Prints the ceilings it measured (copy bandwidth, bf16 matmul) and the analytic floors first, then measures:
+  parity     greedy tokens of the fast path vs the reference on the same weights (full spec, 2x2 Gundam page)
+  prefill    vision + LM prefill of a 2x2 Gundam page (703 tokens) vs its roofline (datasheet and calibrated)
+  decode     batch 1 time per token vs the memory floor (touched weights + KV cache over measured copy bandwidth)
+  batched    tokens/s at batch 1, 8, 32, 64 with the fraction of each batch's roofline reached
+  pages      pages/s for a typical Gundam page (3x2 tiles = 893 image slots, 1,000 output tokens) per batch size,
+             next to the paper's 200k pages/day on one A100-40G and the analytic model's prediction
+Ends with ONE JSON line holding every figure, and writes the same JSON to --out.
+
+    python benchmarks/session_speed.py --out out/session_speed.json          # on a GPU: full spec, bf16
+    python benchmarks/session_speed.py --quick --device cpu --out /tmp/s.json  # tiny spec smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsocr_core.analytic import capacity_summary, decode_step_totals, expected_experts, stage_totals  # noqa: E402
+from dsocr_core.environment import capture_environment  # noqa: E402
+from dsocr_core.fast import FastSession  # noqa: E402
+from dsocr_core.fast.parity import compare  # noqa: E402
+from dsocr_core.hardware import (PRESETS, match_device_name, measure_copy_bandwidth,  # noqa: E402
+                                 measure_matmul_flops)
+from dsocr_core.model.checkpoint import synthetic_model  # noqa: E402
+from dsocr_core.model.kv_cache import KVCache  # noqa: E402
+from dsocr_core.preprocess import PreparedInputs, synthetic_inputs  # noqa: E402
+from dsocr_core.session import Session  # noqa: E402
+from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec  # noqa: E402
+from dsocr_core.timing import StageTimer  # noqa: E402
+from dsocr_core.tokenizer import load_tokenizer  # noqa: E402
+
+PAPER_PAGES_PER_DAY_A100_40G = 200_000  # paper: "200k+ pages per day on one A100-40G"
+LOG: list[str] = []
+T0 = time.perf_counter()
+
+
+def say(msg: str = "") -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}" if msg else "", flush=True)
+    LOG.append(msg)
+
+
+def checkpoint(out: dict, path: str) -> None:
+    """Write what is measured so far (a crash later keeps every finished section)."""
+    out["log"] = LOG
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1, default=str))
+
+
+# ----------------------------------------------------------------------------------------------------- inputs
+def page_inputs(grid: tuple[int, int], batch: int, seed: int, device, dtype) -> PreparedInputs:
+    """Gundam pages of one tile grid, every row with its own random pixels and prompt text (generated on the
+    device: fast for large batches), laid out like the grounding prompt (BOS, image slots, 9 text ids)."""
+    one = synthetic_inputs("gundam", grid, text_tokens=10, batch=1, seed=seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    crops, glob = one.images[0]
+    images = [((torch.rand(crops.shape, generator=gen, device=device) * 2 - 1).to(dtype),
+               (torch.rand(glob.shape, generator=gen, device=device) * 2 - 1).to(dtype)) for _ in range(batch)]
+    ids = one.input_ids.to(device).repeat(batch, 1)
+    mask = ids == ids[0, 1]  # slot 1 is always an image slot
+    text = ~mask[0]
+    text[0] = False  # BOS stays
+    ids[:, text] = torch.randint(3, 128815, (batch, int(text.sum())), generator=gen, device=device)
+    return PreparedInputs(ids, images, mask, one.images_spatial_crop.to(device).repeat(batch, 1), "gundam",
+                          one.counts * batch, [None] * batch, [None] * batch, synthetic=True)
+
+
+# ----------------------------------------------------------------------------------------------------- timing
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def wall(fn, device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def med(xs) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def ceilings(device) -> dict:
+    """Measured copy bandwidth and bf16 matmul rate, and the datasheet preset for this GPU."""
+    if device.type == "cuda":
+        bw = measure_copy_bandwidth(1 << 31, str(device), warmup=3, repeats=20)
+        fl = measure_matmul_flops(8192, str(device), warmup=3, repeats=10)
+        name = torch.cuda.get_device_name(device)
+        mem = torch.cuda.get_device_properties(device).total_memory / 1e9
+    else:
+        bw = measure_copy_bandwidth(1 << 26, "cpu", warmup=1, repeats=3)
+        fl = measure_matmul_flops(512, "cpu", warmup=1, repeats=3)
+        name, mem = "CPU", 64.0
+    cal = Hardware(name=name, peak_tflops=fl / 1e12, bandwidth_tbs=bw / 1e12, memory_gb=mem, calibrated=True,
+                   source="measured by benchmarks/session_speed.py")
+    return {"calibrated": cal, "datasheet": match_device_name(name)}
+
+
+# ----------------------------------------------------------------------------------------------------- floors
+def decode_floor(spec, batch: int, contexts: list[int], hw: Hardware, touched: float | None = None) -> dict:
+    """Mean over the given contexts of one decode step's bytes that must move (touched weights + KV cache read
+    and written) and FLOPs; memory floor = bytes / bandwidth; roofline = max(memory floor, FLOPs / peak).
+    `touched`: measured distinct routed experts per MoE layer, replacing the analytic uniform-routing estimate."""
+    w = Workload(mode="gundam", crops=(2, 2), batch=batch, logits="last")
+    byts, flops = [], []
+    one_expert = 3 * spec.hidden_size * spec.moe_intermediate_size * 2  # bf16
+    expected = float(expected_experts(spec.n_routed_experts, spec.num_experts_per_tok, batch))
+    for c in (contexts[0], contexts[-1]):  # every count is affine in the context: mean = mean of the ends
+        d = decode_step_totals(spec, w, c, hw)
+        weights = d["weight_bytes"]
+        if touched is not None:
+            weights += len(spec.moe_layers) * (touched - expected) * one_expert
+        byts.append(weights + d["kv_read_bytes"] + d["kv_write_bytes"])
+        flops.append(d["flops"])
+    b, f = sum(byts) / 2, sum(flops) / 2
+    mem, comp = b / hw.bandwidth, f / hw.peak_flops
+    return {"bytes": b, "flops": f, "memory_floor_s": mem, "compute_floor_s": comp, "roofline_s": max(mem, comp),
+            "expected_experts": expected, "touched_experts": touched}
+
+
+def prefill_roofline(spec, grid, hw: Hardware, logits: str) -> dict:
+    st = stage_totals(spec, Workload(mode="gundam", crops=grid, text_tokens=10, logits=logits), hw)
+    flops = st["vision"]["flops"] + st["prefill"]["flops"]
+    byts = st["vision"]["bytes"] + st["prefill"]["bytes"]
+    min_bytes = st["vision"]["weight_bytes"] + st["prefill"]["weight_bytes"] + st["prefill"]["kv_bytes"]
+    return {"flops": flops, "bytes": byts, "min_bytes": min_bytes,
+            "roofline_s": max(flops / hw.peak_flops, byts / hw.bandwidth),  # the analytic model's bytes (eager ops)
+            "compute_floor_s": max(flops / hw.peak_flops, min_bytes / hw.bandwidth),  # weights + KV only
+            "per_row_s": st["vision"]["time_s"] + st["prefill"]["time_s"]}
+
+
+# ----------------------------------------------------------------------------------------------------- parts
+def reference_decode_times(ref: Session, cache: KVCache, token: torch.Tensor, steps: int, device,
+                           record_routing: bool = False) -> tuple[list[float], float | None]:
+    """Reference decode_step times (each step synchronised; the reference syncs inside its MoE anyway) and,
+    optionally, the mean number of distinct routed experts per MoE layer and step."""
+    distinct: list[int] = []
+    hooks = []
+    if record_routing:
+        for layer in ref.model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None:
+                hooks.append(gate.register_forward_hook(
+                    lambda mod, args, out: distinct.append(int(out[1].unique().numel()))))
+    times = []
+    try:
+        for _ in range(steps):
+            timer = StageTimer(device)
+            with timer.stage("decode"):
+                logits, cache = ref.decode_step(token, cache)
+                token = logits.argmax(-1)
+            times.append(timer.finish()[0][1])
+    finally:
+        for h in hooks:
+            h.remove()
+    return times, (sum(distinct) / len(distinct) if distinct else None)
+
+
+def fast_generate_times(fast: FastSession, inputs, steps: int, ngram: int) -> dict:
+    """engine.generate (prefill + `steps` tokens with the n-gram ban); per-step CUDA-event times."""
+    timer = StageTimer(fast.device)
+    t = wall(lambda: fast.engine.generate(inputs, steps, ngram, timer=timer, check_every=0), fast.device)
+    marks = timer.finish()
+    steps_s = [s for name, s in marks if name == "decode"]
+    pre = sum(s for name, s in marks if name != "decode")
+    return {"wall_s": t, "prefill_s": pre, "step_s": steps_s}
+
+
+def kv_from_fast(cache, length: int) -> KVCache:
+    kv = KVCache()
+    st = cache.state
+    for i in range(len(st.cache)):
+        kv.keys.append(st.cache.keys(i, length).clone())
+        kv.values.append(st.cache.values(i, length).clone())
+    return kv
+
+
+# ----------------------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out/session_speed.json", help="JSON file for every figure")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="tiny spec, few steps (smoke test, any device)")
+    ap.add_argument("--parity-steps", type=int, default=64)
+    ap.add_argument("--decode-steps", type=int, default=256, help="batch-1 tokens timed")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--batch-steps", type=int, default=128, help="tokens timed per batch size")
+    ap.add_argument("--page-batches", default="32,64,128")
+    ap.add_argument("--page-tokens", type=int, default=1000)
+    ap.add_argument("--reference-steps", type=int, default=12)
+    ap.add_argument("--no-reference-batched", action="store_true")
+    ap.add_argument("--engine", default="{}", help="FastEngine options as JSON, e.g. '{\"compile\": false}'")
+    ap.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
+                    help="time batch-1 decode and prefill with each optimisation switched off in turn")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    quick = args.quick
+    if quick:
+        args.parity_steps, args.decode_steps, args.batch_steps = 12, 16, 8
+        args.batches, args.page_batches, args.page_tokens, args.reference_steps = "1,2", "2", 12, 3
+    batches = [int(b) for b in args.batches.split(",") if b]
+    page_batches = [int(b) for b in args.page_batches.split(",") if b]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dname = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    ngram = 20
+    out: dict = {"benchmark": "session_speed", "quick": quick}
+    t_start = time.perf_counter()
+
+    env = capture_environment(str(device))
+    out["environment"] = {k: env.get(k) for k in ("captured_at", "gpu_name", "driver", "torch", "cuda", "cudnn",
+                                                  "python", "cpu_model", "sm_clock_max_mhz", "hostname")}
+    hws = ceilings(device)
+    cal, ds = hws["calibrated"], hws["datasheet"]
+    out["ceilings"] = {"copy_tbs": cal.bandwidth_tbs, "matmul_tflops": cal.peak_tflops,
+                       "datasheet": ds.model_dump() if ds else None}
+    say(f"device {cal.name}: copy {cal.bandwidth_tbs:.2f} TB/s (read+write), bf16 matmul {cal.peak_tflops:.0f} "
+        f"TFLOP/s" + (f"; datasheet {ds.bandwidth_tbs} TB/s, {ds.peak_tflops:g} TFLOP/s" if ds else ""))
+
+    spec = tiny_spec() if quick else ModelSpec()
+    t0 = time.perf_counter()
+    model = synthetic_model(spec, seed=0, dtype=dtype, device=device)
+    sync(device)
+    tok = load_tokenizer(None)
+    weights = {"source": "synthetic", "detail": "seed 0 (random weights)", "synthetic": True}
+    ref = Session(model, spec, tok, device, dname, weights)
+    fast = FastSession.from_session(ref, **json.loads(args.engine))
+    _ = fast.engine
+    out["build_s"] = time.perf_counter() - t0
+    say(f"model built in {out['build_s']:.1f} s ({'tiny' if quick else 'full'} spec, {dname}); fast layout copies "
+        f"{fast.engine.w.extra_bytes / 1e9:.2f} GB")
+
+    # ------------------------------------------------------------------------------------------ parity
+    page = page_inputs((2, 2), 1, 1, device, dtype)
+    t0 = time.perf_counter()
+    par = compare(ref, fast, page, args.parity_steps, ngram)
+    par["seconds"] = time.perf_counter() - t0
+    out["parity"] = {k: v for k, v in par.items() if k not in ("reference_tokens", "fast_tokens")}
+    out["parity"]["tokens"] = {"reference": par["reference_tokens"][0], "fast": par["fast_tokens"][0]}
+    tf = par["teacher_forced"]
+    say(f"parity b1 ({args.parity_steps} greedy tokens, 2x2 page): equal={par['tokens_equal']} first divergence="
+        f"{par['first_divergence']}; teacher-forced {tf['agree']}/{tf['total']}, all rounding flips="
+        f"{tf['all_rounding_flips']}, max |dlogit| {tf['max_logit_abs_diff']:.4f}")
+    checkpoint(out, args.out)
+
+    # ------------------------------------------------------------------------------------------ prefill
+    stages = ("sam", "clip", "projector", "prefill")
+    pre = {}
+    for mode, logits in (("reference", "all"), ("reference", "last"), ("fast", "last")):
+        sess = ref if mode == "reference" else fast
+        reps = 3 if mode == "reference" else 20
+        runs = []
+        for i in range(reps + 2):
+            timer = StageTimer(device)
+            res = sess.prefill(page, logits=logits, timer=timer)
+            del res
+            if i >= 2:
+                runs.append(timer.totals())
+        tot = [sum(r.get(s, 0.0) for s in stages) for r in runs]
+        pre[f"{mode}_{logits}"] = {"total_s": med(tot), "stages_s": {s: med([r.get(s, 0.0) for r in runs])
+                                                                     for s in stages}, "runs": len(runs)}
+    roof = {"calibrated": prefill_roofline(spec, (2, 2), cal, "last")}
+    if ds:
+        roof["datasheet"] = prefill_roofline(spec, (2, 2), ds, "last")
+    for key, r in pre.items():
+        r["vs_roofline"] = {h: r["total_s"] / v["roofline_s"] for h, v in roof.items()}
+        r["vs_compute_floor"] = {h: r["total_s"] / v["compute_floor_s"] for h, v in roof.items()}
+    out["prefill"] = {"page": "gundam 2x2, 703 tokens, batch 1", "measured": pre, "roofline": roof}
+    for key, r in pre.items():
+        say(f"prefill {key:15s} {r['total_s'] * 1e3:8.2f} ms  (" + ", ".join(
+            f"{s} {v * 1e3:.2f}" for s, v in r["stages_s"].items()) + ")  x roofline " + ", ".join(
+            f"{h} {v:.2f}" for h, v in r["vs_roofline"].items()) + "; x compute floor " + ", ".join(
+            f"{h} {v:.2f}" for h, v in r["vs_compute_floor"].items()))
+    for h, v in roof.items():
+        say(f"  roofline {h}: {v['roofline_s'] * 1e3:.2f} ms (analytic bytes {v['bytes'] / 1e9:.1f} GB), compute "
+            f"floor {v['compute_floor_s'] * 1e3:.2f} ms ({v['flops'] / 1e12:.2f} TFLOP), per-row sum "
+            f"{v['per_row_s'] * 1e3:.2f} ms")
+    gc.collect()
+    checkpoint(out, args.out)
+
+    # ------------------------------------------------------------------------------------------ decode, batches
+    out["decode"] = {}
+    t_prompt = page.input_ids.shape[1]
+    for b in batches:
+        inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, dtype)
+        n = args.decode_steps if b == 1 else args.batch_steps
+        fast_generate_times(fast, inputs, n, ngram)  # warm-up: compiles and captures every bucket
+        runs = [fast_generate_times(fast, inputs, n, ngram) for _ in range(2 if b == 1 else 1)]
+        steps = [s for r in runs for s in r["step_s"]]
+        step = sum(steps) / len(steps)
+        contexts = list(range(t_prompt + 1, t_prompt + n))
+        # pure graph replays, no n-gram ban (what a serving stack's step costs)
+        pre_res = fast.prefill(inputs, max_new_tokens=n + 8)
+        token = pre_res.logits[:, -1].argmax(-1)
+        cache = pre_res.cache
+        for _ in range(3):
+            fast.engine.decode_step(cache, token)
+        timer = StageTimer(device)
+        for _ in range(min(n, 64)):
+            with timer.stage("step"):
+                fast.engine.decode_step(cache, token)
+        replay = med([s for _, s in timer.finish()])
+        row = {"batch": b, "steps": len(steps), "step_s_mean": step, "step_s_median": med(steps),
+               "replay_s_median": replay, "tokens_per_s": b / step, "context_first": contexts[0],
+               "context_last": contexts[-1]}
+        touched = None
+        if not args.no_reference_batched or b == 1:
+            kv = kv_from_fast(cache, cache.length)
+            rt, touched = reference_decode_times(ref, kv, token, args.reference_steps, device,
+                                                 record_routing=b > 1)
+            row["reference_step_s_median"] = med(rt[1:] or rt)
+            row["reference_tokens_per_s"] = b / row["reference_step_s_median"]
+            del kv
+        row["floor"] = {"calibrated": decode_floor(spec, b, contexts, cal)}
+        if touched is not None:
+            row["floor"]["calibrated_measured_routing"] = decode_floor(spec, b, contexts, cal, touched)
+        if ds:
+            row["floor"]["datasheet"] = decode_floor(spec, b, contexts, ds)
+        f = row["floor"]["calibrated"]
+        row["fast_vs_memory_floor"] = step / f["memory_floor_s"]
+        row["roofline_fraction"] = f["roofline_s"] / step
+        row["replay_roofline_fraction"] = f["roofline_s"] / replay
+        if "reference_step_s_median" in row:
+            row["reference_vs_memory_floor"] = row["reference_step_s_median"] / f["memory_floor_s"]
+            row["reference_roofline_fraction"] = f["roofline_s"] / row["reference_step_s_median"]
+        if touched is not None:
+            row["roofline_fraction_measured_routing"] = (row["floor"]["calibrated_measured_routing"]["roofline_s"]
+                                                         / step)
+        out["decode"][str(b)] = row
+        say(f"decode b{b:<3d} fast {step * 1e3:7.3f} ms/step ({b / step:9.0f} tok/s, replay only "
+            f"{replay * 1e3:.3f} ms), floor {f['memory_floor_s'] * 1e3:.3f} ms -> x{row['fast_vs_memory_floor']:.2f},"
+            f" roofline fraction {row['roofline_fraction']:.2f}" + (
+                f"; reference {row['reference_step_s_median'] * 1e3:.2f} ms/step (x"
+                f"{row['reference_vs_memory_floor']:.1f})" if "reference_step_s_median" in row else "") + (
+                f"; touched experts/layer {touched:.1f} (uniform {f['expected_experts']:.1f})" if touched else ""))
+        del inputs, pre_res, cache
+        fast.engine.release(b)
+        gc.collect()
+
+    pb = page_inputs((2, 2), 4, 7, device, dtype)
+    par4 = compare(ref, fast, pb, max(8, args.parity_steps // 2), ngram)
+    out["parity_batch4"] = {k: v for k, v in par4.items() if k not in ("reference_tokens", "fast_tokens",
+                                                                       "logits")}
+    say(f"parity b4: equal={par4['tokens_equal']} first divergence={par4['first_divergence']}; teacher-forced "
+        f"{par4['teacher_forced']['agree']}/{par4['teacher_forced']['total']}, all rounding flips="
+        f"{par4['teacher_forced']['all_rounding_flips']}")
+
+    checkpoint(out, args.out)
+
+    # ------------------------------------------------------------------------------------------ pages per GPU
+    grid = (3, 2)
+    out["pages"] = {"grid": list(grid), "output_tokens": args.page_tokens, "batches": {}}
+    for b in page_batches:
+        inputs = page_inputs(grid, b, 1000 + b, device, dtype)
+        out["pages"]["prompt_tokens"] = int(inputs.input_ids.shape[1])
+        try:
+            fast_generate_times(fast, inputs, args.page_tokens, ngram)  # warm-up and captures
+            r = fast_generate_times(fast, inputs, args.page_tokens, ngram)
+        except torch.OutOfMemoryError as exc:
+            out["pages"]["batches"][str(b)] = {"error": f"out of memory: {exc}"[:200]}
+            say(f"pages b{b}: out of memory")
+            fast.engine.release(b)
+            continue
+        pps = b / r["wall_s"]
+        w = Workload(mode="gundam", crops=grid, text_tokens=10, batch=b, decode_steps=args.page_tokens,
+                     logits="last")
+        analytic = {"h200_calibrated": capacity_summary(spec, w, cal)}
+        for key in ("h200", "a100-sxm-40gb"):
+            analytic[key] = capacity_summary(spec, w, PRESETS[key])
+        out["pages"]["batches"][str(b)] = {
+            "wall_s": r["wall_s"], "prefill_s": r["prefill_s"], "decode_s": sum(r["step_s"]),
+            "pages_per_s": pps, "pages_per_day": pps * 86400, "analytic": analytic,
+            "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
+        say(f"pages b{b:<3d} {pps:6.2f} pages/s ({pps * 86400 / 1e3:.0f}k/day): prefill {r['prefill_s']:.2f} s + "
+            f"decode {sum(r['step_s']):.2f} s; analytic H200 {analytic['h200']['pages_per_s']:.2f}, "
+            f"A100-40G {analytic['a100-sxm-40gb']['pages_per_s']:.2f} pages/s "
+            f"(fits {analytic['a100-sxm-40gb']['fits']})")
+        del inputs
+        fast.engine.release(b)
+        gc.collect()
+    done = {k: v for k, v in out["pages"]["batches"].items() if "pages_per_s" in v}
+    if done:
+        best = max(done, key=lambda k: done[k]["pages_per_s"])
+        out["pages"]["best_batch"] = int(best)
+        out["pages"]["best_pages_per_s"] = done[best]["pages_per_s"]
+        out["pages"]["paper_a100_40g_pages_per_s"] = PAPER_PAGES_PER_DAY_A100_40G / 86400
+    checkpoint(out, args.out)
+    if args.ablation:
+        out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device)
+    out["engine"] = fast.engine.describe()
+    out["seconds"] = time.perf_counter() - t_start
+    summary(out)
+    checkpoint(out, args.out)
+    print(json.dumps(out, default=str, separators=(",", ":")))
+
+
+VARIANTS = {  # each switches one optimisation off (or picks the other MoE kernel), all else as in fast mode
+    "eager_no_graphs": {"compile": False, "graphs": False},
+    "graphs_no_compile": {"compile": False},
+    "compile_grouped_moe": {"moe": "grouped"},
+    "no_sam_fold": {"sam_fold": False, "compile": False},
+}
+
+
+def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int, device) -> dict:
+    """Batch-1 decode step (graph replays where graphs are on) and prefill per variant engine."""
+    res = {}
+    steps = min(steps, 128)
+    floor = decode_floor(spec, 1, list(range(t_prompt + 1, t_prompt + steps)), cal)["memory_floor_s"]
+    for name, opts in VARIANTS.items():
+        try:
+            fast = FastSession.from_session(ref, **opts)
+            row = {"options": opts}
+            if name != "no_sam_fold":
+                for _ in range(2):
+                    pre = fast.prefill(page, max_new_tokens=steps + 8)
+                    token, cache = pre.logits[:, -1].argmax(-1), pre.cache
+                    timer = StageTimer(device)
+                    for _ in range(steps):
+                        with timer.stage("step"):
+                            fast.engine.decode_step(cache, token)
+                times = [s for _, s in timer.finish()]
+                row["decode_step_s_median"] = med(times)
+                row["decode_vs_floor"] = row["decode_step_s_median"] / floor
+            runs = []
+            for i in range(8):
+                timer = StageTimer(device)
+                fast.prefill(page, timer=timer)
+                if i >= 2:
+                    runs.append(sum(timer.totals().values()))
+            row["prefill_s_median"] = med(runs)
+            row["errors"] = {k: v for k, v in fast.engine.describe().items() if k.endswith("errors") and v}
+            say(f"ablation {name:22s} " + (f"decode {row['decode_step_s_median'] * 1e3:.3f} ms/step "
+                                          f"(x{row['decode_vs_floor']:.2f} floor), " if "decode_step_s_median" in row
+                                          else "") + f"prefill {row['prefill_s_median'] * 1e3:.2f} ms")
+        except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal
+            row = {"options": opts, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            say(f"ablation {name}: failed: {row['error']}")
+        res[name] = row
+        del fast
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+def summary(out: dict) -> None:
+    say("")
+    say(f"{'figure':44s} {'reference':>12s} {'fast':>12s} {'floor':>10s} {'ref/floor':>9s} {'fast/floor':>10s}")
+    p = out["prefill"]
+    roof = p["roofline"].get("datasheet") or p["roofline"]["calibrated"]
+    for key, label in (("reference_all", "prefill 2x2 page, ms (ref: all logits)"),):
+        r, f = p["measured"][key], p["measured"]["fast_last"]
+        say(f"{label:44s} {r['total_s'] * 1e3:12.2f} {f['total_s'] * 1e3:12.2f} {roof['roofline_s'] * 1e3:10.2f} "
+            f"{r['total_s'] / roof['roofline_s']:9.2f} {f['total_s'] / roof['roofline_s']:10.2f}")
+    for b, row in out["decode"].items():
+        fl = row["floor"]["calibrated"]["memory_floor_s"]
+        ref = row.get("reference_step_s_median")
+        say(f"{'decode b' + b + ', ms/step':44s} {ref * 1e3 if ref else float('nan'):12.3f} "
+            f"{row['step_s_mean'] * 1e3:12.3f} {fl * 1e3:10.3f} {ref / fl if ref else float('nan'):9.2f} "
+            f"{row['step_s_mean'] / fl:10.2f}")
+    for b, row in out["decode"].items():
+        say(f"{'decode b' + b + ', tokens/s; roofline fraction':44s} "
+            f"{row.get('reference_tokens_per_s', float('nan')):12.0f} {row['tokens_per_s']:12.0f} "
+            f"{row['roofline_fraction']:10.2f}")
+    pg = out.get("pages", {})
+    if "best_batch" in pg:
+        row = pg["batches"][str(pg["best_batch"])]
+        say(f"pages/s (3x2 page, {pg['output_tokens']} tokens), best batch {pg['best_batch']}: "
+            f"{pg['best_pages_per_s']:.2f} measured; analytic H200 {row['analytic']['h200']['pages_per_s']:.2f}, "
+            f"A100-40G {row['analytic']['a100-sxm-40gb']['pages_per_s']:.2f}; paper A100-40G "
+            f"{pg['paper_a100_40g_pages_per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

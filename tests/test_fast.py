@@ -1,0 +1,162 @@
+"""Fast session mode on the CPU: tiny spec, float32, the same weights as the reference. Greedy tokens must match
+the reference exactly; the fast kernels' building blocks must compute the reference functions."""
+import pytest
+import torch
+
+from dsocr_core.fast import FastEngine, FastSession, StaleCacheError, load_session
+from dsocr_core.fast.attention import decode_attention, sam_attention
+from dsocr_core.fast.engine import _cut_after_all_finished
+from dsocr_core.fast.moe import experts_gather, experts_grouped, moe_forward, route, with_shared
+from dsocr_core.fast.parity import compare
+from dsocr_core.fast.weights import LMWeights, stack_experts
+from dsocr_core.model.checkpoint import synthetic_model
+from dsocr_core.model.decoder import MoE
+from dsocr_core.model.sam import SamAttention
+from dsocr_core.preprocess import synthetic_inputs
+from dsocr_core.session import Session
+from dsocr_core.spec import tiny_spec
+from dsocr_core.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    spec = tiny_spec()
+    model = synthetic_model(spec, seed=5, dtype="float32")
+    ref = Session(model, spec, load_tokenizer(None), torch.device("cpu"), "float32",
+                  {"source": "synthetic", "detail": "tiny seed 5", "synthetic": True})
+    return ref, FastSession.from_session(ref, bucket=32)
+
+
+def _close(a, b, tol=1e-5):
+    return float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
+
+
+# ------------------------------------------------------------------------------------------ building blocks
+@pytest.mark.parametrize("h,w,rel", [(14, 14, 14), (16, 16, 16), (10, 10, 16), (12, 7, 12)])
+def test_sam_fold_equals_dense_bias(h, w, rel):
+    """Folding the decomposed rel-pos bias into q/k gives the reference attention (incl. resized tables)."""
+    torch.manual_seed(0)
+    attn = SamAttention(width=32, heads=2, rel_size=rel)
+    with torch.no_grad():
+        attn.rel_pos_h.normal_(0, 0.5)
+        attn.rel_pos_w.normal_(0, 0.5)
+    x = torch.randn(3, h, w, 32)
+    with torch.no_grad():
+        assert _close(sam_attention(attn, x, fold=True), attn(x))
+
+
+def test_moe_grouped_and_gather_equal_reference():
+    spec = tiny_spec()
+    torch.manual_seed(1)
+    moe = MoE(spec)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.3)
+    w13, w2 = stack_experts(moe, spec)
+    assert w13.shape == (spec.n_routed_experts + spec.n_shared_experts, 2 * spec.moe_intermediate_size,
+                         spec.hidden_size)
+    x = torch.randn(7, spec.hidden_size)
+    gate32 = moe.gate.weight.float()
+    kw = dict(k=spec.num_experts_per_tok, n_routed=spec.n_routed_experts, shared_slots=spec.n_shared_experts,
+              inner=spec.moe_intermediate_size, norm_topk_prob=False, scale=1.0)
+    with torch.no_grad():
+        want = moe(x[None])[0]
+        for impl, gemv in (("grouped", "linear"), ("gather", "linear"), ("gather", "reduce")):
+            assert _close(moe_forward(x, gate32, w13, w2, impl=impl, gemv=gemv, **kw), want), (impl, gemv)
+        # the two expert kernels agree slot by slot
+        w, ids = with_shared(*route(x, gate32, spec.num_experts_per_tok, False, 1.0), spec.n_routed_experts,
+                             spec.n_shared_experts)
+        assert _close(experts_grouped(x, ids, w13, w2, spec.moe_intermediate_size),
+                      experts_gather(x, ids, w13, w2, spec.moe_intermediate_size, "reduce"))
+
+
+def test_decode_attention_masks_later_slots():
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 4, 16), torch.randn(2, 4, 40, 16), torch.randn(2, 4, 40, 16)
+    pos = torch.tensor([22])
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k[:, :, :23], v[:, :, :23])[:, :, 0]
+    k[:, :, 23:] = 1e3  # garbage beyond pos must not matter
+    for impl in ("reduce", "sdpa"):
+        assert _close(decode_attention(q, k, v, pos, impl), want)
+
+
+def test_weights_share_and_count_copies(sessions):
+    ref, _ = sessions
+    w = LMWeights.from_model(ref.model)
+    assert w.embed.data_ptr() == ref.model.model.embed_tokens.weight.data_ptr()
+    assert w.lm_head.data_ptr() == ref.model.lm_head.weight.data_ptr()
+    assert w.extra_bytes == sum(w.extra.values()) > 0
+    assert [lw.moe for lw in w.layers] == [False, True, True]
+
+
+# ------------------------------------------------------------------------------------------ same answers
+@pytest.mark.parametrize("mode,grid,batch,steps", [("small", (1, 1), 2, 40), ("gundam", (2, 1), 1, 40)])
+def test_fast_tokens_equal_reference(sessions, mode, grid, batch, steps):
+    ref, fast = sessions
+    inputs = synthetic_inputs(mode, grid, text_tokens=10, batch=batch, seed=11)
+    r = compare(ref, fast, inputs, steps, no_repeat_ngram_size=20, teacher_forced=False)
+    assert r["tokens_equal"], r["first_divergence"]
+    assert r["max_logit_abs_diff"] < 1e-4
+
+
+def test_generate_matches_reference_with_active_ngram_ban(sessions):
+    ref, fast = sessions
+    inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=2, seed=3)
+    free = fast.generate_one_shot(inputs, max_new_tokens=60, no_repeat_ngram_size=0)
+    want = ref.generate_one_shot(inputs, max_new_tokens=60, no_repeat_ngram_size=3)
+    got = fast.generate_one_shot(inputs, max_new_tokens=60, no_repeat_ngram_size=3)
+    assert got.generated_ids == want.generated_ids
+    assert free.generated_ids != got.generated_ids  # the ban is active
+    assert got.path == "fast" and got.timings["tpot_s"] > 0 and got.timings["prefill"] > 0
+    d = fast.describe()
+    assert d["session_mode"] == "fast" and d["engine"]["cuda_graphs"] is False and d["engine"]["compile"] is False
+
+
+def test_separated_path_verifies_and_old_handles_go_stale(sessions):
+    _, fast = sessions
+    inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=4)
+    sep = fast.generate_separated(inputs, max_new_tokens=12, logits="last")
+    assert sep.verification["passed"], sep.verification
+    first = fast.prefill(inputs)
+    fast.prefill(inputs)
+    with pytest.raises(StaleCacheError):
+        fast.decode_step(first.logits[:, -1].argmax(-1), first.cache)
+
+
+def test_cache_grows_past_its_capacity(sessions):
+    """A bare prefill leaves room for some tokens; decoding past it moves the cache, tokens unchanged."""
+    ref, _ = sessions
+    eng = FastEngine(ref.model, bucket=16)
+    fast = FastSession.from_session(ref, bucket=16)
+    fast._engine = eng
+    inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=6)
+    pre = fast.prefill(inputs, max_new_tokens=2)
+    cap = pre.cache.state.capacity
+    rpre = ref.prefill(inputs, logits="last")
+    tok = rtok = pre.logits[:, -1].argmax(-1)
+    rcache, cache = rpre.cache, pre.cache
+    for _ in range(cap - inputs.seq_len + 20):
+        logits, cache = fast.decode_step(tok, cache)
+        rlogits, rcache = ref.decode_step(rtok, rcache)
+        tok, rtok = logits.argmax(-1), rlogits.argmax(-1)
+        assert torch.equal(tok, rtok)
+    assert cache.state.capacity > cap and cache.length == rcache.length
+
+
+def test_steps_after_every_row_finished_are_dropped():
+    eos = 1
+    steps = [torch.tensor([5, 6]), torch.tensor([eos, 7]), torch.tensor([2, eos]), torch.tensor([2, 2])]
+    assert len(_cut_after_all_finished(steps, eos)) == 3
+    assert len(_cut_after_all_finished(steps[:2], eos)) == 2  # row 1 never finished: keep everything
+
+
+def test_load_session_modes():
+    fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast",
+                        engine_options={"bucket": 64})
+    assert isinstance(fast, FastSession) and fast.describe()["session_mode"] == "fast"
+    assert fast.engine.bucket == 64
+    assert type(load_session(synthetic="tiny", device="cpu", dtype="float32")) is Session
+    with pytest.raises(ValueError):
+        load_session(synthetic="tiny", device="cpu", session_mode="turbo")
+    with pytest.raises(ValueError):
+        FastEngine(fast.model, moe="loop")
