@@ -22,23 +22,26 @@ if settings.model.source == "checkpoint" and not settings.model_error:
 top = st.columns([1, 2])
 spec_kind = top[0].selectbox("Model dimensions", list(specs), format_func=specs.get, key="an_spec")
 
+problems: list[str] = []  # typing mistakes: every widget is drawn first, then the mistakes are shown
 try:
     spec = resources.spec_from(spec_kind, settings.model.checkpoint)
     with top[1]:
         axis = forms.axis_choice()
-    values = forms.axis_values(axis)
+    values = forms.axis_values(axis, problems)
     col_a, col_b = st.columns(2)
     with col_a.container(border=True):
         st.markdown("**Configuration A**")
-        req_a, hw_a, raw_a = forms.config("an_a", axis, values, "A", settings.hardware)
+        req_a, hw_a, raw_a = forms.config("an_a", axis, values, "A", settings.hardware, problems)
     with col_b.container(border=True):
         compare = st.toggle("**Configuration B** (compare)", value=True, key="an_compare")
         if compare:
-            req_b, hw_b, raw_b = forms.config("an_b", axis, values, "B", settings.hardware,
+            req_b, hw_b, raw_b = forms.config("an_b", axis, values, "B", settings.hardware, problems,
                                               defaults={"attn": "eager"})
         else:
             st.caption("Turn on to overlay or place side by side a second configuration (eager vs flash, "
                        "H100 vs H200, batch 1 vs 32, ...).")
+    if problems:
+        raise inputs.InputError("; ".join(problems))
     if compare:
         label_a, label_b = an.config_labels(raw_a, raw_b)
         req_a, req_b = dataclasses.replace(req_a, label=label_a), dataclasses.replace(req_b, label=label_b)

@@ -253,10 +253,17 @@ def test_analytic_impossible_settings_show_an_error(no_reference, axis, key, val
 def test_analytic_bad_crop_grid_and_recovery(no_reference):
     at = goto(make_app(), "analytic")
     at.radio(key="an_axis").set_value("text").run()
+    at.selectbox(key="an_b_attn").set_value("flash").run()
     at.text_input(key="an_a_grid").set_value("40x40").run()  # 1600 tiles: past the model's limit
     assert any("1000" in e for e in texts(at, "error"))
+    assert at.selectbox(key="an_b_attn").value == "flash"  # the other widgets stay drawn and keep their state
+    at.text_input(key="an_values_text").set_value("10, x").run()
+    errors = " ".join(texts(at, "error"))
+    assert "not a whole number" in errors
     at.text_input(key="an_a_grid").set_value("3x2").run()
+    at.text_input(key="an_values_text").set_value("10, 100").run()
     assert not at.error and charts(at)
+    assert at.selectbox(key="an_b_attn").value == "flash"
 
 
 # ------------------------------------------------------------------------------------------------ measured
@@ -363,6 +370,8 @@ def test_parity_on_a_sample_page_shows_both_renderings(no_reference):
     assert any(c.startswith("one-shot:") for c in captions) and any(c.startswith("separated:") for c in captions)
     assert any(c.startswith("sample layout (drawn):") for c in captions)
     assert any("First divergence" in m and "none" in m for m in texts(at, "markdown"))
+    exported = json.loads(at.session_state["pa_results"][0].export())  # what the JSON download holds
+    assert exported["model_label"] == LABEL and exported["passed"] and exported["token_equal"]
 
 
 def test_parity_uploads_bad_images_and_a_vendor_text(no_reference):

@@ -21,8 +21,9 @@ AXIS_DEFAULTS = {
 }
 
 
-def axis_values(axis: str) -> tuple:
-    """The values the sweep runs over (raises inputs.InputError)."""
+def axis_values(axis: str, problems: list[str]) -> tuple:
+    """The values the sweep runs over. A typing mistake is added to `problems` and the default values are used,
+    so every other widget still renders (and keeps its state) until the mistake is fixed."""
     if axis == "crops":
         lo, hi = st.slider("Crop counts (most-square grid of each count; 1 = global view only)", 1, 100, (1, 16),
                            key="an_crops_range")
@@ -30,15 +31,23 @@ def axis_values(axis: str) -> tuple:
     label = {"text": "Text lengths (non-image prompt tokens, BOS included)", "image": "Page sizes (WIDTHxHEIGHT)",
              "batch": "Batch sizes", "decode": "Decode steps"}[axis]
     text = st.text_input(label, AXIS_DEFAULTS[axis], key=f"an_values_{axis}")
-    if axis == "image":
-        return tuple(inputs.pair_list(text, "page sizes", 1, 1 << 17))
-    low = 0 if axis == "decode" else 1
-    return tuple(inputs.int_list(text, label.split(" (")[0].lower(), low))
+
+    def parse(t: str) -> tuple:
+        if axis == "image":
+            return tuple(inputs.pair_list(t, "page sizes", 1, 1 << 17))
+        return tuple(inputs.int_list(t, label.split(" (")[0].lower(), 0 if axis == "decode" else 1))
+
+    try:
+        return parse(text)
+    except inputs.InputError as exc:
+        problems.append(str(exc))
+        return parse(AXIS_DEFAULTS[axis])
 
 
-def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardware,
+def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardware, problems: list[str],
            defaults: dict | None = None) -> tuple[SweepRequest, Hardware, dict]:
-    """One configuration's widgets. Returns the request, its hardware and the raw choices (for labels)."""
+    """One configuration's widgets. Returns the request, its hardware and the raw choices (for labels); typing
+    mistakes go to `problems`."""
     d = {"mode": "gundam", "attn": "sdpa", "dtype": "bfloat16", "batch": 1, "decode_steps": 512,
          "text_tokens": 10, "crops": "2x2", "hardware": SIDEBAR, "logits": "all", **(defaults or {})}
     modes = list(tiling.MODES)
@@ -71,7 +80,11 @@ def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardwa
             fixed[f] = cell.number_input("Text tokens", 1, 10_000_000, d["text_tokens"], key=f"{prefix}_text")
         else:
             grid = cell.text_input("Crop grid", d["crops"], key=f"{prefix}_grid", help="width x height tiles")
-            crops = inputs.pair_list(grid, "crop grid", 1, tiling.MAX_CROPS)[0]
+            try:
+                crops = inputs.pair_list(grid, f"configuration {label}: crop grid", 1, tiling.MAX_CROPS)[0]
+            except inputs.InputError as exc:
+                problems.append(str(exc))
+                crops = inputs.pair_list(d["crops"], "crop grid")[0]
     batch, steps, text = fixed["batch"], fixed["decode_steps"], fixed["text_tokens"]
     logits = st.radio("Prefill logits", ["all", "last"], horizontal=True, key=f"{prefix}_logits",
                       index=["all", "last"].index(d["logits"]),
