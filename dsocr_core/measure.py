@@ -133,12 +133,14 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
         if stage in stages:
             stages[stage]["peak_memory_bytes"] = peak
     if count_flops:
-        flops = session.count_stage_flops(inputs, logits=workload.logits, decode_steps=0)
+        # FLOPs are the model's work, counted on the reference path whatever mode was timed
+        reference = session.reference() if hasattr(session, "reference") else session
+        flops = reference.count_stage_flops(inputs, logits=workload.logits, decode_steps=0)
         for stage in (*VISION_STAGES, "prefill"):
             stages[stage]["flops"] = flops[stage]["flops"]
         stages["vision"]["flops"] = sum(flops[s]["flops"] for s in VISION_STAGES)
         if workload.decode_steps:
-            total, mean_step = count_decode_flops(session, inputs, workload)
+            total, mean_step = count_decode_flops(reference, inputs, workload)
             stages["decode"]["flops"] = total
             stages["decode_step"]["flops"] = mean_step
     resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
@@ -158,7 +160,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
 
     if run_id is None:
         run_id = store.create_run(kind, name, capture_environment(str(session.device)), session.weights,
-                                  dtype=session.dtype, attn=session.attn_impl, session_mode="reference",
+                                  dtype=session.dtype, attn=session.attn_impl, session_mode=session.session_mode,
                                   meta={**(meta or {}), "repeats": repeats, "warmup": warmup, "seed": seed,
                                         "session": session.describe(),
                                         "spec": session.spec.model_dump(mode="json")})

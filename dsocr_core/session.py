@@ -84,6 +84,8 @@ class _CallRecorder:
 class Session:
     """Holds one model on one device. `lock` serialises GPU work between callers (e.g. browser tabs)."""
 
+    session_mode = "reference"  # HF-like semantics; dsocr_core.fast.FastSession is the "fast" mode
+
     def __init__(self, model: torch.nn.Module, spec: ModelSpec, tokenizer, device: torch.device,
                  dtype: str, weights: dict, attn_impl: str = "sdpa"):
         self.model = model.eval()
@@ -138,7 +140,7 @@ class Session:
         """What runs where, for the UI and every exported result."""
         n_params = sum(p.numel() for p in self.model.parameters())
         return {"device": str(self.device), "dtype": self.dtype, "attn": self.attn_impl,
-                "parameters": n_params, **self.weights,
+                "session_mode": self.session_mode, "parameters": n_params, **self.weights,
                 "cpu_fallback": self.device.type == "cpu"}
 
     # ------------------------------------------------------------------ inputs
@@ -352,7 +354,8 @@ class Session:
         token = logits_out[:, -1].argmax(-1)
         step_flops, step_mods = [], {}
         for _ in range(decode_steps):
-            (step_logits, cache), total, mods = count_flops(lambda: self.decode_step(token, cache), self.model)
+            (step_logits, cache), total, mods = count_flops(lambda: Session.decode_step(self, token, cache),
+                                                            self.model)
             token = step_logits.argmax(-1)
             step_flops.append(total)
             for k, v in mods.items():

@@ -108,3 +108,15 @@ def test_measure_cli(tmp_path, capsys):
 def test_measure_cli_rejects_bad_grids(args, tmp_path, capsys):
     code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--store", str(tmp_path / "s.sqlite"), *args])
     assert code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_fast_mode_sweep_is_labelled_and_counts_reference_flops(tmp_path):
+    from dsocr_core.fast.session import load_session
+
+    fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = run_sweep(fast, store, sweep_workloads(["tiny"], [(1, 1)], [10], [1], [3], dtype="float32"),
+                       repeats=1)
+    assert store.get_run(run_id)["session_mode"] == "fast"
+    df = compare_run(store, run_id)
+    assert df.flop_rel_diff.abs().max() < 1e-3

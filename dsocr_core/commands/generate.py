@@ -28,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--path", choices=["one-shot", "separated", "both"], default="both")
     p.add_argument("--first-token", choices=["prefill", "redecode"], default="prefill")
     p.add_argument("--logits", choices=["all", "last"], default="all")
+    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
+                   help="reference: HF-like semantics; fast: static cache, grouped experts, CUDA graphs")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
@@ -48,7 +50,7 @@ def default_image() -> Path:
 
 def run(args) -> int:
     from ..preprocess import ImageError
-    from ..session import Session
+    from ..fast.session import load_session
 
     if args.max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1")
@@ -57,7 +59,8 @@ def run(args) -> int:
     image = args.image or default_image()
     if not Path(image).is_file():
         raise UserError(f"image not found: {image}")
-    session = Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
+    session = load_session(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
+                           session_mode=args.session_mode,
                            device=args.device, dtype=args.dtype, attn=args.attn)
     try:
         inputs = session.prepare(image, args.prompt, mode=args.mode, min_crops=args.min_crops,
@@ -70,7 +73,9 @@ def run(args) -> int:
     def both_paths():
         out = {}
         if args.path in ("one-shot", "both"):
-            out["one-shot"] = session.generate_one_shot(inputs, **gen)
+            # the one-shot path is always the reference (HF-like) one; in fast mode it is the parity yardstick
+            reference = session.reference() if hasattr(session, "reference") else session
+            out["one-shot"] = reference.generate_one_shot(inputs, **gen)
         if args.path in ("separated", "both"):
             out["separated"] = session.generate_separated(inputs, first_token=args.first_token,
                                                           reference=out.get("one-shot"), **gen)
@@ -133,7 +138,7 @@ def nsys_command(args) -> str:
 def print_report(report: dict) -> None:
     s = report["session"]
     print(f"model: {s['detail']}  ({'SYNTHETIC WEIGHTS' if s['synthetic'] else 'checkpoint'}), "
-          f"{s['parameters']:,} parameters, {s['dtype']}, {s['device']}"
+          f"{s['parameters']:,} parameters, {s['dtype']}, {s['device']}, {s['session_mode']} session mode"
           + ("  [CPU]" if s["cpu_fallback"] else "") + ("  [fallback tokenizer]" if s["fallback_tokenizer"] else ""))
     print(f"page: {report['image']}  mode {report['mode']}  grid {report['grid']}  prompt {report['prompt_tokens']} tokens")
     for name, r in report["paths"].items():

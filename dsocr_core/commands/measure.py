@@ -46,6 +46,8 @@ def register(sub) -> None:
     p.add_argument("--decode-steps", default="32", help="decode steps K, e.g. 32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
+                   help="reference: HF-like semantics; fast: static cache, grouped experts, CUDA graphs")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
@@ -65,7 +67,7 @@ def run(args) -> int:
 
     from ..compare import compare_run, summarize, summary_json, summary_markdown
     from ..measure import run_sweep, sweep_workloads
-    from ..session import Session
+    from ..fast.session import load_session
     from ..store import RunStore
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -73,7 +75,8 @@ def run(args) -> int:
                                 _ints(args.decode_steps), dtype=args.dtype, attn=args.attn, logits=args.logits)
     if any(b < 1 for b in _ints(args.batch)) or any(t < 1 for t in _ints(args.text_tokens)):
         raise UserError("batch and text tokens must be at least 1")
-    session = Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
+    session = load_session(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
+                           session_mode=args.session_mode,
                            device=args.device, dtype=args.dtype, attn=args.attn)
     meta = {}
     if args.calibrate:
