@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--reference-steps", type=int, default=12)
     ap.add_argument("--no-reference-batched", action="store_true")
     ap.add_argument("--engine", default="{}", help="FastEngine options as JSON, e.g. '{\"compile\": false}'")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile (torch.profiler kernel tables) prefill and decode steps; writes *.txt")
     ap.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                     help="time batch-1 decode and prefill with each optimisation switched off in turn")
     args = ap.parse_args()
@@ -242,8 +244,12 @@ def main() -> None:
     say(f"model built in {out['build_s']:.1f} s ({'tiny' if quick else 'full'} spec, {dname}); fast layout copies "
         f"{fast.engine.w.extra_bytes / 1e9:.2f} GB")
 
-    # ------------------------------------------------------------------------------------------ parity
     page = page_inputs((2, 2), 1, 1, device, dtype)
+    if args.profile:
+        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine))
+        return
+
+    # ------------------------------------------------------------------------------------------ parity
     t0 = time.perf_counter()
     par = compare(ref, fast, page, args.parity_steps, ngram)
     par["seconds"] = time.perf_counter() - t0
@@ -404,6 +410,76 @@ def main() -> None:
     summary(out)
     checkpoint(out, args.out)
     print(json.dumps(out, default=str, separators=(",", ":")))
+
+
+def _kernel_table(prof, steps: int) -> tuple[str, dict]:
+    """Top kernels by device time, and totals per step (kernel count, busy time)."""
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if t and e.key and not e.key.startswith(("cuda", "aten::", "Memcpy", "Memset")) and e.count:
+            rows.append((t, e.count, e.key))
+    kernels = [r for r in rows if not r[2].startswith("ProfilerStep")]
+    kernels.sort(reverse=True)
+    total = sum(t for t, _, _ in kernels)
+    n = sum(c for _, c, _ in kernels)
+    lines = [f"{'us/step':>9s} {'count/step':>10s}  kernel"]
+    for t, c, k in kernels[:40]:
+        lines.append(f"{t / steps:9.1f} {c / steps:10.1f}  {k[:150]}")
+    return "\n".join(lines), {"busy_us_per_step": total / steps, "kernels_per_step": n / steps}
+
+
+def profile(ref: Session, page, device, folder: Path, engine_opts: dict) -> None:
+    """Kernel tables: prefill (graphs off, so kernels launch one by one) and decode steps at batch 1 and 64
+    (compiled, graphs off; plus the graph-replay time of the same step for the launch-gap share)."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    summary_rows = {}
+    eng = FastSession.from_session(ref, graphs=False, **engine_opts)
+    for _ in range(3):
+        eng.prefill(page)
+    sync(device)
+    with tprofile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            eng.prefill(page)
+        sync(device)
+    table, tot = _kernel_table(prof, 3)
+    (folder / "profile_prefill.txt").write_text(table)
+    say("prefill (graphs off) " + json.dumps(tot))
+    say(table[:6000])
+    summary_rows["prefill"] = tot
+    for b in (1, 64):
+        inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, page.images[0][1].dtype)
+        for graphs in (False, True):
+            fs = FastSession.from_session(ref, graphs=graphs, **engine_opts)
+            pre = fs.prefill(inputs, max_new_tokens=64)
+            token, cache = pre.logits[:, -1].argmax(-1), pre.cache
+            for _ in range(8):
+                fs.engine.decode_step(cache, token)
+            sync(device)
+            if graphs:
+                timer = StageTimer(device)
+                for _ in range(20):
+                    with timer.stage("s"):
+                        fs.engine.decode_step(cache, token)
+                replay = med([x for _, x in timer.finish()])
+                summary_rows[f"decode_b{b}"]["graph_replay_us"] = replay * 1e6
+                say(f"decode b{b} graph replay {replay * 1e6:.0f} us")
+            else:
+                with tprofile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                    for _ in range(10):
+                        fs.engine.decode_step(cache, token)
+                    sync(device)
+                table, tot = _kernel_table(prof, 10)
+                (folder / f"profile_decode_b{b}.txt").write_text(table)
+                summary_rows[f"decode_b{b}"] = tot
+                say(f"decode b{b} (compiled, graphs off) " + json.dumps(tot))
+                say(table[:5000])
+            del fs, pre, cache
+            gc.collect()
+            torch.cuda.empty_cache()
+    (folder / "profile_summary.json").write_text(json.dumps(summary_rows, indent=1))
 
 
 VARIANTS = {  # each switches one optimisation off (or picks the other MoE kernel), all else as in fast mode
