@@ -5,7 +5,7 @@
 2. Calibration ceilings, then a measured sweep (vendor-supported grids, native modes, a few text lengths,
    batch 1 and larger batches, decode K >= 32) into a run store, exported as JSON with the comparison summary.
 
-    python benchmarks/gpu_reference.py --out OUT [--budget-s 480]
+    python benchmarks/gpu_reference.py --out OUT [--budget-s 480] [--session-mode reference|fast]
 
 Sub-sweeps run in order until the time budget is spent; re-running with the same --store resumes.
 """
@@ -23,6 +23,7 @@ from dsocr_core.compare import compare_run, summarize, summary_json, summary_mar
 from dsocr_core.hardware import calibrate  # noqa: E402
 from dsocr_core.measure import run_sweep, sweep_workloads, vendor_grids  # noqa: E402
 from dsocr_core.samples import sample_pages  # noqa: E402
+from dsocr_core.fast.session import load_session  # noqa: E402
 from dsocr_core.session import Session  # noqa: E402
 from dsocr_core.store import RunStore  # noqa: E402
 
@@ -41,9 +42,10 @@ def page_2x2() -> Path:
 def generation_report(session: Session, tokens: int) -> dict:
     page = page_2x2()
     inputs = session.prepare(page, mode="gundam")
-    session.generate_one_shot(inputs, max_new_tokens=4)  # warm-up
+    reference = session.reference() if hasattr(session, "reference") else session  # the HF-like yardstick
+    reference.generate_one_shot(inputs, max_new_tokens=4)  # warm-up
     session.generate_separated(inputs, max_new_tokens=4)
-    one = session.generate_one_shot(inputs, max_new_tokens=tokens)
+    one = reference.generate_one_shot(inputs, max_new_tokens=tokens)
     sep = session.generate_separated(inputs, max_new_tokens=tokens, reference=one)
     flops = session.count_stage_flops(inputs, logits="all", decode_steps=1)
     keep = ("sam", "clip", "projector", "prefill", "decode", "ttft_s", "tpot_s", "total_s", "peak_memory")
@@ -62,19 +64,21 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-generate", action="store_true")
+    ap.add_argument("--session-mode", choices=["reference", "fast"], default="reference")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    session = Session.load(synthetic="full", device="cuda", dtype="bfloat16", attn="sdpa")
+    session = load_session(synthetic="full", device="cuda", dtype="bfloat16", attn="sdpa",
+                           session_mode=args.session_mode)
     print(f"model ready in {time.time() - t0:.0f} s: {session.describe()}", flush=True)
     if not args.skip_generate:
         rep = generation_report(session, args.tokens)
-        (args.out / "generate_full_2x2.json").write_text(json.dumps(rep, indent=2))
+        (args.out / f"generate_full_2x2_{args.session_mode}.json").write_text(json.dumps(rep, indent=2))
         print(json.dumps(rep), flush=True)
 
     hw = calibrate("cuda")
     print(f"calibrated: {hw.peak_tflops:.1f} TFLOP/s, {hw.bandwidth_tbs:.3f} TB/s", flush=True)
-    store = RunStore(args.out / "reference.sqlite")
+    store = RunStore(args.out / f"{args.session_mode}.sqlite")
     common = dict(dtype="bfloat16", attn="sdpa", logits="all")
     parts = [
         ("vendor grids", sweep_workloads(["gundam"], [(1, 1), *vendor_grids()], [10], [1], [32], **common)),
@@ -88,18 +92,19 @@ def main() -> int:
             print(f"budget spent; skipped {name}", flush=True)
             continue
         start = time.time()
-        run_id = run_sweep(session, store, workloads, run_id=run_id, name="H200 reference (synthetic full, bf16, sdpa)",
+        run_id = run_sweep(session, store, workloads, run_id=run_id, name=f"H200 {args.session_mode} mode (synthetic full, bf16, sdpa)",
                            repeats=args.repeats, warmup=1, kind="reference",
                            meta={"calibration": hw.model_dump(mode="json")},
                            should_stop=lambda: time.time() - t0 > args.budget_s,
                            progress=lambda i, n, w, s: print(f"  [{name} {i}/{n}] {w.mode} {w.crops} "
                                                             f"T{w.text_tokens} B{w.batch}: {s}", flush=True))
         print(f"{name}: {time.time() - start:.0f} s", flush=True)
-    store.export_run(run_id, args.out / "h200_reference.json")
+    store.export_run(run_id, args.out / f"h200_{args.session_mode}.json")
     summary = summarize(compare_run(store, run_id))
-    (args.out / "summary.md").write_text(summary_markdown(summary, "H200 reference: analytic vs measured"))
-    (args.out / "summary.json").write_text(summary_json(summary))
-    print(summary_markdown(summary, "H200 reference: analytic vs measured"))
+    title = f"H200 {args.session_mode} mode: analytic vs measured"
+    (args.out / f"summary_{args.session_mode}.md").write_text(summary_markdown(summary, title))
+    (args.out / f"summary_{args.session_mode}.json").write_text(summary_json(summary))
+    print(summary_markdown(summary, title))
     return 0
 
 
