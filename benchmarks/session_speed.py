@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--reference-steps", type=int, default=12)
     ap.add_argument("--no-reference-batched", action="store_true")
     ap.add_argument("--engine", default="{}", help="FastEngine options as JSON, e.g. '{\"compile\": false}'")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="skip ablation variants once this many seconds have passed since the start")
     ap.add_argument("--profile", action="store_true",
                     help="only profile (torch.profiler kernel tables) prefill and decode steps; writes *.txt")
     ap.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
@@ -404,7 +406,8 @@ def main() -> None:
         out["pages"]["paper_a100_40g_pages_per_s"] = PAPER_PAGES_PER_DAY_A100_40G / 86400
     checkpoint(out, args.out)
     if args.ablation:
-        out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device)
+        out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
+                                   T0 + args.budget_s)
     out["engine"] = fast.engine.describe()
     out["seconds"] = time.perf_counter() - t_start
     summary(out)
@@ -482,24 +485,34 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict) -> None
     (folder / "profile_summary.json").write_text(json.dumps(summary_rows, indent=1))
 
 
-VARIANTS = {  # each switches one optimisation off (or picks the other MoE kernel), all else as in fast mode
+VARIANTS = {  # each switches one optimisation off (or picks the other kernel), all else as in fast mode
     "eager_no_graphs": {"compile": False, "graphs": False},
     "graphs_no_compile": {"compile": False},
-    "compile_grouped_moe": {"moe": "grouped"},
-    "no_sam_fold": {"sam_fold": False, "compile": False},
+    "sdpa_decode_attention": {"attention": "sdpa"},
+    "grouped_moe_at_batch1": {"moe": "grouped"},
+    "no_sam_compile": {"compile_vision": False},
+    "no_sam_fold": {"sam_fold": False, "compile_vision": False},
 }
+PREFILL_ONLY = ("no_sam_compile", "no_sam_fold")
 
 
-def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int, device) -> dict:
-    """Batch-1 decode step (graph replays where graphs are on) and prefill per variant engine."""
+def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int, device,
+             deadline: float = float("inf")) -> dict:
+    """Batch-1 decode step (graph replays where graphs are on) and prefill per variant engine; variants not
+    started before `deadline` (perf_counter seconds) are skipped."""
     res = {}
     steps = min(steps, 128)
     floor = decode_floor(spec, 1, list(range(t_prompt + 1, t_prompt + steps)), cal)["memory_floor_s"]
     for name, opts in VARIANTS.items():
+        if time.perf_counter() > deadline:
+            res[name] = {"options": opts, "skipped": "time budget"}
+            say(f"ablation {name}: skipped (time budget)")
+            continue
+        fast = None
         try:
             fast = FastSession.from_session(ref, **opts)
             row = {"options": opts}
-            if name != "no_sam_fold":
+            if name not in PREFILL_ONLY:
                 for _ in range(2):
                     pre = fast.prefill(page, max_new_tokens=steps + 8)
                     token, cache = pre.logits[:, -1].argmax(-1), pre.cache

@@ -44,26 +44,36 @@ def _round8(n: int) -> int:
 
 
 def sam_attention(attn: SamAttention, x: torch.Tensor, fold: bool = True) -> torch.Tensor:
-    """SamAttention.forward with the relative-position bias folded into q/k (fold=True) or the reference's
+    """SamAttention.forward with the relative-position bias folded into q/k (fold=True) or as the reference's
     dense bias (fold=False). x [b, h, w, c] -> [b, h, w, c]."""
-    if not fold:
-        return attn(x)
+    return sam_attention_t(x, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias, attn.rel_pos_h,
+                           attn.rel_pos_w, attn.heads, fold)
+
+
+def sam_attention_t(x: torch.Tensor, qkv_w, qkv_b, proj_w, proj_b, rel_pos_h, rel_pos_w, heads: int,
+                    fold: bool = True) -> torch.Tensor:
+    """sam_attention on plain tensors (what the compiled SAM block calls)."""
     b, h, w, c = x.shape
-    n, d, heads = h * w, attn.head_dim, attn.heads
-    q, k, v = attn.qkv(x).reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [b, heads, n, d]
-    rh = rel_pos_table(attn.rel_pos_h, h, h).to(q.dtype)  # [h, h, d]
-    rw = rel_pos_table(attn.rel_pos_w, w, w).to(q.dtype)  # [w, w, d]
+    n, d = h * w, c // heads
+    q, k, v = F.linear(x, qkv_w, qkv_b).reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+    rh = rel_pos_table(rel_pos_h, h, h).to(q.dtype)  # [h, h, d]
+    rw = rel_pos_table(rel_pos_w, w, w).to(q.dtype)  # [w, w, d]
     qr = q.reshape(b * heads, h, w, d)
-    rel_h = torch.einsum("bhwc,hkc->bhwk", qr, rh).reshape(b, heads, n, h)  # the reference's two einsums
-    rel_w = torch.einsum("bhwc,wkc->bhwk", qr, rw).reshape(b, heads, n, w)
-    dim = _round8(d + h + w)
-    pad = dim - (d + h + w)
-    idx = torch.arange(n, device=x.device)  # key j sits at row j // w, column j % w
-    onehot = torch.cat([(idx // w)[:, None] == torch.arange(h, device=x.device),
-                        (idx % w)[:, None] == torch.arange(w, device=x.device)], -1).to(q.dtype)  # [n, h + w]
-    qf = torch.cat([q * d ** -0.5, rel_h, rel_w], -1)
-    kf = torch.cat([k, onehot.expand(b, heads, n, h + w)], -1)
-    if pad:
-        qf, kf = F.pad(qf, (0, pad)), F.pad(kf, (0, pad))
-    out = F.scaled_dot_product_attention(qf, kf, F.pad(v, (0, dim - d)), scale=1.0)[..., :d]
-    return attn.proj(out.transpose(1, 2).reshape(b, h, w, c))
+    rel_h = torch.einsum("bhwc,hkc->bhwk", qr, rh)  # the reference's two einsums
+    rel_w = torch.einsum("bhwc,wkc->bhwk", qr, rw)
+    if not fold:  # the reference: dense [b*heads, n, n] bias as SDPA's mask
+        bias = (rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).reshape(b, heads, n, n)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    else:
+        rel_h, rel_w = rel_h.reshape(b, heads, n, h), rel_w.reshape(b, heads, n, w)
+        dim = _round8(d + h + w)
+        pad = dim - (d + h + w)
+        idx = torch.arange(n, device=x.device)  # key j sits at row j // w, column j % w
+        onehot = torch.cat([(idx // w)[:, None] == torch.arange(h, device=x.device),
+                            (idx % w)[:, None] == torch.arange(w, device=x.device)], -1).to(q.dtype)  # [n, h+w]
+        qf = torch.cat([q * d ** -0.5, rel_h, rel_w], -1)
+        kf = torch.cat([k, onehot.expand(b, heads, n, h + w)], -1)
+        if pad:
+            qf, kf = F.pad(qf, (0, pad)), F.pad(kf, (0, pad))
+        out = F.scaled_dot_product_attention(qf, kf, F.pad(v, (0, dim - d)), scale=1.0)[..., :d]
+    return F.linear(out.transpose(1, 2).reshape(b, h, w, c), proj_w, proj_b)

@@ -4,13 +4,16 @@ What it does differently from the reference path (each point is explained in doc
 * static KV cache (static_cache.py), one per batch size, reused across requests; decode attends over a
   length bucket (a multiple of `bucket` slots) with later slots masked, so each bucket's step has fixed shapes;
 * positions, the new token and the cache write position live on the device; no `.item()`/`.tolist()` in a step;
-* MoE without host sync (moe.py): gather-GEMV at batch 1, grouped GEMM otherwise and in prefill; the shared
-  expert runs as two extra experts;
+* MoE without host sync (moe.py): a Triton expert GEMV at batch 1 (triton_kernels.py), grouped GEMM with
+  sort-free grouping otherwise and in prefill; the shared expert runs as two extra experts;
+* decode attention over the cache by a Triton split-KV kernel (torch formulations on a CPU);
 * logits for the last position only;
-* each decode step (all 12 layers + final norm + lm_head) is captured in a CUDA graph per (batch, bucket), and
-  its pieces are compiled with torch.compile (fused norms, RoPE, softmax, gather-GEMV) when `compile` is on;
+* each decode step (all 12 layers + final norm + lm_head) is captured in a CUDA graph per (batch, bucket); the
+  static-shape pieces between the attention and expert kernels (norms, q/k/v, RoPE, cache write, o_proj,
+  router, top-k, combine, lm_head) are compiled with torch.compile when `compile` is on;
 * prefill is captured per input shape as four graphs (sam, clip, projector, LM) so each stage stays timeable;
-  SAM attention folds the relative-position bias into q/k (attention.py) and runs flash attention.
+  SAM attention folds the relative-position bias into q/k (attention.py) so a flash kernel runs; SAM blocks
+  are compiled (`compile_vision`) and convolutions use cuDNN's autotuned algorithms.
 
 On a CPU everything runs eagerly (no graphs, no compile): the same functions, so CPU tests check the tokens.
 The n-gram ban and greedy choice are `generation.next_tokens`, applied outside the graph on a history buffer.
@@ -26,10 +29,13 @@ import torch.nn.functional as F
 from ..generation import next_tokens
 from ..model.decoder import rope_cos_sin
 from ..timing import StageTimer
+from .attention import decode_attention
 from .graphs import Captured
-from .lm import LMConfig, make_decode_fns, prefill_layer, rms_norm
+from .lm import LMConfig, make_decode_fns, make_prefill_layer, rms_norm
 from .static_cache import StaticKVCache, round_up
-from .vision import embed_with_images, run_clip, run_projector, run_sam, view_groups, view_list
+from .triton_kernels import HAS_TRITON
+from .vision import (clip_layer_fn, embed_with_images, run_clip, run_projector, run_sam, sam_block_fn,
+                     view_groups, view_list)
 from .weights import LMWeights
 
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
@@ -89,36 +95,45 @@ class _Compiled:
         self.compiled = torch.compile(eager, fullgraph=True, options=options)
         self.error: str | None = None
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         if self.error is None:
             try:
-                return self.compiled(*args)
+                return self.compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - fall back, keep the reason for describe()
                 self.error = f"{type(exc).__name__}: {exc}"[:800]
-        return self.eager(*args)
+        return self.eager(*args, **kwargs)
 
 
 class FastEngine:
     def __init__(self, model, *, compile: bool | None = None, graphs: bool | None = None, moe: str = "auto",
                  attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_fold: bool = True,
+                 compile_vision: bool | None = None, topk: str = "auto", cudnn_benchmark: bool = True,
                  compile_options: dict | None = None):
-        if moe not in ("auto", "gather", "grouped"):
-            raise ValueError(f"moe must be 'auto', 'gather' or 'grouped', got {moe!r}")
-        if attention not in ("auto", "reduce", "sdpa"):
-            raise ValueError(f"attention must be 'auto', 'reduce' or 'sdpa', got {attention!r}")
+        if moe not in ("auto", "triton", "gather", "grouped"):
+            raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
+        if attention not in ("auto", "triton", "reduce", "sdpa"):
+            raise ValueError(f"attention must be 'auto', 'triton', 'reduce' or 'sdpa', got {attention!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
         cuda = self.device.type == "cuda"
+        self.triton = cuda and HAS_TRITON
         self.graphs = cuda if graphs is None else bool(graphs and cuda)
         self.compile = cuda if compile is None else bool(compile)
+        self.compile_vision = self.compile if compile_vision is None else bool(compile_vision)
         self.moe = moe
-        self.attention = attention if attention != "auto" else ("sdpa" if cuda and not self.compile else "reduce")
-        self.gemv = "reduce" if self.compile else "linear"
+        if attention == "auto":
+            attention = "triton" if self.triton else ("sdpa" if cuda else "reduce")
+        if attention == "triton" and not self.triton:
+            raise ValueError("attention 'triton' needs a CUDA device and Triton")
+        self.attention = attention
+        self.topk = ("argmax" if self.compile else "torch") if topk == "auto" else topk
+        self.gemv = "linear"
         self.bucket = bucket
         self.gather_max_rows = gather_max_rows
         self.sam_fold = sam_fold
+        self.cudnn_benchmark = cudnn_benchmark
         self.compile_options = COMPILE_OPTIONS if compile_options is None else compile_options
         self.w = LMWeights.from_model(model)
         self.cfg = LMConfig.from_spec(self.spec, self.w.shared_slots)
@@ -126,6 +141,7 @@ class FastEngine:
         self._states: dict[int, DecodeState] = {}
         self._ensure_rope(self.spec.max_position_embeddings)
         self._fns: dict[str, dict[str, Any]] = {}
+        self._prefill_fns: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ set-up
     def _ensure_rope(self, length: int) -> None:
@@ -141,18 +157,35 @@ class FastEngine:
 
     def moe_impl(self, batch: int) -> str:
         if self.moe != "auto":
+            if self.moe == "triton" and not self.triton:
+                raise ValueError("moe 'triton' needs a CUDA device and Triton")
             return self.moe
         if self.device.type != "cuda":
             return "gather"  # torch's CPU grouped GEMM is a slow fallback; prefill still uses it
         rows = batch * (self.cfg.k + self.cfg.shared_slots)
-        return "gather" if self.compile and rows <= self.gather_max_rows else "grouped"
+        return "triton" if self.triton and rows <= self.gather_max_rows else "grouped"
+
+    def _compiled(self, fn, options=None):
+        return _Compiled(fn, options) if self.compile else fn
 
     def fns(self, moe_impl: str) -> dict[str, Any]:
+        """The decode step's pieces for one MoE kind (compiled when `compile` is on)."""
         if moe_impl not in self._fns:
-            eager = make_decode_fns(self.cfg, self.attention, moe_impl, self.gemv)
-            self._fns[moe_impl] = ({k: _Compiled(f, self.compile_options) for k, f in eager.items()}
-                                   if self.compile else eager)
+            impl = "grouped" if moe_impl == "triton" else moe_impl  # 'moe' is unused with the triton kernel
+            eager = make_decode_fns(self.cfg, impl, self.gemv, self.topk)
+            self._fns[moe_impl] = {k: self._compiled(f, self.compile_options) for k, f in eager.items()}
         return self._fns[moe_impl]
+
+    def prefill_fns(self) -> dict[str, Any]:
+        """SAM block, CLIP layer and LM prefill layer functions (SAM blocks compiled with `compile_vision`)."""
+        if self._prefill_fns is None:
+            vis = self.compile_vision and self.device.type == "cuda"
+            self._prefill_fns = {
+                "sam_block": _Compiled(sam_block_fn, None) if vis else sam_block_fn,
+                "clip_layer": clip_layer_fn,
+                "lm_layer": make_prefill_layer(self.cfg, "torch"),
+            }
+        return self._prefill_fns
 
     def state(self, batch: int, needed: int) -> DecodeState:
         """The static state of this batch size with room for `needed` positions (a bigger one replaces it)."""
@@ -187,8 +220,7 @@ class FastEngine:
         s = self.spec
         cache = StaticKVCache(s.num_hidden_layers, st.batch, s.num_attention_heads, capacity, s.head_dim,
                               self.dtype, self.device)
-        cache.kv[..., :length, :].copy_(old_cache.kv[..., :length, :])
-        cache.length = length
+        cache.copy_from(old_cache, length)
         history = torch.zeros(st.batch, capacity, dtype=torch.long, device=self.device)
         history[:, : old_hist.shape[1]].copy_(old_hist)
         st.cache, st.history = cache, history
@@ -264,9 +296,16 @@ class FastEngine:
             bufs["views"] = [torch.empty_like(v) for v in views]
             bufs["slots"] = torch.empty_like(slots)
             groups = view_groups(views)
+            pf = self.prefill_fns()
+            mark = _mark_dim0 if isinstance(pf["sam_block"], _Compiled) else None
+
+            def sam():
+                with _cudnn_benchmark(self.cudnn_benchmark):
+                    return run_sam(model, bufs["views"], groups, self.sam_fold, pf["sam_block"], mark)
+
             stages += [
-                ("sam", cap(lambda: run_sam(model, bufs["views"], groups, self.sam_fold))),
-                ("clip", cap(lambda: run_clip(model, outs["sam"]))),
+                ("sam", cap(sam)),
+                ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"]))),
                 ("projector", cap(lambda: run_projector(model, bufs["views"], groups, grids, outs["sam"],
                                                         outs["clip"]))),
             ]
@@ -281,8 +320,10 @@ class FastEngine:
     def _lm_prefill(self, st: DecodeState, x: torch.Tensor, logits: str) -> torch.Tensor:
         t = x.shape[1]
         cos, sin = self.cos_t[:t], self.sin_t[:t]
+        layer = self.prefill_fns()["lm_layer"]
         for i, lw in enumerate(self.w.layers):
-            x = prefill_layer(x, lw, cos, sin, st.cache.keys(i, t), st.cache.values(i, t), self.cfg)
+            x = layer(x, cos, sin, st.cache.keys(i, t), st.cache.values(i, t), lw.ln1, lw.wqkv, lw.wo, lw.ln2,
+                      lw.w13, lw.w2, lw.gate)
         h = x if logits == "all" else x[:, -1:]
         return F.linear(rms_norm(h, self.w.norm, self.cfg.eps), self.w.lm_head).float()
 
@@ -307,26 +348,44 @@ class FastEngine:
         return st.logits
 
     def _step(self, st: DecodeState, length: int) -> torch.Tensor:
+        """One decode step for every row over cache slots < `length` (static shapes; graph-capturable)."""
         fns = self.fns(st.moe_impl)
-        batched = st.batch > 1 and self.compile
-        if batched:
+        mark = self.compile and st.batch > 1
+        if mark:
             torch._dynamo.maybe_mark_dynamic(st.token, 0)
         x = fns["embed"](st.token, self.w.embed)
         for i, lw in enumerate(self.w.layers):
-            keys, values = st.cache.keys(i, length), st.cache.values(i, length)
+            keys, values = st.cache.keys(i), st.cache.values(i)  # whole capacity: static shapes
             if self.compile:
                 for t in (keys, values):
-                    torch._dynamo.maybe_mark_dynamic(t, 2)
-                    if batched:
+                    torch._dynamo.maybe_mark_dynamic(t, 2)  # capacity differs between states
+                    if mark:
                         torch._dynamo.maybe_mark_dynamic(t, 0)
-                if batched:
+                if mark:
                     torch._dynamo.maybe_mark_dynamic(x, 0)
-            args = (x, keys, values, st.pos, self.cos_t, self.sin_t, lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2)
-            x = fns["moe"](*args, lw.gate) if lw.moe else fns["dense"](*args)
-        if batched:
+            q = fns["pre"](x, keys, values, st.pos, self.cos_t, self.sin_t, lw.ln1, lw.wqkv)
+            o = self._attend(q, keys[:, :, :length], values[:, :, :length], st.pos)
+            if mark:
+                torch._dynamo.maybe_mark_dynamic(q, 0)
+                torch._dynamo.maybe_mark_dynamic(o, 0)
+            if not lw.moe:
+                x = fns["dense"](x, o, lw.wo, lw.ln2, lw.w13, lw.w2)
+            elif st.moe_impl == "triton":
+                from .triton_kernels import moe_gemv
+                x, h, w, ids = fns["route"](x, o, lw.wo, lw.ln2, lw.gate)
+                x = fns["combine"](x, moe_gemv(h, ids, lw.w13, lw.w2), w)
+            else:
+                x = fns["moe"](x, o, lw.wo, lw.ln2, lw.w13, lw.w2, lw.gate)
+        if mark:
             torch._dynamo.maybe_mark_dynamic(x, 0)
         st.logits.copy_(fns["final"](x, self.w.norm, self.w.lm_head))
         return st.logits
+
+    def _attend(self, q, keys, values, pos) -> torch.Tensor:
+        if self.attention == "triton":
+            from .triton_kernels import decode_attention_splitkv
+            return decode_attention_splitkv(q, keys, values, pos)
+        return decode_attention(q, keys, values, pos, self.attention)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -362,7 +421,7 @@ class FastEngine:
     # ------------------------------------------------------------------ reporting
     def describe(self) -> dict:
         errors = {}
-        for impl, fns in self._fns.items():
+        for impl, fns in [*self._fns.items(), ("prefill", self._prefill_fns or {})]:
             for name, f in fns.items():
                 if isinstance(f, _Compiled) and f.error:
                     errors[f"{impl}.{name}"] = f.error
@@ -377,9 +436,10 @@ class FastEngine:
                         capture_errors[f"prefill.b{b}.{name}"] = run.error
         return {
             "session_mode": "fast", "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
-            "cuda_graphs": self.graphs, "compile": self.compile, "attention": self.attention,
+            "cuda_graphs": self.graphs, "compile": self.compile, "compile_vision": self.compile_vision,
+            "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
-            "gemv": self.gemv, "bucket": self.bucket, "sam_fold": self.sam_fold,
+            "bucket": self.bucket, "sam_fold": self.sam_fold, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
             "kv_cache_bytes": {b: st.cache.nbytes for b, st in self._states.items()},
@@ -411,3 +471,24 @@ def _check_slots(mask: torch.Tensor, views: list[torch.Tensor], grids: list[tupl
             n += (th * tile) * (tw * tile + 1)
         if counts[row] != n:
             raise ValueError(f"row {row}: images_seq_mask has {counts[row]} image slots but the image gives {n}")
+
+
+def _mark_dim0(x: torch.Tensor) -> None:
+    if x.shape[0] > 1:
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+
+
+class _cudnn_benchmark:
+    """Let cuDNN time its convolution algorithms for each new shape (a warm-up run does it, outside any graph
+    capture); restores the global flag afterwards."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.old = torch.backends.cudnn.benchmark
+        if self.on:
+            torch.backends.cudnn.benchmark = True
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.benchmark = self.old

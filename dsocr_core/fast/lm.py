@@ -15,8 +15,7 @@ import torch.nn.functional as F
 
 from ..model.decoder import rotate_half
 from ..spec import ModelSpec
-from .attention import decode_attention
-from .moe import moe_forward, swiglu
+from .moe import combine, moe_forward, route, swiglu, with_shared
 
 
 @dataclass(frozen=True)
@@ -51,47 +50,62 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def mlp(h: torch.Tensor, lw, cfg: LMConfig, moe_impl: str, gemv: str) -> torch.Tensor:
-    """Dense SwiGLU or MoE of one layer on tokens h [T, H] -> [T, H]."""
-    if lw.gate is None:
-        return F.linear(swiglu(F.linear(h, lw.w13), cfg.inter), lw.w2)
-    return moe_forward(h, lw.gate, lw.w13, lw.w2, k=cfg.k, n_routed=cfg.n_routed, shared_slots=cfg.shared_slots,
+def mlp(h: torch.Tensor, w13, w2, gate, cfg: LMConfig, moe_impl: str, gemv: str = "linear",
+        topk: str = "torch") -> torch.Tensor:
+    """Dense SwiGLU (gate None) or MoE of one layer on tokens h [T, H] -> [T, H]."""
+    if gate is None:
+        return F.linear(swiglu(F.linear(h, w13), cfg.inter), w2)
+    return moe_forward(h, gate, w13, w2, k=cfg.k, n_routed=cfg.n_routed, shared_slots=cfg.shared_slots,
                        inner=cfg.moe_inter, norm_topk_prob=cfg.norm_topk_prob, scale=cfg.scale, impl=moe_impl,
-                       gemv=gemv)
+                       gemv=gemv, topk=topk)
+
+
+def make_prefill_layer(cfg: LMConfig, topk: str = "torch"):
+    """One decoder layer over a whole prompt, as a function of tensors only (so it can be compiled):
+
+    layer(x [B, T, H], cos, sin [T, d], keys, values [B, heads, T, d] views of the static cache, ln1, wqkv, wo,
+          ln2, w13, w2, gate or None) -> x; writes the layer's keys/values into the cache views."""
+
+    def layer(x, cos, sin, keys, values, ln1, wqkv, wo, ln2, w13, w2, gate):
+        b, t, hdim = x.shape
+        h = rms_norm(x, ln1, cfg.eps)
+        q, k, v = F.linear(h, wqkv).view(b, t, 3, cfg.heads, cfg.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)  # [B, heads, T, d]
+        keys.copy_(k)
+        values.copy_(v)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + F.linear(o.transpose(1, 2).reshape(b, t, hdim), wo)
+        h = rms_norm(x, ln2, cfg.eps)
+        return x + mlp(h.view(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk).view(b, t, hdim)
+
+    return layer
 
 
 def prefill_layer(x: torch.Tensor, lw, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
                   values: torch.Tensor, cfg: LMConfig) -> torch.Tensor:
-    """One decoder layer over a whole prompt x [B, T, H] (positions 0..T-1, empty cache before it); writes the
-    layer's keys/values into `keys`/`values` ([B, heads, T, d] views of the static cache)."""
-    b, t, hdim = x.shape
-    h = rms_norm(x, lw.ln1, cfg.eps)
-    q, k, v = F.linear(h, lw.wqkv).view(b, t, 3, cfg.heads, cfg.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    q, k = rope(q, cos, sin), rope(k, cos, sin)  # [B, heads, T, d]
-    keys.copy_(k)
-    values.copy_(v)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    x = x + F.linear(o.transpose(1, 2).reshape(b, t, hdim), lw.wo)
-    h = rms_norm(x, lw.ln2, cfg.eps)
-    return x + mlp(h.view(b * t, hdim), lw, cfg, "grouped", "linear").view(b, t, hdim)
+    """make_prefill_layer's function applied with a LayerWeights (eager)."""
+    return make_prefill_layer(cfg)(x, cos, sin, keys, values, lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2,
+                                   lw.gate)
 
 
-def make_decode_fns(cfg: LMConfig, attention: str, moe_impl: str, gemv: str) -> dict:
-    """The pieces of one decode step (batch B, one token per row), each a function of tensors only:
+def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch") -> dict:
+    """The pieces of one decode step (batch B, one token per row), each a function of tensors only, with
+    static shapes (the attention over the cache, whose length changes, runs between them):
 
     embed(token [B], table) -> x [B, H]
-    dense(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2) -> x
-    moe(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2, gate) -> x
+    pre(x, keys, values, pos, cos_t, sin_t, ln1, wqkv) -> q [B, heads, d]: norm, q/k/v, RoPE at `pos`, and the
+        new key/value written into the layer's whole cache tensors [B, heads, capacity, d] at `pos`
+    dense(x, o, wo, ln2, w13, w2) -> x: o_proj + residual, then the dense SwiGLU + residual
+    moe(x, o, wo, ln2, w13, w2, gate) -> x: the same with the MoE (moe_impl 'grouped' or 'gather')
+    route(x, o, wo, ln2, gate) -> (x, h, weights, ids): up to the routing, for an external expert kernel
+    combine(x, y, weights) -> x: weighted sum of per-slot expert outputs + residual
     final(x, norm, lm_head) -> float32 logits [B, V]
-
-    keys/values are [B, heads, L, d] prefixes of the static cache with L > pos; the layer writes its new
-    key/value at `pos` (long [1], on the device) and attends over slots 0..pos. cos_t/sin_t are the full RoPE
-    tables [max_pos, d]; the rows for `pos` are gathered on the device. No host sync anywhere."""
+    No host sync anywhere; pos (long [1]) and the RoPE tables stay on the device."""
 
     def embed(token, table):
         return F.embedding(token, table)
 
-    def layer(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2, gate):
+    def pre(x, keys, values, pos, cos_t, sin_t, ln1, wqkv):
         b = x.shape[0]
         h = rms_norm(x, ln1, cfg.eps)
         q, k, v = F.linear(h, wqkv).view(b, 3, cfg.heads, cfg.head_dim).unbind(1)  # [B, heads, d]
@@ -99,22 +113,31 @@ def make_decode_fns(cfg: LMConfig, attention: str, moe_impl: str, gemv: str) -> 
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         keys.index_copy_(2, pos, k[:, :, None])
         values.index_copy_(2, pos, v[:, :, None])
-        o = decode_attention(q, keys, values, pos, attention)
-        x = x + F.linear(o.reshape(b, cfg.hidden), wo)
-        h = rms_norm(x, ln2, cfg.eps)
-        if gate is None:
-            return x + F.linear(swiglu(F.linear(h, w13), cfg.inter), w2)
-        return x + moe_forward(h, gate, w13, w2, k=cfg.k, n_routed=cfg.n_routed, shared_slots=cfg.shared_slots,
-                               inner=cfg.moe_inter, norm_topk_prob=cfg.norm_topk_prob, scale=cfg.scale,
-                               impl=moe_impl, gemv=gemv)
+        return q
 
-    def dense(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2):
-        return layer(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2, None)
+    def attn_out(x, o, wo, ln2):
+        x = x + F.linear(o.reshape(x.shape[0], cfg.hidden), wo)
+        return x, rms_norm(x, ln2, cfg.eps)
 
-    def moe(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2, gate):
-        return layer(x, keys, values, pos, cos_t, sin_t, ln1, wqkv, wo, ln2, w13, w2, gate)
+    def dense(x, o, wo, ln2, w13, w2):
+        x, h = attn_out(x, o, wo, ln2)
+        return x + F.linear(swiglu(F.linear(h, w13), cfg.inter), w2)
+
+    def moe(x, o, wo, ln2, w13, w2, gate):
+        x, h = attn_out(x, o, wo, ln2)
+        return x + mlp(h, w13, w2, gate, cfg, moe_impl, gemv, topk)
+
+    def route_fn(x, o, wo, ln2, gate):
+        x, h = attn_out(x, o, wo, ln2)
+        w, ids = route(h, gate, cfg.k, cfg.norm_topk_prob, cfg.scale, gemv, topk)
+        w, ids = with_shared(w, ids, cfg.n_routed, cfg.shared_slots)
+        return x, h, w, ids
+
+    def combine_fn(x, y, w):
+        return x + combine(y, w)
 
     def final(x, norm, lm_head):
         return F.linear(rms_norm(x, norm, cfg.eps), lm_head).float()
 
-    return {"embed": embed, "dense": dense, "moe": moe, "final": final}
+    return {"embed": embed, "pre": pre, "dense": dense, "moe": moe, "route": route_fn, "combine": combine_fn,
+            "final": final}

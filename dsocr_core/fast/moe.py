@@ -6,10 +6,13 @@ Python. Here the counts never leave the device, so the whole layer can be captur
 * `grouped`: (token, slot) pairs sorted by expert on the device, group ends found by `searchsorted`, and both
   SwiGLU projections run as ONE grouped GEMM each (`torch._grouped_mm`, bf16 CUTLASS kernels on Hopper; experts
   that received no rows are skipped, so each touched expert's weights are read once). Prefill and batched decode.
-* `gather`: each (token, slot) row multiplies its expert's weights directly (gathered by id). Under
-  torch.compile the gather is fused into the GEMV reduction (formulation `reduce`: no copy of the weights), so a
-  batch-1 decode step reads exactly the 6 (+ shared) experts once, with no sort. Eagerly (`bmm`) the chosen
-  weights are copied first; that is only the fallback.
+  The grouping itself needs no sort: a one-hot [rows, experts] matrix, its column sums (group sizes) and its
+  running sum down the rows (each row's rank inside its expert) give every row its place, in the order a stable
+  sort would give (on an H200 torch.sort's radix sort cost 26 us per layer at batch 64).
+* `triton` (batch-1 decode on a GPU): triton_kernels.moe_gemv, one program per (slot, block of output rows)
+  reading the chosen expert's weight tile in place: each chosen expert's weights are read once, nothing copied.
+* `gather`: each (token, slot) row multiplies its expert's weights gathered by id (`bmm` copies the chosen
+  weights first, `reduce` is a multiply-sum Inductor can fuse). CPU path and fallback.
 
 Both return per-slot outputs [T, K, H] in the model dtype (each expert output rounded as the reference rounds
 it), combined in float32 with the routing weights in a fixed slot order, like the reference.
@@ -22,8 +25,21 @@ import torch.nn.functional as F
 HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
 
 
+def topk_argmax(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(scores, k) as k rounds of max-and-mask (values descending, like topk): k small reductions that
+    Inductor fuses, instead of topk's sort kernels. Only exact ties could order differently."""
+    vals, ids = [], []
+    s = scores
+    for _ in range(k):
+        v, i = s.max(dim=-1, keepdim=True)
+        vals.append(v)
+        ids.append(i)
+        s = s.scatter(-1, i, float("-inf"))
+    return torch.cat(vals, -1), torch.cat(ids, -1)
+
+
 def route(h: torch.Tensor, gate32: torch.Tensor, k: int, norm_topk_prob: bool, scale: float,
-          gemv: str = "linear") -> tuple[torch.Tensor, torch.Tensor]:
+          gemv: str = "linear", topk: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """h [T, H] -> routing weights [T, k] float32 and expert ids [T, k]: fp32 logits, fp32 softmax, greedy
     top-k, optional renormalisation, times the scale (the reference router's ops)."""
     if gemv == "reduce":  # a reduction Inductor fuses with its neighbours; same math
@@ -31,7 +47,7 @@ def route(h: torch.Tensor, gate32: torch.Tensor, k: int, norm_topk_prob: bool, s
     else:
         logits = h.float() @ gate32.t()
     scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(scores, k, dim=-1)
+    weights, ids = topk_argmax(scores, k) if topk == "argmax" else torch.topk(scores, k, dim=-1)
     if norm_topk_prob:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     return weights * scale, ids
@@ -68,22 +84,31 @@ def experts_gather(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: to
     return torch.bmm(w2[flat], a[:, :, None])[..., 0].view(t, k, -1)
 
 
+def group_rows(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (token, slot) rows -> (dest: each row's place in expert order [R], ends: int32 end of each expert's
+    group [E]); rows of one expert keep their order (what a stable sort gives), with no sort and no host sync."""
+    flat = ids.reshape(-1)
+    onehot = (flat[:, None] == torch.arange(n_experts, device=ids.device)).to(torch.int32)  # [R, E]
+    counts = onehot.sum(0)
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    rank = (torch.cumsum(onehot, 0, dtype=torch.int32) * onehot).sum(1) - 1  # place inside its expert's group
+    dest = (ends - counts).index_select(0, flat) + rank
+    return dest.long(), ends
+
+
 def experts_grouped(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                     inner: int) -> torch.Tensor:
-    """x [T, H], ids [T, K] -> per-slot outputs [T, K, H]: rows sorted by expert, two grouped GEMMs, rows put
-    back in (token, slot) order. No host sync: group ends come from searchsorted on the device."""
+    """x [T, H], ids [T, K] -> per-slot outputs [T, K, H]: rows placed in expert order, two grouped GEMMs,
+    rows read back in (token, slot) order. No host sync: group ends are computed on the device."""
     if not HAS_GROUPED_MM:  # pragma: no cover - torch without grouped GEMM
         return experts_gather(x, ids, w13, w2, inner, "bmm")
     t, k = ids.shape
-    flat = ids.reshape(-1)
-    sorted_ids, order = torch.sort(flat, stable=True)  # (token, slot) pairs grouped by expert
-    ends = torch.searchsorted(sorted_ids, torch.arange(w13.shape[0], device=ids.device, dtype=sorted_ids.dtype),
-                              right=True, out_int32=True)  # end row of each expert's group
-    xs = x.index_select(0, order // k)  # [T*K, H] rows in expert order
+    dest, ends = group_rows(ids, w13.shape[0])
+    xs = x.new_empty(t * k, x.shape[1]).index_copy_(0, dest, x.repeat_interleave(k, dim=0))  # expert order
     h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=ends)  # [T*K, 2Im]; b is column-major per group
     a = swiglu(h, inner)
     ys = torch._grouped_mm(a, w2.transpose(1, 2), offs=ends)  # [T*K, H]
-    return torch.empty_like(ys).index_copy_(0, order, ys).view(t, k, -1)
+    return ys.index_select(0, dest).view(t, k, -1)
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -93,14 +118,17 @@ def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 def moe_forward(h: torch.Tensor, gate32: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, k: int,
                 n_routed: int, shared_slots: int, inner: int, norm_topk_prob: bool, scale: float,
-                impl: str = "grouped", gemv: str = "linear") -> torch.Tensor:
+                impl: str = "grouped", gemv: str = "linear", topk: str = "torch") -> torch.Tensor:
     """Routed experts + shared expert of one MoE layer on tokens h [T, H] -> [T, H] (model dtype)."""
-    weights, ids = route(h, gate32, k, norm_topk_prob, scale, gemv)
+    weights, ids = route(h, gate32, k, norm_topk_prob, scale, gemv, topk)
     weights, ids = with_shared(weights, ids, n_routed, shared_slots)
-    if impl == "gather":
+    if impl == "triton":
+        from .triton_kernels import moe_gemv
+        y = moe_gemv(h, ids, w13, w2)
+    elif impl == "gather":
         y = experts_gather(h, ids, w13, w2, inner, "reduce" if gemv == "reduce" else "bmm")
     elif impl == "grouped":
         y = experts_grouped(h, ids, w13, w2, inner)
     else:
-        raise ValueError(f"moe impl must be 'gather' or 'grouped', got {impl!r}")
+        raise ValueError(f"moe impl must be 'triton', 'gather' or 'grouped', got {impl!r}")
     return combine(y, weights)

@@ -5,31 +5,72 @@ graphs. Stages are split like the reference (sam, clip, projector) so each can b
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 
+from ..model.clip import ClipLayer
 from ..model.sam import SamBlock, SamEncoder, window_partition, window_unpartition
-from .attention import sam_attention
+from .attention import sam_attention_t
 
 
-def sam_block(block: SamBlock, x: torch.Tensor, fold: bool = True) -> torch.Tensor:
-    h = block.norm1(x)
-    if block.window:
+def sam_block_fn(x, n1w, n1b, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, n2w, n2b, l1w, l1b, l2w, l2b,
+                 window: int, heads: int, fold: bool):
+    """SamBlock.forward on plain tensors (pre-LN, windowed when window > 0, exact GELU MLP)."""
+    h = F.layer_norm(x, (x.shape[-1],), n1w, n1b, 1e-6)
+    if window:
         size = h.shape[1:3]
-        h, padded = window_partition(h, block.window)
-        h = window_unpartition(sam_attention(block.attn, h, fold), block.window, padded, size)
+        h, padded = window_partition(h, window)
+        h = window_unpartition(sam_attention_t(h, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, heads, fold),
+                               window, padded, size)
     else:
-        h = sam_attention(block.attn, h, fold)
+        h = sam_attention_t(h, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, heads, fold)
     x = x + h
-    return x + block.mlp(block.norm2(x))
+    h = F.layer_norm(x, (x.shape[-1],), n2w, n2b, 1e-6)
+    return x + F.linear(F.gelu(F.linear(h, l1w, l1b)), l2w, l2b)
 
 
-def sam_forward(sam: SamEncoder, pixels: torch.Tensor, fold: bool = True) -> torch.Tensor:
-    """SamEncoder.forward with folded attention: [N, 3, S, S] -> [N, C, S/64, S/64]."""
+def sam_block_args(block: SamBlock) -> tuple:
+    a = block.attn
+    return (block.norm1.weight, block.norm1.bias, a.qkv.weight, a.qkv.bias, a.proj.weight, a.proj.bias,
+            a.rel_pos_h, a.rel_pos_w, block.norm2.weight, block.norm2.bias, block.mlp.lin1.weight,
+            block.mlp.lin1.bias, block.mlp.lin2.weight, block.mlp.lin2.bias)
+
+
+def clip_layer_fn(x, ln1w, ln1b, qkv_w, qkv_b, out_w, out_b, ln2w, ln2b, fc1w, fc1b, fc2w, fc2b, heads: int):
+    """ClipLayer.forward on plain tensors (pre-LN, SDPA without mask, quick_gelu MLP)."""
+    b, n, c = x.shape
+    h = F.layer_norm(x, (c,), ln1w, ln1b, 1e-5)
+    q, k, v = F.linear(h, qkv_w, qkv_b).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    o = F.scaled_dot_product_attention(q, k, v)
+    x = x + F.linear(o.transpose(1, 2).reshape(b, n, c), out_w, out_b)
+    h = F.linear(F.layer_norm(x, (c,), ln2w, ln2b, 1e-5), fc1w, fc1b)
+    return x + F.linear(h * torch.sigmoid(1.702 * h), fc2w, fc2b)
+
+
+def clip_layer_args(layer: ClipLayer) -> tuple:
+    a, m = layer.self_attn, layer.mlp
+    return (layer.layer_norm1.weight, layer.layer_norm1.bias, a.qkv_proj.weight, a.qkv_proj.bias,
+            a.out_proj.weight, a.out_proj.bias, layer.layer_norm2.weight, layer.layer_norm2.bias,
+            m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias)
+
+
+def sam_block(block: SamBlock, x: torch.Tensor, fold: bool = True, fn: Callable = sam_block_fn) -> torch.Tensor:
+    return fn(x, *sam_block_args(block), block.window, block.attn.heads, fold)
+
+
+def sam_forward(sam: SamEncoder, pixels: torch.Tensor, fold: bool = True, block_fn: Callable = sam_block_fn,
+                mark: Callable | None = None) -> torch.Tensor:
+    """SamEncoder.forward with folded attention: [N, 3, S, S] -> [N, C, S/64, S/64]. `block_fn` may be a
+    compiled sam_block_fn; `mark(x)` is called on each block input (dynamic-shape hints)."""
     pos = sam.pos_embed
     x = sam.patch_embed(pixels.to(device=pos.device, dtype=pos.dtype))
     x = x + sam._pos_embed(x.shape[1], x.shape[2])
     for block in sam.blocks:
-        x = sam_block(block, x, fold)
+        if mark is not None:
+            mark(x)
+        x = sam_block(block, x, fold, block_fn)
     x = sam.neck(x.permute(0, 3, 1, 2))
     return sam.net_3(sam.net_2(x))
 
@@ -55,14 +96,28 @@ def view_groups(views: list[torch.Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
-def run_sam(model, views: list[torch.Tensor], groups: list[list[int]], fold: bool = True) -> list[torch.Tensor]:
+def run_sam(model, views: list[torch.Tensor], groups: list[list[int]], fold: bool = True,
+            block_fn: Callable = sam_block_fn, mark: Callable | None = None) -> list[torch.Tensor]:
     sam = model.model.sam_model
-    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], fold)
-            for g in groups]
+    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], fold, block_fn,
+                        mark) for g in groups]
 
 
-def run_clip(model, sams: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [model.model.vision_model(s) for s in sams]
+def clip_forward(clip, sam_feats: torch.Tensor, layer_fn: Callable = clip_layer_fn,
+                 mark: Callable | None = None) -> torch.Tensor:
+    """ClipEncoder.forward with each layer through `layer_fn`."""
+    x = clip.pre_layrnorm(clip.embeddings(sam_feats))
+    heads = clip.transformer.layers[0].self_attn.heads
+    for layer in clip.transformer.layers:
+        if mark is not None:
+            mark(x)
+        x = layer_fn(x, *clip_layer_args(layer), heads)
+    return x
+
+
+def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn,
+             mark: Callable | None = None) -> list[torch.Tensor]:
+    return [clip_forward(model.model.vision_model, s, layer_fn, mark) for s in sams]
 
 
 def run_projector(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:
