@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--reference-steps", type=int, default=12)
     ap.add_argument("--no-reference-batched", action="store_true")
     ap.add_argument("--engine", default="{}", help="FastEngine options as JSON, e.g. '{\"compile\": false}'")
+    ap.add_argument("--sections", default="parity,prefill,decode,pages,ablation",
+                    help="comma list of parity, prefill, decode, pages, ablation, profile")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="skip ablation variants once this many seconds have passed since the start")
     ap.add_argument("--profile", action="store_true",
@@ -247,11 +249,44 @@ def main() -> None:
         f"{fast.engine.w.extra_bytes / 1e9:.2f} GB")
 
     page = page_inputs((2, 2), 1, 1, device, dtype)
+    sections = set(args.sections.split(","))
+    if not args.ablation:
+        sections.discard("ablation")
     if args.profile:
         profile(ref, page, device, Path(args.out).parent, json.loads(args.engine))
         return
+    t_prompt = page.input_ids.shape[1]
 
     # ------------------------------------------------------------------------------------------ parity
+    if "parity" in sections:
+        parity_b1(out, ref, fast, page, args)
+    checkpoint(out, args.out)
+    if "prefill" in sections:
+        prefill_section(out, ref, fast, page, spec, cal, ds, device)
+        checkpoint(out, args.out)
+    if "decode" in sections:
+        decode_section(out, ref, fast, page, spec, cal, ds, device, dtype, args, t_prompt, batches, ngram)
+        checkpoint(out, args.out)
+    if "parity" in sections:
+        parity_b4(out, ref, fast, device, dtype, args, ngram)
+        checkpoint(out, args.out)
+    if "pages" in sections:
+        pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram)
+        checkpoint(out, args.out)
+    if "profile" in sections:
+        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine), batches=(1,))
+    if "ablation" in sections:
+        out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
+                                   T0 + args.budget_s)
+    out["engine"] = fast.engine.describe()
+    out["seconds"] = time.perf_counter() - t_start
+    if "decode" in sections and "prefill" in sections:
+        summary(out)
+    checkpoint(out, args.out)
+    print(json.dumps(out, default=str, separators=(",", ":")))
+
+
+def parity_b1(out, ref, fast, page, args, ngram=20):
     t0 = time.perf_counter()
     par = compare(ref, fast, page, args.parity_steps, ngram)
     par["seconds"] = time.perf_counter() - t0
@@ -261,9 +296,9 @@ def main() -> None:
     say(f"parity b1 ({args.parity_steps} greedy tokens, 2x2 page): equal={par['tokens_equal']} first divergence="
         f"{par['first_divergence']}; teacher-forced {tf['agree']}/{tf['total']}, all rounding flips="
         f"{tf['all_rounding_flips']}, max |dlogit| {tf['max_logit_abs_diff']:.4f}")
-    checkpoint(out, args.out)
 
-    # ------------------------------------------------------------------------------------------ prefill
+
+def prefill_section(out, ref, fast, page, spec, cal, ds, device):
     stages = ("sam", "clip", "projector", "prefill")
     pre = {}
     for mode, logits in (("reference", "all"), ("reference", "last"), ("fast", "last")):
@@ -296,11 +331,10 @@ def main() -> None:
             f"floor {v['compute_floor_s'] * 1e3:.2f} ms ({v['flops'] / 1e12:.2f} TFLOP), per-row sum "
             f"{v['per_row_s'] * 1e3:.2f} ms")
     gc.collect()
-    checkpoint(out, args.out)
 
-    # ------------------------------------------------------------------------------------------ decode, batches
+
+def decode_section(out, ref, fast, page, spec, cal, ds, device, dtype, args, t_prompt, batches, ngram):
     out["decode"] = {}
-    t_prompt = page.input_ids.shape[1]
     for b in batches:
         inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, dtype)
         n = args.decode_steps if b == 1 else args.batch_steps
@@ -357,6 +391,8 @@ def main() -> None:
         fast.engine.release(b)
         gc.collect()
 
+
+def parity_b4(out, ref, fast, device, dtype, args, ngram):
     pb = page_inputs((2, 2), 4, 7, device, dtype)
     par4 = compare(ref, fast, pb, max(8, args.parity_steps // 2), ngram)
     out["parity_batch4"] = {k: v for k, v in par4.items() if k not in ("reference_tokens", "fast_tokens",
@@ -365,9 +401,8 @@ def main() -> None:
         f"{par4['teacher_forced']['agree']}/{par4['teacher_forced']['total']}, all rounding flips="
         f"{par4['teacher_forced']['all_rounding_flips']}")
 
-    checkpoint(out, args.out)
 
-    # ------------------------------------------------------------------------------------------ pages per GPU
+def pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram):
     grid = (3, 2)
     out["pages"] = {"grid": list(grid), "output_tokens": args.page_tokens, "batches": {}}
     for b in page_batches:
@@ -404,21 +439,15 @@ def main() -> None:
         out["pages"]["best_batch"] = int(best)
         out["pages"]["best_pages_per_s"] = done[best]["pages_per_s"]
         out["pages"]["paper_a100_40g_pages_per_s"] = PAPER_PAGES_PER_DAY_A100_40G / 86400
-    checkpoint(out, args.out)
-    if args.ablation:
-        out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
-                                   T0 + args.budget_s)
-    out["engine"] = fast.engine.describe()
-    out["seconds"] = time.perf_counter() - t_start
-    summary(out)
-    checkpoint(out, args.out)
-    print(json.dumps(out, default=str, separators=(",", ":")))
 
 
 def _kernel_table(prof, steps: int) -> tuple[str, dict]:
     """Top kernels by device time, and totals per step (kernel count, busy time)."""
     rows = []
+    cuda_type = getattr(torch.autograd, "DeviceType", None)
     for e in prof.key_averages():
+        if cuda_type is not None and getattr(e, "device_type", None) not in (None, cuda_type.CUDA):
+            continue  # CPU-side records of Triton launches carry the kernel's time too: count kernels once
         t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
         if t and e.key and not e.key.startswith(("cuda", "aten::", "Memcpy", "Memset")) and e.count:
             rows.append((t, e.count, e.key))
@@ -432,7 +461,7 @@ def _kernel_table(prof, steps: int) -> tuple[str, dict]:
     return "\n".join(lines), {"busy_us_per_step": total / steps, "kernels_per_step": n / steps}
 
 
-def profile(ref: Session, page, device, folder: Path, engine_opts: dict) -> None:
+def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches=(1, 64)) -> None:
     """Kernel tables: prefill (graphs off, so kernels launch one by one) and decode steps at batch 1 and 64
     (compiled, graphs off; plus the graph-replay time of the same step for the launch-gap share)."""
     from torch.profiler import ProfilerActivity, profile as tprofile
@@ -452,7 +481,7 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict) -> None
     say("prefill (graphs off) " + json.dumps(tot))
     say(table[:6000])
     summary_rows["prefill"] = tot
-    for b in (1, 64):
+    for b in batches:
         inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, page.images[0][1].dtype)
         for graphs in (False, True):
             fs = FastSession.from_session(ref, graphs=graphs, **engine_opts)

@@ -6,7 +6,8 @@ import torch
 from dsocr_core.fast import FastEngine, FastSession, StaleCacheError, load_session
 from dsocr_core.fast.attention import decode_attention, sam_attention
 from dsocr_core.fast.engine import _cut_after_all_finished
-from dsocr_core.fast.moe import experts_gather, experts_grouped, moe_forward, route, with_shared
+from dsocr_core.fast.moe import (experts_gather, experts_grouped, group_rows, group_rows_sorted, moe_forward,
+                                  route, topk_argmax, with_shared)
 from dsocr_core.fast.parity import compare
 from dsocr_core.fast.weights import LMWeights, stack_experts
 from dsocr_core.model.checkpoint import synthetic_model
@@ -68,6 +69,19 @@ def test_moe_grouped_and_gather_equal_reference():
                              spec.n_shared_experts)
         assert _close(experts_grouped(x, ids, w13, w2, spec.moe_intermediate_size),
                       experts_gather(x, ids, w13, w2, spec.moe_intermediate_size, "reduce"))
+
+
+def test_sort_free_grouping_and_argmax_topk_match_torch():
+    torch.manual_seed(3)
+    ids = torch.randint(0, 10, (37, 8))
+    (dest_a, ends_a), (dest_b, ends_b) = group_rows(ids, 12), group_rows_sorted(ids, 12)
+    assert torch.equal(dest_a, dest_b) and torch.equal(ends_a, ends_b)
+    order = torch.sort(ids.reshape(-1), stable=True)[1]
+    assert torch.equal(dest_a[order], torch.arange(ids.numel()))  # dest is the stable sort's inverse
+    scores = torch.softmax(torch.randn(9, 64), -1)
+    v, i = topk_argmax(scores, 6)
+    tv, ti = torch.topk(scores, 6)
+    assert torch.equal(i, ti) and torch.equal(v, tv)
 
 
 def test_decode_attention_masks_later_slots():

@@ -51,16 +51,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def mlp(h: torch.Tensor, w13, w2, gate, cfg: LMConfig, moe_impl: str, gemv: str = "linear",
-        topk: str = "torch") -> torch.Tensor:
+        topk: str = "torch", grouping: str = "onehot") -> torch.Tensor:
     """Dense SwiGLU (gate None) or MoE of one layer on tokens h [T, H] -> [T, H]."""
     if gate is None:
         return F.linear(swiglu(F.linear(h, w13), cfg.inter), w2)
     return moe_forward(h, gate, w13, w2, k=cfg.k, n_routed=cfg.n_routed, shared_slots=cfg.shared_slots,
                        inner=cfg.moe_inter, norm_topk_prob=cfg.norm_topk_prob, scale=cfg.scale, impl=moe_impl,
-                       gemv=gemv, topk=topk)
+                       gemv=gemv, topk=topk, grouping=grouping)
 
 
-def make_prefill_layer(cfg: LMConfig, topk: str = "torch"):
+def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort"):
     """One decoder layer over a whole prompt, as a function of tensors only (so it can be compiled):
 
     layer(x [B, T, H], cos, sin [T, d], keys, values [B, heads, T, d] views of the static cache, ln1, wqkv, wo,
@@ -76,7 +76,8 @@ def make_prefill_layer(cfg: LMConfig, topk: str = "torch"):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + F.linear(o.transpose(1, 2).reshape(b, t, hdim), wo)
         h = rms_norm(x, ln2, cfg.eps)
-        return x + mlp(h.view(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk).view(b, t, hdim)
+        return x + mlp(h.view(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk,
+                       grouping=grouping).view(b, t, hdim)
 
     return layer
 
