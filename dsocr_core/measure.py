@@ -59,6 +59,15 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(status, one-line message) of a point that raised: 'oom' for out-of-memory, else 'error' with where."""
+    status = "oom" if is_oom(exc) else "error"
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    if status == "error":
+        message += " | " + traceback.format_exc(limit=2).splitlines()[-1][:200]
+    return status, message
+
+
 def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -180,10 +189,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
             result = measure_point(session, workload, repeats, warmup, seed)
             store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved)
         except Exception as exc:  # one bad point must not end the sweep
-            status = "oom" if is_oom(exc) else "error"
-            message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-            if status == "error":
-                message += " | " + traceback.format_exc(limit=2).splitlines()[-1][:200]
+            status, message = failure(exc)
             free_memory(session.device)
             store.put_point(run_id, workload, status, message)
         finally:

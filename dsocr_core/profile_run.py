@@ -31,7 +31,6 @@ A resumed run skips points already done or oom; error points are tried again.
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Callable, Literal, Sequence
@@ -338,7 +337,7 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
     """Measure every sample not yet finished in `run_id`, writing each point as soon as it is measured.
     Returns counts {done, oom, error, skipped, stopped}. An unreadable page or a failing page is recorded and
     the run goes on; an out-of-memory frees memory first. `should_stop` is polled between pages."""
-    from .measure import free_memory, is_oom
+    from .measure import failure, free_memory
 
     settings.validate()
     finished = store.finished_keys(run_id)
@@ -359,10 +358,7 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
             with session.lock:
                 result = measure_page(session, sample, settings, flop_cache, warmed)
         except Exception as exc:  # one bad page must not end the run
-            status = "oom" if is_oom(exc) else "error"
-            message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-            if status == "error":
-                message += " | " + traceback.format_exc(limit=2).splitlines()[-1][:200]
+            status, message = failure(exc)
             free_memory(session.device)
             result = PageResult(status, message, extra={"page": sample.page.name, "pdf_page": sample.page.pdf_page,
                                                         "epoch": sample.epoch, "label": sample.page.label,

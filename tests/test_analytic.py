@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from dsocr_core.analytic import (STAGES, Points, activated_params, decode_step_totals, evaluate, expected_experts,
+from dsocr_core.analytic import (STAGES, activated_params, decode_step_totals, expected_experts,
                                  module_table, param_breakdown, param_counts, stage_params, stage_totals,
                                  total_params)
 from dsocr_core.analytic.cost import sum_of_max

@@ -34,8 +34,9 @@ from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer, rms_norm
 from .static_cache import StaticKVCache, round_up
 from .triton_kernels import HAS_TRITON
+from ..model.deepseek_ocr import view_list
 from .vision import (clip_layer_fn, embed_with_images, run_clip, run_projector, run_sam, sam_block_fn,
-                     view_groups, view_list)
+                     view_groups)
 from .weights import LMWeights
 
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)

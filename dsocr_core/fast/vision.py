@@ -75,19 +75,6 @@ def sam_forward(sam: SamEncoder, pixels: torch.Tensor, fold: bool = True, block_
     return sam.net_3(sam.net_2(x))
 
 
-def view_list(images, grids: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """The views of every row in the reference order: global [1,3,S,S], then its crops when tiled."""
-    views = []
-    for row, ((crops, glob), (tw, th)) in enumerate(zip(images, grids)):
-        views.append(glob if glob.dim() == 4 else glob[None])
-        if (tw, th) != (1, 1):
-            if crops is None or crops.shape[0] != tw * th:
-                got = None if crops is None else tuple(crops.shape)
-                raise ValueError(f"row {row}: grid {tw}x{th} needs {tw * th} crops, got {got}")
-            views.append(crops)
-    return views
-
-
 def view_groups(views: list[torch.Tensor]) -> list[list[int]]:
     """Indices of views with the same size, in first-seen order (the reference's grouping)."""
     groups: dict[tuple, list[int]] = {}

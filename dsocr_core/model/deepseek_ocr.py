@@ -121,15 +121,7 @@ class DeepseekOCRModel(nn.Module):
         """Per batch row, the image's slot embeddings [slots, H]. Rows with grid (1, 1) run no local views.
         `stage` as in encode_views; the slot layout counts as part of the projector stage."""
         grids = _grids(images_spatial_crop, len(images))
-        views = []
-        for row, ((crops, glob), (tw, th)) in enumerate(zip(images, grids)):
-            views.append(glob if glob.dim() == 4 else glob[None])
-            if (tw, th) != (1, 1):
-                if crops is None or crops.shape[0] != tw * th:
-                    got = None if crops is None else tuple(crops.shape)
-                    raise ValueError(f"row {row}: grid {tw}x{th} needs {tw * th} crops, got {got}")
-                views.append(crops)
-        feats = iter(self.encode_views(views, stage))
+        feats = iter(self.encode_views(view_list(images, grids), stage))
         out = []
         with stage("projector"):
             for tw, th in grids:
@@ -211,6 +203,19 @@ class DeepseekOCRForCausalLM(nn.Module):
             image_embeds = self.model.vision_embeddings(images, images_spatial_crop)
         x = self.model.embed(input_ids, images_seq_mask, image_embeds)
         return self.forward_lm(x, cache=cache, logits=logits)
+
+
+def view_list(images: Sequence[ImagePair], grids: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """The views of every row in encoding order: global [1,3,S,S], then its crops when tiled."""
+    views = []
+    for row, ((crops, glob), (tw, th)) in enumerate(zip(images, grids)):
+        views.append(glob if glob.dim() == 4 else glob[None])
+        if (tw, th) != (1, 1):
+            if crops is None or crops.shape[0] != tw * th:
+                got = None if crops is None else tuple(crops.shape)
+                raise ValueError(f"row {row}: grid {tw}x{th} needs {tw * th} crops, got {got}")
+            views.append(crops)
+    return views
 
 
 def _grids(images_spatial_crop, rows: int) -> list[tuple[int, int]]:
