@@ -63,8 +63,10 @@ def failure(exc: BaseException) -> tuple[str, str]:
     """(status, one-line message) of a point that raised: 'oom' for out-of-memory, else 'error' with where."""
     status = "oom" if is_oom(exc) else "error"
     message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-    if status == "error":
-        message += " | " + traceback.format_exc(limit=2).splitlines()[-1][:200]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if status == "error" and frames:
+        where = frames[-1]
+        message += f" | at {where.filename.rsplit('/', 1)[-1]}:{where.lineno} in {where.name}"
     return status, message
 
 
@@ -190,10 +192,12 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
             store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved)
         except Exception as exc:  # one bad point must not end the sweep
             status, message = failure(exc)
-            free_memory(session.device)
-            store.put_point(run_id, workload, status, message)
         finally:
             session.model.set_attn_impl(session.attn_impl)
+        if status != "done":
+            # outside the except block: the traceback (and the failed point's tensors) is gone by now
+            free_memory(session.device)
+            store.put_point(run_id, workload, status, message)
         if progress:
             progress(i, total, workload, status)
     return run_id

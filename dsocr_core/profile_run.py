@@ -359,10 +359,11 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
                 result = measure_page(session, sample, settings, flop_cache, warmed)
         except Exception as exc:  # one bad page must not end the run
             status, message = failure(exc)
-            free_memory(session.device)
             result = PageResult(status, message, extra={"page": sample.page.name, "pdf_page": sample.page.pdf_page,
                                                         "epoch": sample.epoch, "label": sample.page.label,
                                                         "source": str(sample.page.path), "failed": "generate"})
+        if result.status != "done":
+            free_memory(session.device)  # outside the except block, once the traceback has let go of the tensors
         store.put_point(run_id, sample.key, result.status, result.message, result.stages or None, result.kv_bytes,
                         result.resolved or None, result.extra)
         counts[result.status] += 1

@@ -174,3 +174,15 @@ def test_load_session_modes():
         load_session(synthetic="tiny", device="cpu", session_mode="turbo")
     with pytest.raises(ValueError):
         FastEngine(fast.model, moe="loop")
+
+
+def test_fast_separated_kv_length_is_its_own():
+    """The verification reads the separated run's cache before the reference run reuses any buffers."""
+    from dsocr_core.fast.session import load_session
+    from dsocr_core.preprocess import synthetic_inputs
+
+    fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
+    inputs = fast.to_device(synthetic_inputs("tiny", (1, 1), 10, 1))
+    sep = fast.generate_separated(inputs, max_new_tokens=6)
+    v = sep.verification
+    assert v["kv_length"] == inputs.seq_len + 5 == v["kv_length_expected"] and v["passed"]

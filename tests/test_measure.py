@@ -120,3 +120,23 @@ def test_fast_mode_sweep_is_labelled_and_counts_reference_flops(tmp_path):
     assert store.get_run(run_id)["session_mode"] == "fast"
     df = compare_run(store, run_id)
     assert df.flop_rel_diff.abs().max() < 1e-3
+
+
+def test_failure_message_says_where():
+    from dsocr_core.measure import failure
+
+    def boom():
+        raise RuntimeError("boom")
+
+    try:
+        boom()
+    except RuntimeError as exc:
+        status, message = failure(exc)
+    assert status == "error" and message.startswith("RuntimeError: boom | at test_measure.py:")
+    assert message.endswith("in boom")
+
+
+def test_measure_cli_rejects_unknown_mode(tmp_path, capsys):
+    code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--modes", "foo",
+                 "--store", str(tmp_path / "s.sqlite")])
+    assert code == 2 and "unknown mode(s) foo" in capsys.readouterr().err

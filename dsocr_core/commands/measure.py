@@ -70,11 +70,16 @@ def run(args) -> int:
     from ..fast.session import load_session
     from ..store import RunStore
 
+    from ..tiling import MODES
+
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
-                                _ints(args.decode_steps), dtype=args.dtype, attn=args.attn, logits=args.logits)
+    unknown = [m for m in modes if m not in MODES]
+    if not modes or unknown:
+        raise UserError(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODES)}")
     if any(b < 1 for b in _ints(args.batch)) or any(t < 1 for t in _ints(args.text_tokens)):
         raise UserError("batch and text tokens must be at least 1")
+    workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
+                                _ints(args.decode_steps), dtype=args.dtype, attn=args.attn, logits=args.logits)
     session = load_session(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
                            session_mode=args.session_mode,
                            device=args.device, dtype=args.dtype, attn=args.attn)

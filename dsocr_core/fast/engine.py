@@ -81,7 +81,7 @@ class FastCache:
 
     @property
     def length(self) -> int:
-        return self.state.cache.length
+        return self.check().cache.length  # a stale handle must not report another prefill's length
 
     @property
     def nbytes(self) -> int:
