@@ -257,29 +257,23 @@ class RunStore:
             conn.close()
 
     def _init_schema(self) -> None:
+        # WAL lets readers run while a writer writes; it persists in the file. On a filesystem that cannot do
+        # WAL SQLite keeps its rollback journal: still correct, readers just wait for writers.
         conn = self._connect()
         try:
-            # WAL lets readers run while a writer writes; it persists in the file. On a filesystem that cannot do
-            # WAL SQLite keeps its rollback journal: still correct, readers just wait for writers.
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in filter(str.strip, _DDL.split(";")):
-                    conn.execute(statement)
-                row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-                version = row[0]
-                if version is None:
-                    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-                elif version > SCHEMA_VERSION:
-                    raise StoreError(f"{self.path} has schema version {version}; this code reads up to "
-                                     f"{SCHEMA_VERSION}: update dsocr_core")
-                # migrations from older versions go here (version < SCHEMA_VERSION)
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
         finally:
             conn.close()
+        with self._write() as conn:
+            for statement in filter(str.strip, _DDL.split(";")):
+                conn.execute(statement)
+            version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+            if version is None:
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema version {version}; this code reads up to "
+                                 f"{SCHEMA_VERSION}: update dsocr_core")
+            # migrations from older versions go here (version < SCHEMA_VERSION)
 
     # ---------------------------------------------------------------- runs
     def create_run(

@@ -13,6 +13,7 @@ the token math, the preprocessing and the parity machinery run without a checkpo
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 import re
 from pathlib import Path
 from typing import Sequence
@@ -52,7 +53,7 @@ class TokenizerError(ValueError):
     """A tokenizer folder that exists but cannot be loaded."""
 
 
-class Tokenizer:
+class Tokenizer(ABC):
     """Common interface of the real (AutoTokenizer) and the fallback tokenizer."""
 
     is_fallback: bool = True
@@ -65,11 +66,13 @@ class Tokenizer:
     def __init__(self) -> None:
         self.problems: list[str] = []  # e.g. special tokens the loaded tokenizer maps to unofficial ids
 
-    def encode(self, text: str) -> list[int]:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Text to ids, no BOS/EOS added; special tokens in the text map to their official ids."""
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Ids back to text."""
 
     def token_id(self, token: str) -> int | None:
         """Id of a special token, or None when this tokenizer does not know it."""
