@@ -7,17 +7,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import UserError
+from ..cli import UserError, add_model_options, session_from_args
 
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one page with per-stage times, FLOPs and verification")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="local checkpoint folder (config.json + safetensors)")
-    src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
-    p.add_argument("--seed", type=int, default=0)
+    add_model_options(p)
     p.add_argument("--image", type=Path, help="page image (default: the first bundled sample page)")
     p.add_argument("--mode", default="gundam", choices=["tiny", "small", "base", "large", "gundam", "gundam-m"])
     p.add_argument("--min-crops", type=int, default=2)
@@ -28,11 +25,6 @@ def register(sub) -> None:
     p.add_argument("--path", choices=["one-shot", "separated", "both"], default="both")
     p.add_argument("--first-token", choices=["prefill", "redecode"], default="prefill")
     p.add_argument("--logits", choices=["all", "last"], default="all")
-    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
-                   help="reference: HF-like semantics; fast: static cache, grouped experts, CUDA graphs")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
     p.add_argument("--no-flops", action="store_true", help="skip the separate FLOP-counting pass")
     p.add_argument("--trace", type=Path, help="write a torch.profiler Chrome trace of the run to this file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
@@ -50,7 +42,6 @@ def default_image() -> Path:
 
 def run(args) -> int:
     from ..preprocess import ImageError
-    from ..fast.session import load_session
 
     if args.max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1")
@@ -59,9 +50,7 @@ def run(args) -> int:
     image = args.image or default_image()
     if not Path(image).is_file():
         raise UserError(f"image not found: {image}")
-    session = load_session(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
-                           session_mode=args.session_mode,
-                           device=args.device, dtype=args.dtype, attn=args.attn)
+    session = session_from_args(args)
     try:
         inputs = session.prepare(image, args.prompt, mode=args.mode, min_crops=args.min_crops,
                                  max_crops=args.max_crops)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cli import UserError
+from ..cli import UserError, add_model_options, session_from_args
 
 
 def _ints(text: str) -> list[int]:
@@ -35,10 +35,7 @@ def _grids(text: str) -> list[tuple[int, int]]:
 
 def register(sub) -> None:
     p = sub.add_parser("measure", help="measured sweep over modes, crop grids, text lengths, batches, decode steps")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path)
-    src.add_argument("--synthetic", choices=["tiny", "full"])
-    p.add_argument("--seed", type=int, default=0)
+    add_model_options(p)  # --seed seeds the weights and the synthetic inputs
     p.add_argument("--modes", default="gundam", help="comma-separated: tiny,small,base,large,gundam,gundam-m")
     p.add_argument("--grids", default="1x1,2x2", help="crop grids for gundam modes: 2x2,3x2 or 'vendor' (2..9 tiles)")
     p.add_argument("--text-tokens", default="10", help="non-image prompt tokens incl. BOS, e.g. 10,500")
@@ -46,11 +43,6 @@ def register(sub) -> None:
     p.add_argument("--decode-steps", default="32", help="decode steps K, e.g. 32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
-                   help="reference: HF-like semantics; fast: static cache, grouped experts, CUDA graphs")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
     p.add_argument("--logits", default="all", choices=["all", "last"])
     p.add_argument("--store", type=Path, default=None, help="run store (default data/runs.sqlite or $DSOCR_STORE)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an earlier run, skipping finished points")
@@ -67,7 +59,6 @@ def run(args) -> int:
 
     from ..compare import compare_run, summarize, summary_json, summary_markdown
     from ..measure import run_sweep, sweep_workloads
-    from ..fast.session import load_session
     from ..store import RunStore
 
     from ..tiling import MODES
@@ -80,9 +71,7 @@ def run(args) -> int:
         raise UserError("batch and text tokens must be at least 1")
     workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
                                 _ints(args.decode_steps), dtype=args.dtype, attn=args.attn, logits=args.logits)
-    session = load_session(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.seed,
-                           session_mode=args.session_mode,
-                           device=args.device, dtype=args.dtype, attn=args.attn)
+    session = session_from_args(args)
     meta = {}
     if args.calibrate:
         from ..hardware import calibrate
@@ -101,7 +90,7 @@ def run(args) -> int:
     name = args.name or f"{args.kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
     try:
         run_id = run_sweep(session, store, workloads, run_id=args.resume, name=name, repeats=args.repeats,
-                           warmup=args.warmup, seed=args.seed, progress=progress, meta=meta, kind=args.kind)
+                           warmup=args.warmup, seed=args.weights_seed, progress=progress, meta=meta, kind=args.kind)
     finally:
         bar.close()
     run = store.get_run(run_id)

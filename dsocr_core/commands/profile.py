@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import UserError
+from ..cli import UserError, add_model_options, session_from_args
 
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 
@@ -18,10 +18,7 @@ def register(sub) -> None:
     p.add_argument("--pages", type=Path, required=True,
                    help="folder of page images/PDFs (recursive), a text file listing paths (relative to the "
                         "list's folder), or one image or PDF")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="local checkpoint folder (config.json + safetensors)")
-    src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
-    p.add_argument("--weights-seed", type=int, default=0, help="seed of --synthetic weights")
+    add_model_options(p, seed_flag="--weights-seed", session_mode=False)  # --seed is the sampling seed
     p.add_argument("--sample", type=int, metavar="N", help="pages per epoch (default: all)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -35,9 +32,6 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--no-repeat-ngram-size", type=int, default=20)
     p.add_argument("--logits", choices=["all", "last"], default="all")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
     p.add_argument("--flops", choices=["shape", "page", "none"], default="shape",
                    help="FLOP counting pass: once per input shape (exact, reused), every page, or none")
     p.add_argument("--warmup", choices=["shape", "first", "none"], default="shape",
@@ -69,7 +63,6 @@ def _resolve_run(store, prefix: str) -> str:
 def run(args) -> int:
     from ..dataset import DatasetError, discover, sample
     from ..profile_run import ProfileSettings, check_resume, create_dataset_run, run_dataset
-    from ..session import Session
     from ..store import RunStore
 
     settings = ProfileSettings(mode=args.mode, prompt=args.prompt, min_crops=args.min_crops, max_crops=args.max_crops,
@@ -89,8 +82,7 @@ def run(args) -> int:
 
         hardware = get_hardware(args.hardware)
     store = RunStore(args.store)
-    session = Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                           device=args.device, dtype=args.dtype, attn=args.attn)
+    session = session_from_args(args)
     sampling = {"n": args.sample, "epochs": args.epochs, "seed": args.seed, "order": args.order,
                 "samples": len(samples)}
     if args.resume:
