@@ -20,6 +20,7 @@ The n-gram ban and greedy choice are `generation.next_tokens`, applied outside t
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from ..generation import next_tokens
 from ..model.decoder import rope_cos_sin
 from ..timing import StageTimer
+from .decode_kernels import FusedDecode
 from .attention import decode_attention
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer, rms_norm
@@ -58,8 +60,9 @@ class DecodeState:
     logits: torch.Tensor  # [B, V] float32, the step's output
     history: torch.Tensor  # [B, capacity] long, prompt + generated ids (for the n-gram ban)
     moe_impl: str
+    fused: Any = None  # decode_kernels.FusedDecode at batch 1 with Triton, else None
     serial: int = 0  # bumped by every prefill; older cache handles become stale
-    graphs: dict[int, Captured] = field(default_factory=dict)  # decode step per bucket length
+    graphs: dict[tuple, Captured] = field(default_factory=dict)  # decode step per (bucket length, kind)
     prefills: dict[tuple, dict] = field(default_factory=dict)  # prefill stages per input shape
 
     @property
@@ -109,7 +112,7 @@ class FastEngine:
     def __init__(self, model, *, compile: bool | None = None, graphs: bool | None = None, moe: str = "auto",
                  attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_fold: bool = True,
                  compile_vision: bool | None = None, topk: str = "auto", cudnn_benchmark: bool = True,
-                 compile_options: dict | None = None):
+                 compile_options: dict | None = None, fused: bool | None = None, fused_blocks: dict | None = None):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -129,6 +132,11 @@ class FastEngine:
         if attention == "triton" and not self.triton:
             raise ValueError("attention 'triton' needs a CUDA device and Triton")
         self.attention = attention
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON  # CPU tests of the kernels
+        if fused and not (self.triton or interpreted):
+            raise ValueError("fused decode needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
+        self.fused = self.triton if fused is None else bool(fused)
+        self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         self.topk = ("argmax" if self.compile else "torch") if topk == "auto" else topk
         self.gemv = "linear"
         self.bucket = bucket
@@ -209,6 +217,8 @@ class FastEngine:
                          torch.zeros(1, dtype=torch.long, device=self.device),
                          torch.zeros(batch, s.vocab_size, dtype=torch.float32, device=self.device),
                          torch.zeros(batch, capacity, dtype=torch.long, device=self.device), self.moe_impl(batch))
+        if batch == 1 and self.fused:
+            st.fused = FusedDecode(self.w, self.cfg, s.vocab_size, self.device, self.dtype, self.fused_blocks)
         self._states[batch] = st
         return st
 
@@ -339,14 +349,24 @@ class FastEngine:
             st = self._grow(st, n + DEFAULT_NEW_TOKENS)
         if token is not None:
             st.token.copy_(token.reshape(-1))
-        length = min(st.capacity, round_up(n + 1, self.bucket))
         st.pos.fill_(n)
-        run = st.graphs.get(length)
-        if run is None:
-            run = st.graphs[length] = Captured(lambda: self._step(st, length), self.graphs)
-        run()
+        self._replay(st, n, choose=False)
         st.cache.length = n + 1
         return st.logits
+
+    def _replay(self, st: DecodeState, n: int, choose: bool, ngram: int = 0) -> None:
+        """Run (capturing on first use) the step graph of the bucket holding position n. `choose` (fused
+        batch-1 path only): the step also bans n-grams, picks the greedy token into st.token and history."""
+        length = min(st.capacity, round_up(n + 1, self.bucket))
+        key = (length, choose, ngram)
+        run = st.graphs.get(key)
+        if run is None:
+            if st.fused is not None:
+                fn = lambda: st.fused.step(st, length, self.cos_t, self.sin_t, choose, ngram)  # noqa: E731
+            else:
+                fn = lambda: self._step(st, length)  # noqa: E731
+            run = st.graphs[key] = Captured(fn, self.graphs)
+        run()
 
     def _step(self, st: DecodeState, length: int) -> torch.Tensor:
         """One decode step for every row over cache slots < `length` (static shapes; graph-capturable)."""
@@ -401,6 +421,9 @@ class FastEngine:
         s = self.spec
         step_logits, cache = self.prefill(inputs, max_new_tokens=max_new_tokens, timer=timer)
         st = cache.state
+        if st.fused is not None:
+            return self._generate_fused(st, cache, step_logits, t, max_new_tokens, no_repeat_ngram_size, timer,
+                                        check_every)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         generated: list[torch.Tensor] = []
         token = next_tokens(step_logits[:, -1], st.history[:, :t], no_repeat_ngram_size, finished, s.pad_token_id)
@@ -419,6 +442,29 @@ class FastEngine:
                                     s.pad_token_id)
         return _cut_after_all_finished(generated, s.eos_token_id)
 
+    def _generate_fused(self, st: DecodeState, cache: FastCache, step_logits, t: int, max_new_tokens: int,
+                        ngram: int, timer: StageTimer, check_every: int) -> list[torch.Tensor]:
+        """Batch-1 generation where each step's graph also bans n-grams and picks the token on the device
+        (decode_kernels): the host only sets the position and replays. Same choices as next_tokens."""
+        s = self.spec
+        done = torch.zeros(1, dtype=torch.bool, device=self.device)
+        token = next_tokens(step_logits[:, -1], st.history[:, :t], ngram, done, s.pad_token_id)
+        st.history[:, t].copy_(token)
+        st.token.copy_(token)
+        steps = 1
+        while steps < max_new_tokens:
+            if check_every and steps % check_every == 0 and bool((st.history[0, t:t + steps] == s.eos_token_id).any()):
+                break
+            n = t + steps - 1  # position of the token fed in this step
+            cache.check()
+            with timer.stage("decode"):
+                st.pos.fill_(n)
+                self._replay(st, n, choose=True, ngram=ngram)
+            st.cache.length = n + 1
+            steps += 1
+        tokens = st.history[:, t:t + steps].clone()
+        return _cut_after_all_finished(list(tokens.unbind(1)), s.eos_token_id)
+
     # ------------------------------------------------------------------ reporting
     def describe(self) -> dict:
         errors = {}
@@ -428,9 +474,9 @@ class FastEngine:
                     errors[f"{impl}.{name}"] = f.error
         capture_errors = {}
         for b, st in self._states.items():
-            for length, run in st.graphs.items():
+            for (length, choose, _ngram), run in st.graphs.items():
                 if run.error:
-                    capture_errors[f"decode.b{b}.l{length}"] = run.error
+                    capture_errors[f"decode.b{b}.l{length}{'.choose' if choose else ''}"] = run.error
             for key, entry in st.prefills.items():
                 for name, run in entry["stages"]:
                     if run.error:
@@ -440,7 +486,7 @@ class FastEngine:
             "cuda_graphs": self.graphs, "compile": self.compile, "compile_vision": self.compile_vision,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
-            "bucket": self.bucket, "sam_fold": self.sam_fold, "cudnn_benchmark": self.cudnn_benchmark,
+            "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "bucket": self.bucket, "sam_fold": self.sam_fold, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
             "kv_cache_bytes": {b: st.cache.nbytes for b, st in self._states.items()},

@@ -1,0 +1,441 @@
+"""Fused batch-1 decode: one decoder layer in five Triton kernels (plus the split-KV attention's two), so the
+whole step is ~90 kernels reading each weight once at close to the copy bandwidth.
+
+Why: at batch 1 a decode step is a chain of GEMVs over 1.15 GB of weights; a profile of the compiled step
+(docs/fast-mode.md) showed ~25 kernels per layer, most of them small, and the GEMVs Inductor generated ran at
+0.7-1.9 TB/s. Here every kernel that reads weights does its neighbours' elementwise work on the fly:
+
+  qkv_rope     RMSNorm(x) -> q/k/v GEMV -> RoPE on q and k -> q out, k and v written into the static cache
+  (attention   triton_kernels._attn_partial + _attn_combine over the cache, unchanged)
+  oproj        o_proj GEMV + residual add, in place on x
+  router       RMSNorm(x) -> fp32 router logits (64 values)
+  expert_up    softmax + greedy top-k of those logits in every program, RMSNorm(x), the chosen expert's
+               gate/up rows, SwiGLU (the dense first layer: its one "expert")
+  expert_down  top-k again, each chosen expert's down rows, float32 weighted sum in slot order, residual add
+  lm_head      final RMSNorm + lm_head GEMV -> float32 logits, and per block the best token after the n-gram ban
+  ngram_ban / choose   the vendor's no-repeat-n-gram ban and the greedy choice, on the device
+
+Rounding follows the reference where it rounds to the model dtype: the normalised activations, every projection
+output, the attention output, each expert's output, gate/up/silu products and the combined MoE output. RoPE and
+the router are computed in float32 and rounded once (as the compiled path did), which is inside the rounding the
+parity tests allow. Nothing here syncs with the host: positions, token ids and the ban stamps live on the device.
+"""
+from __future__ import annotations
+
+from .triton_kernels import HAS_TRITON, tl, triton
+
+if HAS_TRITON:
+    @triton.jit
+    def _rstd(x_ptr, eps, H: tl.constexpr, BK: tl.constexpr):
+        """1 / sqrt(mean(x^2) + eps) over x [H], in float32."""
+        acc = tl.zeros([BK], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            xv = tl.load(x_ptr + k, mask=k < H, other=0.0).to(tl.float32)
+            acc += xv * xv
+        return tl.math.rsqrt(tl.sum(acc, axis=0) / H + eps)
+
+    @triton.jit
+    def _normed(x_ptr, ln_ptr, k, km, rstd):
+        """The reference RMSNorm of a chunk: float32 statistics, cast back to the model dtype, times the weight
+        (rounded to the model dtype); returned in float32."""
+        dt = x_ptr.dtype.element_ty
+        xv = tl.load(x_ptr + k, mask=km, other=0.0).to(tl.float32)
+        h = (xv * rstd).to(dt).to(tl.float32)
+        w = tl.load(ln_ptr + k, mask=km, other=0.0).to(tl.float32)
+        return (w * h).to(dt).to(tl.float32)
+
+    @triton.jit
+    def _qkv_rope(x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, s_kh, s_kl, s_vh,
+                  s_vl, eps, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+        """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v."""
+        HALF: tl.constexpr = D // 2
+        HEADS: tl.constexpr = H // D
+        pid = tl.program_id(0)
+        part_head = pid // (HALF // BR)  # 0 .. 3*HEADS-1: q heads, then k heads, then v heads
+        j = (pid % (HALF // BR)) * BR + tl.arange(0, BR)
+        r1 = part_head * D + j  # rows of wqkv [3H, H]: part*H + head*D + j
+        rstd = _rstd(x_ptr, eps, H, BK)
+        a1 = tl.zeros([BR], dtype=tl.float32)
+        a2 = tl.zeros([BR], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < H
+            h = _normed(x_ptr, ln_ptr, k, km, rstd)
+            w1 = tl.load(w_ptr + r1[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
+            w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
+            a1 += tl.sum(w1.to(tl.float32) * h[None, :], axis=1)
+            a2 += tl.sum(w2.to(tl.float32) * h[None, :], axis=1)
+        dt = q_ptr.dtype.element_ty
+        a1 = a1.to(dt).to(tl.float32)  # the projection's output in the model dtype
+        a2 = a2.to(dt).to(tl.float32)
+        part = part_head // HEADS
+        head = part_head % HEADS
+        pos = tl.load(pos_ptr)
+        if part < 2:  # RoPE (rotate-half): x*cos + rotate_half(x)*sin
+            c1 = tl.load(cos_ptr + pos * D + j).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + j).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + HALF + j).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + HALF + j).to(tl.float32)
+            o1 = a1 * c1 - a2 * s1
+            o2 = a2 * c2 + a1 * s2
+        else:
+            o1 = a1
+            o2 = a2
+        if part == 0:
+            tl.store(q_ptr + head * D + j, o1.to(dt))
+            tl.store(q_ptr + head * D + HALF + j, o2.to(dt))
+        elif part == 1:
+            tl.store(kc_ptr + head * s_kh + pos * s_kl + j, o1.to(dt))
+            tl.store(kc_ptr + head * s_kh + pos * s_kl + HALF + j, o2.to(dt))
+        else:
+            tl.store(vc_ptr + head * s_vh + pos * s_vl + j, o1.to(dt))
+            tl.store(vc_ptr + head * s_vh + pos * s_vl + HALF + j, o2.to(dt))
+
+    @triton.jit
+    def _oproj_residual(o_ptr, w_ptr, x_ptr, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """x[n] += round(wo[n] . o) for this program's BN rows (in place: each program owns its rows)."""
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        acc = tl.zeros([BN], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            ov = tl.load(o_ptr + k).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * H + k[None, :])
+            acc += tl.sum(w.to(tl.float32) * ov[None, :], axis=1)
+        dt = x_ptr.dtype.element_ty
+        xv = tl.load(x_ptr + n).to(tl.float32)
+        tl.store(x_ptr + n, (xv + acc.to(dt).to(tl.float32)).to(dt))
+
+    @triton.jit
+    def _router(x_ptr, ln_ptr, g_ptr, out_ptr, eps, E, H: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+        """float32 router logits of BE experts: RMSNorm(x) . gate[e] (gate in float32, like the reference)."""
+        e = tl.program_id(0) * BE + tl.arange(0, BE)
+        em = e < E
+        rstd = _rstd(x_ptr, eps, H, BK)
+        acc = tl.zeros([BE], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < H
+            h = _normed(x_ptr, ln_ptr, k, km, rstd)
+            g = tl.load(g_ptr + e[:, None] * H + k[None, :], mask=em[:, None] & km[None, :], other=0.0)
+            acc += tl.sum(g * h[None, :], axis=1)
+        tl.store(out_ptr + e, acc, mask=em)
+
+    @triton.jit
+    def _route_probs(lg_ptr, E: tl.constexpr, EP: tl.constexpr):
+        """softmax over the E router logits (float32), padded to EP (a power of two) with zeros."""
+        i = tl.arange(0, EP)
+        lg = tl.load(lg_ptr + i, mask=i < E, other=float("-inf"))
+        p = tl.exp(lg - tl.max(lg, axis=0))
+        return p / tl.sum(p, axis=0)
+
+    @triton.jit
+    def _topk_pick(p, s, K: tl.constexpr, EP: tl.constexpr):
+        """The s-th choice (0-based) of greedy top-k over p: (expert id, its probability, sum of the top k)."""
+        idx = tl.arange(0, EP)
+        chosen = 0
+        weight = 0.0
+        total = 0.0
+        for r in tl.static_range(K):
+            best = tl.max(p, axis=0)
+            arg = tl.argmax(p, axis=0)
+            chosen = tl.where(r == s, arg, chosen)
+            weight = tl.where(r == s, best, weight)
+            total += best
+            p = tl.where(idx == arg, -1.0, p)  # probabilities are >= 0
+        return chosen, weight, total
+
+    @triton.jit
+    def _expert_up(x_ptr, ln_ptr, lg_ptr, w_ptr, act_ptr, eps, swe, K: tl.constexpr, E: tl.constexpr,
+                   EP: tl.constexpr, H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """Program (slot, block of BN inner units): silu(gate) * up of the slot's expert (SwiGLU, rounded like the
+        reference) -> act[slot, n]. Slots 0..K-1 are the routed choices, later slots the shared pseudo-experts
+        (ids E, E+1, ...); DENSE: one slot, the dense MLP (w_ptr [2I, H])."""
+        s = tl.program_id(0)
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        nm = n < I
+        if DENSE:
+            base = w_ptr
+        else:
+            e, _w, _t = _topk_pick(_route_probs(lg_ptr, E, EP), s, K, EP)
+            e = tl.where(s < K, e, E + s - K)
+            base = w_ptr + e.to(tl.int64) * swe
+        rstd = _rstd(x_ptr, eps, H, BK)
+        acc_g = tl.zeros([BN], dtype=tl.float32)
+        acc_u = tl.zeros([BN], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < H
+            h = _normed(x_ptr, ln_ptr, k, km, rstd)
+            msk = nm[:, None] & km[None, :]
+            wg = tl.load(base + n[:, None] * H + k[None, :], mask=msk, other=0.0)
+            wu = tl.load(base + (n + I)[:, None] * H + k[None, :], mask=msk, other=0.0)
+            acc_g += tl.sum(wg.to(tl.float32) * h[None, :], axis=1)
+            acc_u += tl.sum(wu.to(tl.float32) * h[None, :], axis=1)
+        dt = act_ptr.dtype.element_ty
+        g = acc_g.to(dt).to(tl.float32)
+        u = acc_u.to(dt).to(tl.float32)
+        a = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * u
+        tl.store(act_ptr + s * I + n, a.to(dt), mask=nm)
+
+    @triton.jit
+    def _expert_down(act_ptr, lg_ptr, w_ptr, x_ptr, ys_ptr, cnt_ptr, swe, scale, K: tl.constexpr, E: tl.constexpr,
+                     EP: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+                     DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """Program (block of BN output rows, slot): the slot's expert output round(w2[expert][n] . act[slot]) times
+        its routing weight, into ys[slot, n]. The block's last slot to finish (a counter per block) adds the
+        slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1."""
+        pid = tl.program_id(0)
+        s = tl.program_id(1)
+        n = pid * BN + tl.arange(0, BN)
+        nm = n < H
+        dt = x_ptr.dtype.element_ty
+        if DENSE:
+            base = w_ptr
+            wt = 1.0
+        else:
+            e, wr, total = _topk_pick(_route_probs(lg_ptr, E, EP), s, K, EP)
+            if NORM:
+                wr = wr / (total + 1e-20)
+            e = tl.where(s < K, e, E + s - K)
+            wt = tl.where(s < K, wr * scale, 1.0)
+            base = w_ptr + e.to(tl.int64) * swe
+        acc = tl.zeros([BN], dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < I
+            av = tl.load(act_ptr + s * I + k, mask=km, other=0.0).to(tl.float32)
+            w = tl.load(base + n[:, None] * I + k[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
+        y = acc.to(dt).to(tl.float32) * wt  # each expert's output in the model dtype, then weighted
+        if DENSE:
+            xv = tl.load(x_ptr + n, mask=nm).to(tl.float32)
+            tl.store(x_ptr + n, (xv + y.to(dt).to(tl.float32)).to(dt), mask=nm)
+        else:
+            SLOTS: tl.constexpr = K + SHARED
+            tl.store(ys_ptr + s * H + n, y, mask=nm)
+            tl.debug_barrier()  # every thread's ys store is issued before the release below
+            done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+            if done == SLOTS - 1:  # the last slot of this block: combine in slot order (deterministic)
+                comb = tl.zeros([BN], dtype=tl.float32)
+                for j in tl.static_range(SLOTS):
+                    comb += tl.load(ys_ptr + j * H + n, mask=nm, other=0.0, cache_modifier=".cg")
+                xv = tl.load(x_ptr + n, mask=nm).to(tl.float32)
+                tl.store(x_ptr + n, (xv + comb.to(dt).to(tl.float32)).to(dt), mask=nm)
+                tl.store(cnt_ptr + pid, 0)  # ready for the next layer / step
+
+    @triton.jit
+    def _attention(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr, n_splits, skh, skl, svh,
+                   svl, scale, D: tl.constexpr, CHUNK: tl.constexpr, BS: tl.constexpr):
+        """Program (head, chunk of CHUNK cache slots): flash-decoding partial (max, exp-sum, weighted V sum in
+        float32) over the chunk's slots <= pos; the head's last chunk to finish merges them into o[head] (model
+        dtype). Chunks past pos return at once."""
+        h = tl.program_id(0)
+        sp = tl.program_id(1)
+        pos = tl.load(pos_ptr)
+        active = pos // CHUNK + 1
+        if sp < active:
+            d = tl.arange(0, D)
+            q = tl.load(q_ptr + h * D + d).to(tl.float32)
+            offs = sp * CHUNK + tl.arange(0, CHUNK)
+            valid = offs <= pos
+            kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=valid[:, None], other=0.0)
+            sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
+            sc = tl.where(valid, sc, float("-inf"))
+            m = tl.max(sc, axis=0)  # finite: slot sp*CHUNK <= pos
+            p = tl.exp(sc - m)
+            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=valid[:, None], other=0.0)
+            idx = h * n_splits + sp
+            tl.store(m_ptr + idx, m)
+            tl.store(l_ptr + idx, tl.sum(p, axis=0))
+            tl.store(acc_ptr + idx * D + d, tl.sum(p[:, None] * vt.to(tl.float32), axis=0))
+            tl.debug_barrier()
+            done = tl.atomic_add(cnt_ptr + h, 1, sem="acq_rel")
+            if done == active - 1:
+                sidx = tl.arange(0, BS)
+                ok = sidx < active
+                ms = tl.load(m_ptr + h * n_splits + sidx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                ls = tl.load(l_ptr + h * n_splits + sidx, mask=ok, other=0.0, cache_modifier=".cg")
+                w = tl.exp(ms - tl.max(ms, axis=0))
+                accs = tl.load(acc_ptr + (h * n_splits + sidx)[:, None] * D + d[None, :], mask=ok[:, None],
+                               other=0.0, cache_modifier=".cg")
+                out = tl.sum(w[:, None] * accs, axis=0) / tl.sum(w * ls, axis=0)
+                tl.store(o_ptr + h * D + d, out.to(o_ptr.dtype.element_ty))
+                tl.store(cnt_ptr + h, 0)
+
+    @triton.jit
+    def _lm_head(x_ptr, ln_ptr, w_ptr, logits_ptr, stamp_ptr, serial_ptr, pmax_ptr, parg_ptr, eps, V,
+                 H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """float32 logits of BN tokens (the projection rounded to the model dtype first, like the reference),
+        and this block's best token once the n-gram ban (stamp == serial) is applied."""
+        pid = tl.program_id(0)
+        n = pid * BN + tl.arange(0, BN)
+        nm = n < V
+        rstd = _rstd(x_ptr, eps, H, BK)
+        acc = tl.zeros([BN], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < H
+            h = _normed(x_ptr, ln_ptr, k, km, rstd)
+            w = tl.load(w_ptr + n[:, None].to(tl.int64) * H + k[None, :], mask=nm[:, None] & km[None, :],
+                        other=0.0)
+            acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+        lg = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(logits_ptr + n, lg, mask=nm)
+        serial = tl.load(serial_ptr)
+        banned = tl.load(stamp_ptr + n, mask=nm, other=-1) == serial
+        s = tl.where(nm & ~banned, lg, float("-inf"))
+        tl.store(pmax_ptr + pid, tl.max(s, axis=0))
+        tl.store(parg_ptr + pid, pid * BN + tl.argmax(s, axis=0))
+
+    @triton.jit
+    def _ngram_ban(hist_ptr, pos_ptr, stamp_ptr, serial_ptr, N: tl.constexpr, BW: tl.constexpr):
+        """HF no_repeat_ngram_size over history[0..pos]: every window whose first N-1 tokens equal the last N-1
+        bans its N-th token (stamp[token] = serial, read by _lm_head in the same step)."""
+        pos = tl.load(pos_ptr)
+        serial = tl.load(serial_ptr)
+        length = pos + 1
+        w = tl.program_id(0) * BW + tl.arange(0, BW)  # window starts
+        valid = w <= length - N
+        hit = valid
+        for i in tl.static_range(N - 1):
+            a = tl.load(hist_ptr + w + i, mask=valid, other=0)
+            b = tl.load(hist_ptr + length - N + 1 + i)
+            hit = hit & (a == b)
+        tok = tl.load(hist_ptr + w + N - 1, mask=hit, other=0)
+        tl.store(stamp_ptr + tok, serial, mask=hit)
+
+    @triton.jit
+    def _choose(pmax_ptr, parg_ptr, P, token_ptr, hist_ptr, pos_ptr, serial_ptr, capacity, BP: tl.constexpr):
+        """Greedy choice over the blocks' best tokens (the first index among equal maxima, like argmax); writes
+        the token as the next step's input and into history[pos + 1]; advances the ban serial."""
+        i = tl.arange(0, BP)
+        ok = i < P
+        m = tl.load(pmax_ptr + i, mask=ok, other=float("-inf"))
+        best = tl.max(m, axis=0)
+        first = tl.min(tl.where(ok & (m == best), i, BP), axis=0)
+        tok = tl.load(parg_ptr + first)
+        tl.store(token_ptr, tok)
+        nxt = tl.load(pos_ptr) + 1
+        tl.store(hist_ptr + nxt, tok, mask=nxt < capacity)
+        tl.store(serial_ptr, tl.load(serial_ptr) + 1)
+
+
+# Per kernel: (rows per program, reduction chunk, warps); chosen by benchmarks/decode_kernels_tune.py on an H200.
+BLOCKS = {
+    "qkv": (4, 128, 2),  # rotation pairs per program
+    "oproj": (4, 256, 4),
+    "router": (1, 256, 4),  # experts per program
+    "up": (4, 256, 2),
+    "down": (8, 128, 4),
+    "dense_up": (8, 256, 4),
+    "dense_down": (4, 256, 4),
+    "lm_head": (32, 256, 8),
+    "attention": (64, 0, 4),  # cache slots per program
+    "ban": (256, 0, 4),  # windows per program
+}
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class FusedDecode:
+    """Static buffers and kernel launches of the fused batch-1 step over one static cache (graph-capturable:
+    no allocation outside the attention's scratch, no host sync). `step(...)` runs embedding, every layer and
+    the lm_head; with `choose` it also applies the n-gram ban and writes the greedy token as the next input."""
+
+    def __init__(self, weights, cfg, vocab: int, device, dtype, blocks: dict | None = None):
+        import torch
+
+        self.w, self.cfg, self.vocab = weights, cfg, vocab
+        self.blocks = {**BLOCKS, **(blocks or {})}
+        hd = cfg.hidden
+        self.x = torch.empty(1, hd, dtype=dtype, device=device)
+        self.q = torch.empty(1, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
+        self.router_logits = torch.empty(cfg.n_routed, dtype=torch.float32, device=device)
+        slots = cfg.k + cfg.shared_slots
+        self.ys = torch.empty(slots, hd, dtype=torch.float32, device=device)  # per-slot expert outputs
+        self.down_count = torch.zeros(hd, dtype=torch.int32, device=device)  # arrivals per row block
+        self.o = torch.empty(1, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
+        self.attn_count = torch.zeros(cfg.heads, dtype=torch.int32, device=device)
+        self._attn_scratch: dict[int, tuple] = {}
+        self.act = torch.empty(max(slots * cfg.moe_inter, cfg.inter), dtype=dtype, device=device)
+        self.n_head_blocks = triton.cdiv(vocab, self.blocks["lm_head"][0])
+        self.pmax = torch.empty(self.n_head_blocks, dtype=torch.float32, device=device)
+        self.parg = torch.empty(self.n_head_blocks, dtype=torch.int32, device=device)
+        self.stamp = torch.full((vocab,), -1, dtype=torch.long, device=device)
+        self.serial = torch.zeros(1, dtype=torch.long, device=device)
+        for t in [weights.embed, weights.lm_head] + [p for lw in weights.layers
+                                                      for p in (lw.wqkv, lw.wo, lw.w13, lw.w2)]:
+            if not t.is_contiguous():
+                raise ValueError("the fused decode kernels need contiguous weights")
+
+    def step(self, st, length: int, cos_t, sin_t, choose: bool = False, ngram: int = 0) -> None:
+        """One token for the state's single row (st.token) at position st.pos, attending over cache slots
+        < length, with RoPE tables cos_t/sin_t [positions, d]; float32 logits into st.logits [1, V]."""
+        import torch
+
+        cfg, w, x, blk = self.cfg, self.w, self.x, self.blocks
+        hd, d = cfg.hidden, cfg.head_dim
+        kh = min(256, _pow2(hd))  # reduction chunks over the hidden size are capped at its power of two
+
+        if choose and ngram > 0:
+            bw, _, warps = blk["ban"]
+            _ngram_ban[(triton.cdiv(st.capacity, bw),)](st.history, st.pos, self.stamp, self.serial, N=ngram,
+                                                        BW=bw, num_warps=warps)
+        torch.index_select(w.embed, 0, st.token, out=x)
+        br, bkq, wq = blk["qkv"]
+        br = min(br, d // 2)
+        for i, lw in enumerate(w.layers):
+            kc, vc = st.cache.keys(i), st.cache.values(i)
+            _qkv_rope[(3 * cfg.heads * (d // 2) // br,)](
+                x, lw.ln1, lw.wqkv, cos_t, sin_t, st.pos, self.q, kc, vc, kc.stride(1), kc.stride(2),
+                vc.stride(1), vc.stride(2), cfg.eps, H=hd, D=d, BR=br, BK=min(bkq, kh), num_warps=wq)
+            o = self._attend(kc, vc, st.pos, length)
+            bn, bk, wn = blk["oproj"]
+            _oproj_residual[(triton.cdiv(hd, bn),)](o, lw.wo, x, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn)
+            if lw.moe:
+                e = cfg.n_routed
+                be, bk, wn = blk["router"]
+                _router[(triton.cdiv(e, be),)](x, lw.ln2, lw.gate, self.router_logits, cfg.eps, e, H=hd, BE=be,
+                                               BK=min(bk, kh), num_warps=wn)
+                inner, slots, swe_up, swe_down = cfg.moe_inter, cfg.k + cfg.shared_slots, lw.w13.stride(0), \
+                    lw.w2.stride(0)
+                up, down = blk["up"], blk["down"]
+            else:
+                inner, slots, swe_up, swe_down = cfg.inter, 1, 0, 0
+                up, down = blk["dense_up"], blk["dense_down"]
+            common = dict(K=cfg.k, E=cfg.n_routed, EP=_pow2(cfg.n_routed), I=inner, DENSE=not lw.moe)
+            _expert_up[(slots, triton.cdiv(inner, up[0]))](
+                x, lw.ln2, self.router_logits, lw.w13, self.act, cfg.eps, swe_up, H=hd, BN=up[0],
+                BK=min(up[1], kh), num_warps=up[2], **common)
+            _expert_down[(triton.cdiv(hd, down[0]), slots)](
+                self.act, self.router_logits, lw.w2, x, self.ys, self.down_count, swe_down, cfg.scale,
+                SHARED=cfg.shared_slots,
+                NORM=cfg.norm_topk_prob, H=hd, BN=down[0], BK=min(down[1], _pow2(inner)), num_warps=down[2],
+                **common)
+        bn, bk, wn = blk["lm_head"]
+        _lm_head[(self.n_head_blocks,)](x, w.norm, w.lm_head, st.logits, self.stamp, self.serial, self.pmax,
+                                        self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn)
+        if choose:
+            _choose[(1,)](self.pmax, self.parg, self.n_head_blocks, st.token, st.history, st.pos, self.serial,
+                          st.capacity, BP=_pow2(self.n_head_blocks), num_warps=8)
+
+    def _attend(self, kc, vc, pos, length: int):
+        """Attention of self.q over cache slots <= pos (grid sized for the bucket length) -> self.o."""
+        import torch
+
+        d = self.cfg.head_dim
+        chunk, _, warps = self.blocks["attention"]
+        splits = triton.cdiv(length, chunk)
+        if splits not in self._attn_scratch:
+            n = self.cfg.heads * splits
+            dev = self.q.device
+            self._attn_scratch[splits] = (torch.empty(n, device=dev), torch.empty(n, device=dev),
+                                          torch.empty(n, d, device=dev))
+        m, l, acc = self._attn_scratch[splits]
+        _attention[(self.cfg.heads, splits)](self.q, kc, vc, pos, m, l, acc, self.attn_count, self.o, splits,
+                                             kc.stride(1), kc.stride(2), vc.stride(1), vc.stride(2), d ** -0.5,
+                                             D=d, CHUNK=chunk, BS=_pow2(splits), num_warps=warps)
+        return self.o
