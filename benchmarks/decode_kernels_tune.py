@@ -93,7 +93,6 @@ def main() -> None:
     logits = torch.empty(1, v, device=dev)
     stamp, serial = torch.full((v,), -1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
     o = rnd(1, heads, d, scale=1.0)
-    common = dict(K=k, E=e, EP=e)
 
     def qkv(br, bk, w):
         return cycling(lambda wt: dk._qkv_rope[(3 * heads * (d // 2) // br,)](
@@ -104,15 +103,25 @@ def main() -> None:
         return cycling(lambda wt: dk._oproj_residual[(triton.cdiv(hd, bn),)](o, wt, x, H=hd, BN=bn, BK=bk,
                                                                              num_warps=w), wo)
 
-    def router(be, bk, w):
-        return cycling(lambda wt: dk._router[(triton.cdiv(e, be),)](x, ln, wt, lg, eps, e, H=hd, BE=be, BK=bk,
-                                                                    num_warps=w), gate)
+    ids = torch.tensor(list(range(0, 6 * 9, 9))[:k] + [e + j for j in range(s.n_shared_experts)], device=dev,
+                       dtype=torch.int32)
+    wts = torch.rand(slots, device=dev, generator=g)
+    rcount = torch.zeros(1, dtype=torch.int32, device=dev)
+    rids, rwts = torch.empty_like(ids), torch.empty_like(wts)
+
+    def router(be, bk, w, bn_up=8, bk_up=256):
+        def launch(i):
+            dk._router[(triton.cdiv(e, be) + s.n_shared_experts * triton.cdiv(im, bn_up),)](
+                x, ln, gate[i % len(gate)], lg, rcount, rids, rwts, w13[i % len(w13)], act, eps, 1.0,
+                w13[0].stride(0), E=e, EP=e, K=k, SHARED=s.n_shared_experts, NORM=False, H=hd, I=im, BE=be, BK=bk,
+                BN_UP=bn_up, BK_UP=bk_up, num_warps=w)
+        return cycling(launch, list(range(LAUNCHES)))
 
     def up(bn, bk, w, dense=False):
-        ws, inner, n = (dw13, inter, 1) if dense else (w13, im, slots)
+        ws, inner, n = (dw13, inter, 1) if dense else (w13, im, k)
         return cycling(lambda wt: dk._expert_up[(n, triton.cdiv(inner, bn))](
-            x, ln, lg, wt, act, eps, 0 if dense else wt.stride(0), H=hd, I=inner, DENSE=dense, BN=bn, BK=bk,
-            num_warps=w, **common), ws)
+            x, ln, ids, wt, act, eps, 0 if dense else wt.stride(0), H=hd, I=inner, DENSE=dense, BN=bn, BK=bk,
+            num_warps=w), ws)
 
     ys = torch.empty(slots, hd, device=dev)
     count = torch.zeros(hd, dtype=torch.int32, device=dev)
@@ -121,8 +130,8 @@ def main() -> None:
         ws, inner, n = (dw2, inter, 1) if dense else (w2, im, slots)
         y = x.clone()
         return cycling(lambda wt: dk._expert_down[(triton.cdiv(hd, bn), n)](
-            act, lg, wt, y, ys, count, 0 if dense else wt.stride(0), 1.0, SHARED=s.n_shared_experts, NORM=False,
-            H=hd, I=inner, DENSE=dense, BN=bn, BK=bk, num_warps=w, **common), ws)
+            act, ids, wts, wt, y, ys, count, 0 if dense else wt.stride(0), SLOTS=n, H=hd, I=inner, DENSE=dense,
+            BN=bn, BK=bk, num_warps=w), ws)
 
     pm = torch.empty(v, device=dev)
     pa = torch.empty(v, dtype=torch.int32, device=dev)
@@ -142,22 +151,23 @@ def main() -> None:
             vc.stride(2), d ** -0.5, D=d, CHUNK=chunk, BS=dk._pow2(splits), num_warps=w)
 
     kernels = {  # name: (launcher, bytes that must be read, grid of (rows, chunk, warps))
-        "qkv": (qkv, 3 * hd * hd * 2, itertools.product([4, 8, 16], [128, 256], [2, 4, 8])),
-        "oproj": (oproj, hd * hd * 2, itertools.product([4, 8, 16], [128, 256], [2, 4, 8])),
-        "router": (router, e * hd * 4, itertools.product([1, 2, 4], [256], [2, 4])),
-        "up": (up, slots * 2 * im * hd * 2, itertools.product([4, 8, 16], [128, 256], [2, 4, 8])),
-        "down": (down, slots * hd * im * 2, itertools.product([4, 8, 16], [64, 128, 256], [2, 4, 8])),
+        "qkv": (qkv, 3 * hd * hd * 2, itertools.product([2, 4, 8], [256, 2048], [4, 8])),
+        "oproj": (oproj, hd * hd * 2, itertools.product([2, 4, 8], [256, 2048], [4, 8])),
+        "router": (router, e * hd * 4 + s.n_shared_experts * 2 * im * hd * 2,
+                   itertools.product([1, 2], [2048], [2, 4, 8], [4, 8], [256, 2048])),
+        "up": (up, k * 2 * im * hd * 2, itertools.product([2, 4, 8], [256, 2048], [4, 8])),
+        "down": (down, slots * hd * im * 2, itertools.product([4, 8, 16], [128, 1024], [4, 8])),
         "attention": (attention, 2 * heads * (args.context + 1) * d * 2,
                       itertools.product([16, 32, 64, 128], [0], [2, 4, 8])),
         "dense_up": (lambda *c: up(*c, dense=True), 2 * inter * hd * 2,
-                     itertools.product([4, 8, 16], [128, 256], [4, 8])),
+                     itertools.product([4, 8], [256, 2048], [4, 8])),
         "dense_down": (lambda *c: down(*c, dense=True), inter * hd * 2,
-                       itertools.product([4, 8, 16], [128, 256], [4, 8])),
-        "lm_head": (lm_head, v * hd * 2, itertools.product([16, 32, 64], [128, 256], [4, 8])),
+                       itertools.product([1, 2, 4], [256, 2048, 8192], [4, 8])),
+        "lm_head": (lm_head, v * hd * 2, itertools.product([16, 32], [256, 2048], [4, 8])),
     }
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                  "context": args.context, "kernels": {}, "best": {}}
-    print(f"{'kernel':10s} {'rows':>4s} {'chunk':>5s} {'warps':>5s} {'us':>8s} {'GB/s':>7s}")
+    print(f"{'kernel':10s} config (rows per program, chunk, warps[, shared-expert rows, chunk]) us GB/s")
     for name, (make, nbytes, grid) in kernels.items():
         rows = []
         for cfg in grid:
@@ -167,10 +177,12 @@ def main() -> None:
                 print(f"{name:10s} {cfg} failed: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
             rows.append({"config": list(cfg), "us": t * 1e6, "gbs": nbytes / t / 1e9})
-            print(f"{name:10s} {cfg[0]:4d} {cfg[1]:5d} {cfg[2]:5d} {t * 1e6:8.2f} {nbytes / t / 1e9:7.0f}")
+            print(f"{name:10s} {str(cfg):24s} {t * 1e6:8.2f} {nbytes / t / 1e9:7.0f}")
         best = min(rows, key=lambda r: r["us"])
         out["kernels"][name] = {"bytes": nbytes, "configs": rows}
-        out["best"][name] = best["config"]
+        out["best"][name] = best["config"][:3]
+        if name == "router":  # its launch also runs the shared experts' SwiGLU
+            out["best"]["shared_up"] = best["config"][3:] + [0]
     t = graph_time(lambda: decode_attention_splitkv(q, kc, vc, pos))
     out["attention_unfused_us"] = t * 1e6
     print(f"unfused split-KV attention + combine kernel ({args.context + 1} positions, bucket {cap}): "

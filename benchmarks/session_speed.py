@@ -209,6 +209,8 @@ def main() -> None:
                     help="skip ablation variants once this many seconds have passed since the start")
     ap.add_argument("--profile", action="store_true",
                     help="only profile (torch.profiler kernel tables) prefill and decode steps; writes *.txt")
+    ap.add_argument("--profile-prefill", action=argparse.BooleanOptionalAction, default=True,
+                    help="with the profile section: also profile the prefill (compiles the vision stages)")
     ap.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                     help="time batch-1 decode and prefill with each optimisation switched off in turn")
     args = ap.parse_args()
@@ -274,7 +276,8 @@ def main() -> None:
         pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram)
         checkpoint(out, args.out)
     if "profile" in sections:
-        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine), batches=(1,))
+        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine), batches=(1,),
+                prefill=args.profile_prefill)
     if "ablation" in sections:
         out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
                                    T0 + args.budget_s)
@@ -461,26 +464,28 @@ def _kernel_table(prof, steps: int) -> tuple[str, dict]:
     return "\n".join(lines), {"busy_us_per_step": total / steps, "kernels_per_step": n / steps}
 
 
-def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches=(1, 64)) -> None:
+def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches=(1, 64),
+            prefill: bool = True) -> None:
     """Kernel tables: prefill (graphs off, so kernels launch one by one) and decode steps at batch 1 and 64
     (compiled, graphs off; plus the graph-replay time of the same step for the launch-gap share)."""
     from torch.profiler import ProfilerActivity, profile as tprofile
 
     folder.mkdir(parents=True, exist_ok=True)
     summary_rows = {}
-    eng = FastSession.from_session(ref, graphs=False, **engine_opts)
-    for _ in range(3):
-        eng.prefill(page)
-    sync(device)
-    with tprofile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+    if prefill:
+        eng = FastSession.from_session(ref, graphs=False, **engine_opts)
         for _ in range(3):
             eng.prefill(page)
         sync(device)
-    table, tot = _kernel_table(prof, 3)
-    (folder / "profile_prefill.txt").write_text(table)
-    say("prefill (graphs off) " + json.dumps(tot))
-    say(table[:6000])
-    summary_rows["prefill"] = tot
+        with tprofile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                eng.prefill(page)
+            sync(device)
+        table, tot = _kernel_table(prof, 3)
+        (folder / "profile_prefill.txt").write_text(table)
+        say("prefill (graphs off) " + json.dumps(tot))
+        say(table[:6000])
+        summary_rows["prefill"] = tot
     for b in batches:
         inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, page.images[0][1].dtype)
         for graphs in (False, True):

@@ -99,17 +99,42 @@ if HAS_TRITON:
         acc = tl.zeros([BN], dtype=tl.float32)
         for k0 in tl.static_range(0, H, BK):
             k = k0 + tl.arange(0, BK)
-            ov = tl.load(o_ptr + k).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * H + k[None, :])
+            km = k < H
+            ov = tl.load(o_ptr + k, mask=km, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * ov[None, :], axis=1)
         dt = x_ptr.dtype.element_ty
         xv = tl.load(x_ptr + n).to(tl.float32)
         tl.store(x_ptr + n, (xv + acc.to(dt).to(tl.float32)).to(dt))
 
     @triton.jit
-    def _router(x_ptr, ln_ptr, g_ptr, out_ptr, eps, E, H: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
-        """float32 router logits of BE experts: RMSNorm(x) . gate[e] (gate in float32, like the reference)."""
-        e = tl.program_id(0) * BE + tl.arange(0, BE)
+    def _router(x_ptr, ln_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, w13_ptr, act_ptr, eps, scale, swe,
+                E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr,
+                H: tl.constexpr, I: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, BN_UP: tl.constexpr,
+                BK_UP: tl.constexpr):
+        """Programs 0..NR-1: float32 router logits of BE experts, RMSNorm(x) . gate[e] (gate in float32, like the
+        reference); the last of them to finish (a counter) turns all E logits into the slots' expert ids and
+        weights: softmax, greedy top-k (+ renormalisation), times the scale; the shared pseudo-experts follow
+        with weight 1. The programs after them compute the shared pseudo-experts' SwiGLU (_swiglu_rows), which
+        needs no routing, so it overlaps the router's latency instead of waiting for it."""
+        NR: tl.constexpr = (E + BE - 1) // BE
+        pid = tl.program_id(0)
+        if pid >= NR:
+            blocks: tl.constexpr = (I + BN_UP - 1) // BN_UP
+            j = (pid - NR) // blocks
+            n = ((pid - NR) % blocks) * BN_UP + tl.arange(0, BN_UP)
+            _swiglu_rows(x_ptr, ln_ptr, w13_ptr + (E + j).to(tl.int64) * swe, act_ptr, K + j, n, eps, H, I,
+                         BN_UP, BK_UP)
+        else:
+            _route(x_ptr, ln_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, pid, eps, scale, E, EP, K, SHARED, NORM,
+                   H, NR, BE, BK)
+
+    @triton.jit
+    def _route(x_ptr, ln_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, pid, eps, scale, E: tl.constexpr,
+               EP: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, H: tl.constexpr,
+               NR: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+        """The router part of _router (program pid of NR)."""
+        e = pid * BE + tl.arange(0, BE)
         em = e < E
         rstd = _rstd(x_ptr, eps, H, BK)
         acc = tl.zeros([BE], dtype=tl.float32)
@@ -119,47 +144,40 @@ if HAS_TRITON:
             h = _normed(x_ptr, ln_ptr, k, km, rstd)
             g = tl.load(g_ptr + e[:, None] * H + k[None, :], mask=em[:, None] & km[None, :], other=0.0)
             acc += tl.sum(g * h[None, :], axis=1)
-        tl.store(out_ptr + e, acc, mask=em)
+        tl.store(lg_ptr + e, acc, mask=em)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+        if done == NR - 1:
+            i = tl.arange(0, EP)
+            lg = tl.load(lg_ptr + i, mask=i < E, other=float("-inf"), cache_modifier=".cg")
+            p = tl.exp(lg - tl.max(lg, axis=0))
+            p = p / tl.sum(p, axis=0)
+            total = 0.0
+            if NORM:  # the sum of the top k, for the renormalisation
+                q = p
+                for r in tl.static_range(K):
+                    total += tl.max(q, axis=0)
+                    q = tl.where(i == tl.argmax(q, axis=0), -1.0, q)
+            for r in tl.static_range(K):  # greedy top-k: k rounds of max-and-mask (probabilities are >= 0)
+                best = tl.max(p, axis=0)
+                arg = tl.argmax(p, axis=0)
+                if NORM:
+                    best = best / (total + 1e-20)
+                tl.store(ids_ptr + r, arg)
+                tl.store(wts_ptr + r, best * scale)
+                p = tl.where(i == arg, -1.0, p)
+            for j in tl.static_range(SHARED):
+                tl.store(ids_ptr + K + j, E + j)
+                tl.store(wts_ptr + K + j, 1.0)
+            tl.store(cnt_ptr, 0)
 
     @triton.jit
-    def _route_probs(lg_ptr, E: tl.constexpr, EP: tl.constexpr):
-        """softmax over the E router logits (float32), padded to EP (a power of two) with zeros."""
-        i = tl.arange(0, EP)
-        lg = tl.load(lg_ptr + i, mask=i < E, other=float("-inf"))
-        p = tl.exp(lg - tl.max(lg, axis=0))
-        return p / tl.sum(p, axis=0)
-
-    @triton.jit
-    def _topk_pick(p, s, K: tl.constexpr, EP: tl.constexpr):
-        """The s-th choice (0-based) of greedy top-k over p: (expert id, its probability, sum of the top k)."""
-        idx = tl.arange(0, EP)
-        chosen = 0
-        weight = 0.0
-        total = 0.0
-        for r in tl.static_range(K):
-            best = tl.max(p, axis=0)
-            arg = tl.argmax(p, axis=0)
-            chosen = tl.where(r == s, arg, chosen)
-            weight = tl.where(r == s, best, weight)
-            total += best
-            p = tl.where(idx == arg, -1.0, p)  # probabilities are >= 0
-        return chosen, weight, total
-
-    @triton.jit
-    def _expert_up(x_ptr, ln_ptr, lg_ptr, w_ptr, act_ptr, eps, swe, K: tl.constexpr, E: tl.constexpr,
-                   EP: tl.constexpr, H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """Program (slot, block of BN inner units): silu(gate) * up of the slot's expert (SwiGLU, rounded like the
-        reference) -> act[slot, n]. Slots 0..K-1 are the routed choices, later slots the shared pseudo-experts
-        (ids E, E+1, ...); DENSE: one slot, the dense MLP (w_ptr [2I, H])."""
-        s = tl.program_id(0)
-        n = tl.program_id(1) * BN + tl.arange(0, BN)
+    def _swiglu_rows(x_ptr, ln_ptr, base, act_ptr, s, n, eps, H: tl.constexpr, I: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr):
+        """silu(gate) * up of inner units n of the expert at `base` ([2I, H]: gate rows, then up rows) on
+        RMSNorm(x), rounded like the reference (gate, up, silu(gate) and the product in the model dtype), into
+        act[s, n]."""
         nm = n < I
-        if DENSE:
-            base = w_ptr
-        else:
-            e, _w, _t = _topk_pick(_route_probs(lg_ptr, E, EP), s, K, EP)
-            e = tl.where(s < K, e, E + s - K)
-            base = w_ptr + e.to(tl.int64) * swe
         rstd = _rstd(x_ptr, eps, H, BK)
         acc_g = tl.zeros([BN], dtype=tl.float32)
         acc_u = tl.zeros([BN], dtype=tl.float32)
@@ -179,9 +197,21 @@ if HAS_TRITON:
         tl.store(act_ptr + s * I + n, a.to(dt), mask=nm)
 
     @triton.jit
-    def _expert_down(act_ptr, lg_ptr, w_ptr, x_ptr, ys_ptr, cnt_ptr, swe, scale, K: tl.constexpr, E: tl.constexpr,
-                     EP: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-                     DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _expert_up(x_ptr, ln_ptr, ids_ptr, w_ptr, act_ptr, eps, swe, H: tl.constexpr, I: tl.constexpr,
+                   DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """Program (routed slot, block of BN inner units): _swiglu_rows of the slot's expert (id from _router).
+        DENSE: one slot, the dense MLP (w_ptr [2I, H])."""
+        s = tl.program_id(0)
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        if DENSE:
+            base = w_ptr
+        else:
+            base = w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe
+        _swiglu_rows(x_ptr, ln_ptr, base, act_ptr, s, n, eps, H, I, BN, BK)
+
+    @triton.jit
+    def _expert_down(act_ptr, ids_ptr, wts_ptr, w_ptr, x_ptr, ys_ptr, cnt_ptr, swe, SLOTS: tl.constexpr,
+                     H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """Program (block of BN output rows, slot): the slot's expert output round(w2[expert][n] . act[slot]) times
         its routing weight, into ys[slot, n]. The block's last slot to finish (a counter per block) adds the
         slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1."""
@@ -194,12 +224,8 @@ if HAS_TRITON:
             base = w_ptr
             wt = 1.0
         else:
-            e, wr, total = _topk_pick(_route_probs(lg_ptr, E, EP), s, K, EP)
-            if NORM:
-                wr = wr / (total + 1e-20)
-            e = tl.where(s < K, e, E + s - K)
-            wt = tl.where(s < K, wr * scale, 1.0)
-            base = w_ptr + e.to(tl.int64) * swe
+            base = w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe
+            wt = tl.load(wts_ptr + s)
         acc = tl.zeros([BN], dtype=tl.float32)
         for k0 in range(0, I, BK):
             k = k0 + tl.arange(0, BK)
@@ -212,7 +238,6 @@ if HAS_TRITON:
             xv = tl.load(x_ptr + n, mask=nm).to(tl.float32)
             tl.store(x_ptr + n, (xv + y.to(dt).to(tl.float32)).to(dt), mask=nm)
         else:
-            SLOTS: tl.constexpr = K + SHARED
             tl.store(ys_ptr + s * H + n, y, mask=nm)
             tl.debug_barrier()  # every thread's ys store is issued before the release below
             done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
@@ -240,11 +265,11 @@ if HAS_TRITON:
             offs = sp * CHUNK + tl.arange(0, CHUNK)
             valid = offs <= pos
             kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=valid[:, None], other=0.0)
+            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=valid[:, None], other=0.0)
             sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
             sc = tl.where(valid, sc, float("-inf"))
             m = tl.max(sc, axis=0)  # finite: slot sp*CHUNK <= pos
             p = tl.exp(sc - m)
-            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=valid[:, None], other=0.0)
             idx = h * n_splits + sp
             tl.store(m_ptr + idx, m)
             tl.store(l_ptr + idx, tl.sum(p, axis=0))
@@ -325,7 +350,8 @@ if HAS_TRITON:
 BLOCKS = {
     "qkv": (4, 128, 2),  # rotation pairs per program
     "oproj": (4, 256, 4),
-    "router": (1, 256, 4),  # experts per program
+    "router": (1, 2048, 4),  # experts per program (the warps also serve "shared_up")
+    "shared_up": (8, 256, 0),  # the shared pseudo-experts' SwiGLU, inside the router's launch
     "up": (4, 256, 2),
     "down": (8, 128, 4),
     "dense_up": (8, 256, 4),
@@ -355,6 +381,9 @@ class FusedDecode:
         self.q = torch.empty(1, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
         self.router_logits = torch.empty(cfg.n_routed, dtype=torch.float32, device=device)
         slots = cfg.k + cfg.shared_slots
+        self.ids = torch.zeros(slots, dtype=torch.int32, device=device)  # each slot's expert, from _router
+        self.wts = torch.zeros(slots, dtype=torch.float32, device=device)  # and its routing weight
+        self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
         self.ys = torch.empty(slots, hd, dtype=torch.float32, device=device)  # per-slot expert outputs
         self.down_count = torch.zeros(hd, dtype=torch.int32, device=device)  # arrivals per row block
         self.o = torch.empty(1, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
@@ -378,7 +407,7 @@ class FusedDecode:
 
         cfg, w, x, blk = self.cfg, self.w, self.x, self.blocks
         hd, d = cfg.hidden, cfg.head_dim
-        kh = min(256, _pow2(hd))  # reduction chunks over the hidden size are capped at its power of two
+        kh = _pow2(hd)  # a chunk as wide as the whole (padded) row: every load issued at once
 
         if choose and ngram > 0:
             bw, _, warps = blk["ban"]
@@ -398,23 +427,26 @@ class FusedDecode:
             if lw.moe:
                 e = cfg.n_routed
                 be, bk, wn = blk["router"]
-                _router[(triton.cdiv(e, be),)](x, lw.ln2, lw.gate, self.router_logits, cfg.eps, e, H=hd, BE=be,
-                                               BK=min(bk, kh), num_warps=wn)
                 inner, slots, swe_up, swe_down = cfg.moe_inter, cfg.k + cfg.shared_slots, lw.w13.stride(0), \
                     lw.w2.stride(0)
                 up, down = blk["up"], blk["down"]
+                bn_up, bk_up, _ = blk["shared_up"]
+                _router[(triton.cdiv(e, be) + cfg.shared_slots * triton.cdiv(inner, bn_up),)](
+                    x, lw.ln2, lw.gate, self.router_logits, self.router_count, self.ids, self.wts, lw.w13, self.act,
+                    cfg.eps, cfg.scale, swe_up, E=e, EP=_pow2(e), K=cfg.k, SHARED=cfg.shared_slots,
+                    NORM=cfg.norm_topk_prob, H=hd, I=inner, BE=be, BK=min(bk, kh), BN_UP=bn_up,
+                    BK_UP=min(bk_up, kh), num_warps=wn)
+                routed = cfg.k
             else:
                 inner, slots, swe_up, swe_down = cfg.inter, 1, 0, 0
                 up, down = blk["dense_up"], blk["dense_down"]
-            common = dict(K=cfg.k, E=cfg.n_routed, EP=_pow2(cfg.n_routed), I=inner, DENSE=not lw.moe)
-            _expert_up[(slots, triton.cdiv(inner, up[0]))](
-                x, lw.ln2, self.router_logits, lw.w13, self.act, cfg.eps, swe_up, H=hd, BN=up[0],
-                BK=min(up[1], kh), num_warps=up[2], **common)
+                routed = 1
+            _expert_up[(routed, triton.cdiv(inner, up[0]))](
+                x, lw.ln2, self.ids, lw.w13, self.act, cfg.eps, swe_up, H=hd, I=inner, DENSE=not lw.moe,
+                BN=up[0], BK=min(up[1], kh), num_warps=up[2])
             _expert_down[(triton.cdiv(hd, down[0]), slots)](
-                self.act, self.router_logits, lw.w2, x, self.ys, self.down_count, swe_down, cfg.scale,
-                SHARED=cfg.shared_slots,
-                NORM=cfg.norm_topk_prob, H=hd, BN=down[0], BK=min(down[1], _pow2(inner)), num_warps=down[2],
-                **common)
+                self.act, self.ids, self.wts, lw.w2, x, self.ys, self.down_count, swe_down, SLOTS=slots, H=hd,
+                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], _pow2(inner)), num_warps=down[2])
         bn, bk, wn = blk["lm_head"]
         _lm_head[(self.n_head_blocks,)](x, w.norm, w.lm_head, st.logits, self.stamp, self.serial, self.pmax,
                                         self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn)
