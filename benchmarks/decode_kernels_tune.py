@@ -96,8 +96,8 @@ def main() -> None:
 
     def qkv(br, bk, w):
         return cycling(lambda wt: dk._qkv_rope[(3 * heads * (d // 2) // br,)](
-            x, ln, wt, cos, sin, pos, q, kc, vc, kc.stride(1), kc.stride(2), vc.stride(1), vc.stride(2), eps,
-            H=hd, D=d, BR=br, BK=bk, num_warps=w), wqkv)
+            x, ln, wt, cos, sin, pos, q, kc, vc, pos, x, kc.stride(1), kc.stride(2), vc.stride(1), vc.stride(2),
+            eps, H=hd, D=d, BR=br, BK=bk, EMBED=False, num_warps=w), wqkv)
 
     def oproj(bn, bk, w):
         return cycling(lambda wt: dk._oproj_residual[(triton.cdiv(hd, bn),)](o, wt, x, H=hd, BN=bn, BK=bk,
@@ -158,12 +158,12 @@ def main() -> None:
         "up": (up, k * 2 * im * hd * 2, itertools.product([2, 4, 8], [256, 2048], [4, 8])),
         "down": (down, slots * hd * im * 2, itertools.product([4, 8, 16], [128, 1024], [4, 8])),
         "attention": (attention, 2 * heads * (args.context + 1) * d * 2,
-                      itertools.product([16, 32, 64, 128], [0], [2, 4, 8])),
+                      itertools.product([32, 64, 128], [0], [1, 2, 4])),
         "dense_up": (lambda *c: up(*c, dense=True), 2 * inter * hd * 2,
                      itertools.product([4, 8], [256, 2048], [4, 8])),
         "dense_down": (lambda *c: down(*c, dense=True), inter * hd * 2,
                        itertools.product([1, 2, 4], [256, 2048, 8192], [4, 8])),
-        "lm_head": (lm_head, v * hd * 2, itertools.product([16, 32], [256, 2048], [4, 8])),
+        "lm_head": (lm_head, v * hd * 2, itertools.product([32, 64, 128], [128, 256], [4, 8, 16])),
     }
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                  "context": args.context, "kernels": {}, "best": {}}

@@ -1,19 +1,26 @@
-"""Fused batch-1 decode: one decoder layer in five Triton kernels (plus the split-KV attention's two), so the
-whole step is ~90 kernels reading each weight once at close to the copy bandwidth.
+"""Fused batch-1 decode: one decoder layer in six Triton kernels, so the whole step is 73 kernels (one CUDA graph)
+reading each weight once, most of them at 2.5-3.6 TB/s.
 
 Why: at batch 1 a decode step is a chain of GEMVs over 1.15 GB of weights; a profile of the compiled step
 (docs/fast-mode.md) showed ~25 kernels per layer, most of them small, and the GEMVs Inductor generated ran at
 0.7-1.9 TB/s. Here every kernel that reads weights does its neighbours' elementwise work on the fly:
 
   qkv_rope     RMSNorm(x) -> q/k/v GEMV -> RoPE on q and k -> q out, k and v written into the static cache
-  (attention   triton_kernels._attn_partial + _attn_combine over the cache, unchanged)
+               (first layer: reads the token's embedding row and copies it into x)
+  attention    flash-decoding over 32-slot chunks of the cache; each head's last chunk merges the partials
   oproj        o_proj GEMV + residual add, in place on x
-  router       RMSNorm(x) -> fp32 router logits (64 values)
-  expert_up    softmax + greedy top-k of those logits in every program, RMSNorm(x), the chosen expert's
-               gate/up rows, SwiGLU (the dense first layer: its one "expert")
-  expert_down  top-k again, each chosen expert's down rows, float32 weighted sum in slot order, residual add
+  router       RMSNorm(x) -> fp32 router logits; the last program does softmax + greedy top-k and writes each
+               slot's expert id and weight; extra programs in the same launch run the shared experts' SwiGLU
+  expert_up    RMSNorm(x), the routed expert's gate/up rows, SwiGLU (the dense first layer: its one "expert")
+  expert_down  one program per (row block, slot); the block's last slot adds the slots in slot order and the
+               residual
   lm_head      final RMSNorm + lm_head GEMV -> float32 logits, and per block the best token after the n-gram ban
   ngram_ban / choose   the vendor's no-repeat-n-gram ban and the greedy choice, on the device
+
+"Last program" merges use an arrival counter per output block (atomic add with acquire/release, reset by the
+merging program) and read the partials in a fixed order, so results do not depend on scheduling.
+Reduction chunks as wide as the whole row (2048 lanes for 1280 values, the rest masked) issue every load of a
+program at once: with 256-wide chunks each program waited for five HBM round trips in turn.
 
 Rounding follows the reference where it rounds to the model dtype: the normalised activations, every projection
 output, the attention output, each expert's output, gate/up/silu products and the combined MoE output. RoPE and
@@ -46,12 +53,21 @@ if HAS_TRITON:
         return (w * h).to(dt).to(tl.float32)
 
     @triton.jit
-    def _qkv_rope(x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, s_kh, s_kl, s_vh,
-                  s_vl, eps, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-        """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v."""
+    def _qkv_rope(x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, tok_ptr, emb_ptr, s_kh,
+                  s_kl, s_vh, s_vl, eps, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                  EMBED: tl.constexpr):
+        """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v. EMBED (first layer): the
+        input is the token's embedding row, which program 0 also copies into x (the residual stream)."""
         HALF: tl.constexpr = D // 2
         HEADS: tl.constexpr = H // D
         pid = tl.program_id(0)
+        if EMBED:
+            src = emb_ptr + tl.load(tok_ptr) * H
+            if pid == 0:
+                kk = tl.arange(0, BK)
+                for k0 in tl.static_range(0, H, BK):
+                    tl.store(x_ptr + k0 + kk, tl.load(src + k0 + kk, mask=k0 + kk < H), mask=k0 + kk < H)
+            x_ptr = src
         part_head = pid // (HALF // BR)  # 0 .. 3*HEADS-1: q heads, then k heads, then v heads
         j = (pid % (HALF // BR)) * BR + tl.arange(0, BR)
         r1 = part_head * D + j  # rows of wqkv [3H, H]: part*H + head*D + j
@@ -265,11 +281,11 @@ if HAS_TRITON:
             offs = sp * CHUNK + tl.arange(0, CHUNK)
             valid = offs <= pos
             kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=valid[:, None], other=0.0)
-            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=valid[:, None], other=0.0)
             sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
             sc = tl.where(valid, sc, float("-inf"))
             m = tl.max(sc, axis=0)  # finite: slot sp*CHUNK <= pos
             p = tl.exp(sc - m)
+            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=valid[:, None], other=0.0)
             idx = h * n_splits + sp
             tl.store(m_ptr + idx, m)
             tl.store(l_ptr + idx, tl.sum(p, axis=0))
@@ -346,18 +362,19 @@ if HAS_TRITON:
         tl.store(serial_ptr, tl.load(serial_ptr) + 1)
 
 
-# Per kernel: (rows per program, reduction chunk, warps); chosen by benchmarks/decode_kernels_tune.py on an H200.
+# Per kernel: (rows per program, reduction chunk, warps): the best of benchmarks/decode_kernels_tune.py on an H200
+# (2026-11-21), except the router's warps (4: 0.580 ms per token in the full step against 0.594 ms with the tuned 2).
 BLOCKS = {
-    "qkv": (4, 128, 2),  # rotation pairs per program
-    "oproj": (4, 256, 4),
+    "qkv": (2, 2048, 4),  # rotation pairs per program
+    "oproj": (2, 2048, 8),
     "router": (1, 2048, 4),  # experts per program (the warps also serve "shared_up")
     "shared_up": (8, 256, 0),  # the shared pseudo-experts' SwiGLU, inside the router's launch
-    "up": (4, 256, 2),
-    "down": (8, 128, 4),
-    "dense_up": (8, 256, 4),
-    "dense_down": (4, 256, 4),
-    "lm_head": (32, 256, 8),
-    "attention": (64, 0, 4),  # cache slots per program
+    "up": (8, 256, 8),
+    "down": (16, 128, 8),
+    "attention": (32, 0, 1),  # cache slots per program
+    "dense_up": (4, 2048, 4),
+    "dense_down": (2, 8192, 8),
+    "lm_head": (128, 128, 4),
     "ban": (256, 0, 4),  # windows per program
 }
 
@@ -413,14 +430,14 @@ class FusedDecode:
             bw, _, warps = blk["ban"]
             _ngram_ban[(triton.cdiv(st.capacity, bw),)](st.history, st.pos, self.stamp, self.serial, N=ngram,
                                                         BW=bw, num_warps=warps)
-        torch.index_select(w.embed, 0, st.token, out=x)
         br, bkq, wq = blk["qkv"]
         br = min(br, d // 2)
         for i, lw in enumerate(w.layers):
             kc, vc = st.cache.keys(i), st.cache.values(i)
             _qkv_rope[(3 * cfg.heads * (d // 2) // br,)](
-                x, lw.ln1, lw.wqkv, cos_t, sin_t, st.pos, self.q, kc, vc, kc.stride(1), kc.stride(2),
-                vc.stride(1), vc.stride(2), cfg.eps, H=hd, D=d, BR=br, BK=min(bkq, kh), num_warps=wq)
+                x, lw.ln1, lw.wqkv, cos_t, sin_t, st.pos, self.q, kc, vc, st.token, w.embed, kc.stride(1),
+                kc.stride(2), vc.stride(1), vc.stride(2), cfg.eps, H=hd, D=d, BR=br, BK=min(bkq, kh), EMBED=i == 0,
+                num_warps=wq)
             o = self._attend(kc, vc, st.pos, length)
             bn, bk, wn = blk["oproj"]
             _oproj_residual[(triton.cdiv(hd, bn),)](o, lw.wo, x, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn)

@@ -1,0 +1,95 @@
+"""The fused batch-1 decode kernels (dsocr_core/fast/decode_kernels.py) on the CPU, through Triton's interpreter
+(TRITON_INTERPRET=1, set before Triton is imported, hence a subprocess): one decode step equals the engine's
+torch step, greedy generation with an active n-gram ban equals the torch path token for token, and the ban kernel
+bans exactly what generation.ban_repeated_ngrams bans. On a GPU the same kernels run compiled
+(tests/test_fast_gpu.py, benchmarks/session_speed.py)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="Triton is not installed: the fused kernels exist only as Triton code")
+
+SCRIPT = r"""
+import json
+import torch
+from dsocr_core.fast import FastSession
+from dsocr_core.fast import decode_kernels as dk
+from dsocr_core.generation import ban_repeated_ngrams
+from dsocr_core.model.checkpoint import synthetic_model
+from dsocr_core.preprocess import synthetic_inputs
+from dsocr_core.session import Session
+from dsocr_core.spec import tiny_spec
+from dsocr_core.tokenizer import load_tokenizer
+
+out = {}
+# the ban kernel against the reference ban: history with repeated 3-grams
+hist = torch.tensor([5, 6, 7, 1, 5, 6, 9, 2, 5, 6, 3, 5, 6], dtype=torch.long)
+v = 16
+scores = ban_repeated_ngrams(hist[None], torch.zeros(1, v), 3)
+stamp = torch.full((v,), -1, dtype=torch.long)
+serial = torch.tensor([7])
+pos = torch.tensor([len(hist) - 1])
+dk._ngram_ban[(1,)](hist, pos, stamp, serial, N=3, BW=16)
+out["ban_ref"] = sorted(torch.nonzero(scores[0] == float("-inf"))[:, 0].tolist())
+out["ban_kernel"] = sorted(torch.nonzero(stamp == 7)[:, 0].tolist())
+
+spec = tiny_spec()
+model = synthetic_model(spec, seed=5, dtype="float32")
+ref = Session(model, spec, load_tokenizer(None), torch.device("cpu"), "float32",
+              {"source": "synthetic", "detail": "tiny seed 5", "synthetic": True})
+few = {"lm_head": (4096, 64, 4)}  # few programs: the interpreter runs them one by one
+plain = FastSession.from_session(ref, bucket=32, fused=False)
+fused = FastSession.from_session(ref, bucket=32, fused=True, fused_blocks=few)
+inputs = synthetic_inputs("gundam", (2, 1), text_tokens=10, batch=1, seed=3)
+p1, p2 = plain.prefill(inputs, max_new_tokens=4), fused.prefill(inputs, max_new_tokens=4)
+tok = p1.logits[:, -1].argmax(-1)
+diffs = []
+for _ in range(2):
+    l1, _c = plain.decode_step(tok, p1.cache)
+    l2, _c = fused.decode_step(tok, p2.cache)
+    diffs.append(float((l1 - l2).abs().max()))
+    tok = l1.argmax(-1)
+out["step_max_abs_diff"] = max(diffs)
+out["fused_on"] = fused.describe()["engine"]["fused_decode_b1"]
+# generation with a head that knows three tokens (all other logits 0): greedy repeats itself unless banned
+with torch.no_grad():
+    keep = model.lm_head.weight[[500, 900, 1300]].clone()
+    model.lm_head.weight.zero_()
+    model.lm_head.weight[[500, 900, 1300]] = keep * 20
+plain = FastSession.from_session(ref, bucket=32, fused=False)
+fused = FastSession.from_session(ref, bucket=32, fused=True, fused_blocks=few)
+small = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=3)
+out["free"] = plain.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=0).generated_ids
+out["plain"] = plain.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
+out["fused"] = fused.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def result():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_ban_kernel_bans_what_the_reference_bans(result):
+    assert result["ban_ref"] == result["ban_kernel"] == [3, 7, 9]
+
+
+def test_fused_step_equals_the_torch_step(result):
+    assert result["fused_on"] is True
+    assert result["step_max_abs_diff"] < 1e-5
+
+
+def test_fused_generation_equals_torch_generation_with_an_active_ban(result):
+    assert result["fused"] == result["plain"]
+    assert result["plain"] != result["free"]  # the ban changed the tokens, so it was exercised
