@@ -8,6 +8,8 @@ What it does differently from the reference path (each point is explained in doc
   sort-free grouping otherwise and in prefill; the shared expert runs as two extra experts;
 * decode attention over the cache by a Triton split-KV kernel (torch formulations on a CPU);
 * logits for the last position only;
+* at batch 1 (with Triton) the whole step is decode_kernels.FusedDecode: 73 fused Triton kernels in one graph,
+  with the n-gram ban and the greedy choice on the device during generation (`fused=False` turns it off);
 * each decode step (all 12 layers + final norm + lm_head) is captured in a CUDA graph per (batch, bucket); the
   static-shape pieces between the attention and expert kernels (norms, q/k/v, RoPE, cache write, o_proj,
   router, top-k, combine, lm_head) are compiled with torch.compile when `compile` is on;
