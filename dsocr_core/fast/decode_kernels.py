@@ -53,6 +53,19 @@ if HAS_TRITON:
         return (w * h).to(dt).to(tl.float32)
 
     @triton.jit
+    def _normed_gemv(x_ptr, ln_ptr, rows, rmask, eps, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """float32 [BN] = W . RMSNorm(x), W's rows starting at the pointers `rows` [BN] (masked by rmask)."""
+        rstd = _rstd(x_ptr, eps, H, BK)
+        acc = tl.zeros([BN], dtype=tl.float32)
+        for k0 in tl.static_range(0, H, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < H
+            h = _normed(x_ptr, ln_ptr, k, km, rstd)
+            w = tl.load(rows[:, None] + k[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+        return acc
+
+    @triton.jit
     def _qkv_rope(x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, tok_ptr, emb_ptr, s_kh,
                   s_kl, s_vh, s_vl, eps, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                   EMBED: tl.constexpr):
@@ -152,15 +165,7 @@ if HAS_TRITON:
         """The router part of _router (program pid of NR)."""
         e = pid * BE + tl.arange(0, BE)
         em = e < E
-        rstd = _rstd(x_ptr, eps, H, BK)
-        acc = tl.zeros([BE], dtype=tl.float32)
-        for k0 in tl.static_range(0, H, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < H
-            h = _normed(x_ptr, ln_ptr, k, km, rstd)
-            g = tl.load(g_ptr + e[:, None] * H + k[None, :], mask=em[:, None] & km[None, :], other=0.0)
-            acc += tl.sum(g * h[None, :], axis=1)
-        tl.store(lg_ptr + e, acc, mask=em)
+        tl.store(lg_ptr + e, _normed_gemv(x_ptr, ln_ptr, g_ptr + e * H, em, eps, H, BE, BK), mask=em)
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
         if done == NR - 1:
@@ -312,15 +317,7 @@ if HAS_TRITON:
         pid = tl.program_id(0)
         n = pid * BN + tl.arange(0, BN)
         nm = n < V
-        rstd = _rstd(x_ptr, eps, H, BK)
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for k0 in tl.static_range(0, H, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < H
-            h = _normed(x_ptr, ln_ptr, k, km, rstd)
-            w = tl.load(w_ptr + n[:, None].to(tl.int64) * H + k[None, :], mask=nm[:, None] & km[None, :],
-                        other=0.0)
-            acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+        acc = _normed_gemv(x_ptr, ln_ptr, w_ptr + n.to(tl.int64) * H, nm, eps, H, BN, BK)
         lg = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
         tl.store(logits_ptr + n, lg, mask=nm)
         serial = tl.load(serial_ptr)
