@@ -143,7 +143,8 @@ def test_overview(page, server, shots):
     text = main_text(page)
     assert "DeepSeek-OCR inference cost" in text and "Ceilings in use" in text
     assert LABEL in text
-    assert page.locator(f"[data-testid='stMain'] {CHART}").count() == 1
+    # the chart library loads lazily, so on a cold server the chart can trail the text: wait for it
+    sync_api.expect(page.locator(f"[data-testid='stMain'] {CHART}")).to_have_count(1, timeout=30_000)
     assert page.locator("[data-testid='stSidebar']").get_by_text("Model source").is_visible()
     snap(page, shots, "overview")
 
@@ -205,7 +206,6 @@ def test_parity_upload_shows_both_renderings(page, server, shots):
 def test_mfu(page, server, shots):
     open_page(page, server, "MFU")
     if has_reference_runs():
-        page.locator(f"[data-testid='stMain'] {CHART}").first.wait_for()
-        assert page.locator(f"[data-testid='stMain'] {CHART}").count() == 3
+        sync_api.expect(page.locator(f"[data-testid='stMain'] {CHART}")).to_have_count(3, timeout=30_000)
         assert "median MFU" in main_text(page)
     snap(page, shots, "mfu", 1800)
