@@ -211,6 +211,10 @@ def main() -> None:
                     help="only profile (torch.profiler kernel tables) prefill and decode steps; writes *.txt")
     ap.add_argument("--profile-prefill", action=argparse.BooleanOptionalAction, default=True,
                     help="with the profile section: also profile the prefill (compiles the vision stages)")
+    ap.add_argument("--profile-batches", default="1", help="with the profile section: decode batch sizes to "
+                    "profile (empty: none)")
+    ap.add_argument("--variants", default="", help="ablation variants to run (comma list; default all; 'fast' "
+                    "= the default engine): " + ", ".join(VARIANTS))
     ap.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                     help="time batch-1 decode and prefill with each optimisation switched off in turn")
     args = ap.parse_args()
@@ -276,11 +280,11 @@ def main() -> None:
         pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram)
         checkpoint(out, args.out)
     if "profile" in sections:
-        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine), batches=(1,),
-                prefill=args.profile_prefill)
+        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine),
+                batches=tuple(int(b) for b in args.profile_batches.split(",") if b), prefill=args.profile_prefill)
     if "ablation" in sections:
         out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
-                                   T0 + args.budget_s)
+                                   T0 + args.budget_s, [v for v in args.variants.split(",") if v] or None)
     out["engine"] = fast.engine.describe()
     out["seconds"] = time.perf_counter() - t_start
     if "decode" in sections and "prefill" in sections:
@@ -524,20 +528,30 @@ VARIANTS = {  # each switches one optimisation off (or picks the other kernel), 
     "graphs_no_compile": {"compile": False},
     "sdpa_decode_attention": {"attention": "sdpa"},
     "grouped_moe_at_batch1": {"moe": "grouped"},
-    "no_sam_compile": {"compile_vision": False},
-    "no_sam_fold": {"sam_fold": False, "compile_vision": False},
+    "sam_fold": {"sam_attention": "fold"},
+    "clip_unpacked": {"clip_packed": False},
+    "lm_prefill_eager": {"compile_prefill": False},
+    "no_vision_compile": {"compile_vision": False},
+    "dense_sam_bias": {"sam_attention": "dense", "compile_vision": False},
 }
-PREFILL_ONLY = ("no_sam_compile", "no_sam_fold")
+PREFILL_ONLY = ("sam_fold", "clip_unpacked", "lm_prefill_eager", "no_vision_compile", "dense_sam_bias")
+PREFILL_STAGES = ("sam", "clip", "projector", "prefill")
 
 
 def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int, device,
-             deadline: float = float("inf")) -> dict:
-    """Batch-1 decode step (graph replays where graphs are on) and prefill per variant engine; variants not
-    started before `deadline` (perf_counter seconds) are skipped."""
+             deadline: float = float("inf"), names: list[str] | None = None) -> dict:
+    """Batch-1 decode step (graph replays where graphs are on) and prefill (per stage) per variant engine, with
+    the prefill's last-position logits against the reference's; variants not started before `deadline`
+    (perf_counter seconds) are skipped. `names`: a subset of VARIANTS ('fast' = the default engine)."""
     res = {}
     steps = min(steps, 128)
     floor = decode_floor(spec, 1, list(range(t_prompt + 1, t_prompt + steps)), cal)["memory_floor_s"]
-    for name, opts in VARIANTS.items():
+    want = ref.prefill(page, logits="last").logits[:, -1].float()
+    variants = {"fast": {}, **VARIANTS}
+    for name in names or VARIANTS:
+        if name not in variants:
+            raise SystemExit(f"unknown variant {name!r}; choose from {', '.join(variants)}")
+    for name, opts in ((n, variants[n]) for n in (names or VARIANTS)):
         if time.perf_counter() > deadline:
             res[name] = {"options": opts, "skipped": "time budget"}
             say(f"ablation {name}: skipped (time budget)")
@@ -558,16 +572,22 @@ def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int,
                 row["decode_step_s_median"] = med(times)
                 row["decode_vs_floor"] = row["decode_step_s_median"] / floor
             runs = []
-            for i in range(8):
+            for i in range(10):
                 timer = StageTimer(device)
-                fast.prefill(page, timer=timer)
+                got = fast.prefill(page, timer=timer).logits[:, -1].float()
                 if i >= 2:
-                    runs.append(sum(timer.totals().values()))
-            row["prefill_s_median"] = med(runs)
+                    runs.append(timer.totals())
+            row["prefill_s_median"] = med([sum(r.values()) for r in runs])
+            row["prefill_stages_s"] = {s: med([r.get(s, 0.0) for r in runs]) for s in PREFILL_STAGES}
+            row["prefill_logits_vs_reference"] = {"max_abs_diff": float((got - want).abs().max()),
+                                                  "same_argmax": bool(torch.equal(got.argmax(-1),
+                                                                                  want.argmax(-1)))}
             row["errors"] = {k: v for k, v in fast.engine.describe().items() if k.endswith("errors") and v}
             say(f"ablation {name:22s} " + (f"decode {row['decode_step_s_median'] * 1e3:.3f} ms/step "
                                           f"(x{row['decode_vs_floor']:.2f} floor), " if "decode_step_s_median" in row
-                                          else "") + f"prefill {row['prefill_s_median'] * 1e3:.2f} ms")
+                                          else "") + f"prefill {row['prefill_s_median'] * 1e3:.2f} ms ("
+                + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in row["prefill_stages_s"].items())
+                + f"); last logits vs reference max |d| {row['prefill_logits_vs_reference']['max_abs_diff']:.4f}")
         except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal
             row = {"options": opts, "error": f"{type(exc).__name__}: {exc}"[:500]}
             say(f"ablation {name}: failed: {row['error']}")

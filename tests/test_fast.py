@@ -33,9 +33,12 @@ def _close(a, b, tol=1e-5):
 
 
 # ------------------------------------------------------------------------------------------ building blocks
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("impl", ["fold", "flex", "dense"])
 @pytest.mark.parametrize("h,w,rel", [(14, 14, 14), (16, 16, 16), (10, 10, 16), (12, 7, 12)])
-def test_sam_fold_equals_dense_bias(h, w, rel):
-    """Folding the decomposed rel-pos bias into q/k gives the reference attention (incl. resized tables)."""
+def test_sam_attention_equals_dense_bias(impl, h, w, rel):
+    """The rel-pos bias folded into q/k, or added per score by FlexAttention, gives the reference attention
+    (incl. resized tables and non-square windows, where row = j // w and column = j % w must not be swapped)."""
     torch.manual_seed(0)
     attn = SamAttention(width=32, heads=2, rel_size=rel)
     with torch.no_grad():
@@ -43,7 +46,32 @@ def test_sam_fold_equals_dense_bias(h, w, rel):
         attn.rel_pos_w.normal_(0, 0.5)
     x = torch.randn(3, h, w, 32)
     with torch.no_grad():
-        assert _close(sam_attention(attn, x, fold=True), attn(x))
+        assert _close(sam_attention(attn, x, impl), attn(x))
+
+
+def test_sam_attention_rejects_unknown_impl():
+    attn = SamAttention(width=32, heads=2, rel_size=4)
+    with pytest.raises(ValueError, match="SAM attention"):
+        sam_attention(attn, torch.randn(1, 4, 4, 32), "cudnn")
+    with pytest.raises(ValueError, match="sam_attention"):
+        FastEngine(synthetic_model(tiny_spec(), seed=0, dtype="float32"), sam_attention="cudnn")
+
+
+def test_packed_clip_equals_per_group(sessions):
+    """CLIP over every view group's rows at once (one layer call per layer) equals one group at a time."""
+    from dsocr_core.fast.vision import run_clip
+    ref, _ = sessions
+    torch.manual_seed(2)
+    clip = ref.model.model.vision_model
+    width = clip.embeddings.class_embedding.shape[0]
+    sams = [torch.randn(1, width, 4, 4), torch.randn(3, width, 2, 2)]  # a global view and three tiles
+    with torch.no_grad():
+        packed = run_clip(ref.model, sams, packed=True)
+        apart = run_clip(ref.model, sams, packed=False)
+        want = [clip(s) for s in sams]
+    for p, a, w in zip(packed, apart, want):
+        assert p.shape == w.shape
+        assert _close(p, w) and _close(a, w)
 
 
 def test_moe_grouped_and_gather_equal_reference():

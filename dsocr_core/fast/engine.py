@@ -14,8 +14,10 @@ What it does differently from the reference path (each point is explained in doc
   static-shape pieces between the attention and expert kernels (norms, q/k/v, RoPE, cache write, o_proj,
   router, top-k, combine, lm_head) are compiled with torch.compile when `compile` is on;
 * prefill is captured per input shape as four graphs (sam, clip, projector, LM) so each stage stays timeable;
-  SAM attention folds the relative-position bias into q/k (attention.py) so a flash kernel runs; SAM blocks
-  are compiled (`compile_vision`) and convolutions use cuDNN's autotuned algorithms.
+  SAM attention adds the relative-position bias inside a FlexAttention kernel (or folds it into q/k,
+  attention.py) so a flash kernel runs; SAM blocks and CLIP layers are compiled (`compile_vision`), CLIP runs
+  every view group's rows through each layer at once (`clip_packed`), convolutions use cuDNN's autotuned
+  algorithms, and the LM prefill layers are compiled (`compile_prefill`).
 
 On a CPU everything runs eagerly (no graphs, no compile): the same functions, so CPU tests check the tokens.
 The n-gram ban and greedy choice are `generation.next_tokens`, applied outside the graph on a history buffer.
@@ -33,7 +35,7 @@ from ..generation import next_tokens
 from ..model.decoder import rope_cos_sin
 from ..timing import StageTimer
 from .decode_kernels import FusedDecode
-from .attention import decode_attention
+from .attention import SAM_ATTENTION, decode_attention
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer, rms_norm
 from .static_cache import StaticKVCache, round_up
@@ -112,13 +114,16 @@ class _Compiled:
 
 class FastEngine:
     def __init__(self, model, *, compile: bool | None = None, graphs: bool | None = None, moe: str = "auto",
-                 attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_fold: bool = True,
-                 compile_vision: bool | None = None, topk: str = "auto", cudnn_benchmark: bool = True,
-                 compile_options: dict | None = None, fused: bool | None = None, fused_blocks: dict | None = None):
+                 attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_attention: str = "auto",
+                 compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
+                 topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
+                 fused: bool | None = None, fused_blocks: dict | None = None):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
             raise ValueError(f"attention must be 'auto', 'triton', 'reduce' or 'sdpa', got {attention!r}")
+        if sam_attention not in ("auto", *SAM_ATTENTION):
+            raise ValueError(f"sam_attention must be 'auto' or one of {SAM_ATTENTION}, got {sam_attention!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -128,6 +133,8 @@ class FastEngine:
         self.graphs = cuda if graphs is None else bool(graphs and cuda)
         self.compile = cuda if compile is None else bool(compile)
         self.compile_vision = self.compile if compile_vision is None else bool(compile_vision)
+        self.compile_prefill = self.compile if compile_prefill is None else bool(compile_prefill)
+        self.clip_packed = bool(clip_packed)
         self.moe = moe
         if attention == "auto":
             attention = "triton" if self.triton else ("sdpa" if cuda else "reduce")
@@ -143,7 +150,9 @@ class FastEngine:
         self.gemv = "linear"
         self.bucket = bucket
         self.gather_max_rows = gather_max_rows
-        self.sam_fold = sam_fold
+        if sam_attention == "auto":  # FlexAttention needs its compiled kernel; eagerly it materialises scores
+            sam_attention = "flex" if self.compile_vision and cuda else "fold"
+        self.sam_attention = sam_attention
         self.cudnn_benchmark = cudnn_benchmark
         self.compile_options = COMPILE_OPTIONS if compile_options is None else compile_options
         self.w = LMWeights.from_model(model)
@@ -188,13 +197,18 @@ class FastEngine:
         return self._fns[moe_impl]
 
     def prefill_fns(self) -> dict[str, Any]:
-        """SAM block, CLIP layer and LM prefill layer functions (SAM blocks compiled with `compile_vision`)."""
+        """SAM block, CLIP layer and LM prefill layer functions (SAM blocks and CLIP layers compiled with
+        `compile_vision`, LM layers with `compile_prefill`; on a GPU only)."""
         if self._prefill_fns is None:
-            vis = self.compile_vision and self.device.type == "cuda"
+            cuda = self.device.type == "cuda"
+            vis = self.compile_vision and cuda
+            # compiled, the one-hot grouping is a parallel scan; eagerly ATen's cumsum is serial: sort instead
+            lm = (_Compiled(make_prefill_layer(self.cfg, "argmax", "onehot"), None)
+                  if self.compile_prefill and cuda else make_prefill_layer(self.cfg, "torch", "sort"))
             self._prefill_fns = {
                 "sam_block": _Compiled(sam_block_fn, None) if vis else sam_block_fn,
-                "clip_layer": clip_layer_fn,
-                "lm_layer": make_prefill_layer(self.cfg, "torch"),
+                "clip_layer": _Compiled(clip_layer_fn, None) if vis else clip_layer_fn,
+                "lm_layer": lm,
             }
         return self._prefill_fns
 
@@ -314,11 +328,11 @@ class FastEngine:
 
             def sam():
                 with _cudnn_benchmark(self.cudnn_benchmark):
-                    return run_sam(model, bufs["views"], groups, self.sam_fold, pf["sam_block"], mark)
+                    return run_sam(model, bufs["views"], groups, self.sam_attention, pf["sam_block"], mark)
 
             stages += [
                 ("sam", cap(sam)),
-                ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"]))),
+                ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], self.clip_packed))),
                 ("projector", cap(lambda: run_projector(model, bufs["views"], groups, grids, outs["sam"],
                                                         outs["clip"]))),
             ]
@@ -486,10 +500,11 @@ class FastEngine:
         return {
             "session_mode": "fast", "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
             "cuda_graphs": self.graphs, "compile": self.compile, "compile_vision": self.compile_vision,
+            "compile_prefill": self.compile_prefill, "clip_packed": self.clip_packed,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
             "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "bucket": self.bucket,
-            "sam_fold": self.sam_fold, "cudnn_benchmark": self.cudnn_benchmark,
+            "sam_attention": self.sam_attention, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
             "kv_cache_bytes": {b: st.cache.nbytes for b, st in self._states.items()},

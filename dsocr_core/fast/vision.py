@@ -1,7 +1,8 @@
 """Vision stages for the fast engine: the reference modules' own weights and code, except SAM's attention (the
-relative-position bias folded into q/k, attention.py), and no host synchronisation (crop grids and image-slot
-positions are given as host values, read once before the stages run), so the stages can be captured in CUDA
-graphs. Stages are split like the reference (sam, clip, projector) so each can be timed on its own.
+relative-position bias added inside FlexAttention or folded into q/k, attention.py), CLIP run over every view
+group at once (packed rows), and no host synchronisation (crop grids and image-slot positions are given as host
+values, read once before the stages run), so the stages can be captured in CUDA graphs. Stages are split like
+the reference (sam, clip, projector) so each can be timed on its own.
 """
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ from .attention import sam_attention_t
 
 
 def sam_block_fn(x, n1w, n1b, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, n2w, n2b, l1w, l1b, l2w, l2b,
-                 window: int, heads: int, fold: bool):
+                 window: int, heads: int, attn: str):
     """SamBlock.forward on plain tensors (pre-LN, windowed when window > 0, exact GELU MLP)."""
     h = F.layer_norm(x, (x.shape[-1],), n1w, n1b, 1e-6)
     if window:
         size = h.shape[1:3]
         h, padded = window_partition(h, window)
-        h = window_unpartition(sam_attention_t(h, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, heads, fold),
+        h = window_unpartition(sam_attention_t(h, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, heads, attn),
                                window, padded, size)
     else:
-        h = sam_attention_t(h, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, heads, fold)
+        h = sam_attention_t(h, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, heads, attn)
     x = x + h
     h = F.layer_norm(x, (x.shape[-1],), n2w, n2b, 1e-6)
     return x + F.linear(F.gelu(F.linear(h, l1w, l1b)), l2w, l2b)
@@ -38,13 +39,20 @@ def sam_block_args(block: SamBlock) -> tuple:
             block.mlp.lin1.bias, block.mlp.lin2.weight, block.mlp.lin2.bias)
 
 
-def clip_layer_fn(x, ln1w, ln1b, qkv_w, qkv_b, out_w, out_b, ln2w, ln2b, fc1w, fc1b, fc2w, fc2b, heads: int):
-    """ClipLayer.forward on plain tensors (pre-LN, SDPA without mask, quick_gelu MLP)."""
-    b, n, c = x.shape
+def clip_layer_fn(x, ln1w, ln1b, qkv_w, qkv_b, out_w, out_b, ln2w, ln2b, fc1w, fc1b, fc2w, fc2b, heads: int,
+                  shapes: tuple[tuple[int, int], ...]):
+    """ClipLayer.forward (pre-LN, SDPA without mask, quick_gelu MLP) on packed rows: x [R, C] holds the tokens
+    of every view of every group, group after group; shapes ((views, tokens per view), ...). The row-wise work
+    (norms, projections, MLP) runs once over all rows, so each weight is read once per layer rather than once per
+    group and the GEMMs get more rows; attention runs per group."""
+    c = x.shape[-1]
     h = F.layer_norm(x, (c,), ln1w, ln1b, 1e-5)
-    q, k, v = F.linear(h, qkv_w, qkv_b).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
-    o = F.scaled_dot_product_attention(q, k, v)
-    x = x + F.linear(o.transpose(1, 2).reshape(b, n, c), out_w, out_b)
+    qkv = F.linear(h, qkv_w, qkv_b)
+    outs = []
+    for part, (b, n) in zip(qkv.split([b * n for b, n in shapes]), shapes):
+        q, k, v = part.reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
+        outs.append(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b * n, c))
+    x = x + F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], out_w, out_b)
     h = F.linear(F.layer_norm(x, (c,), ln2w, ln2b, 1e-5), fc1w, fc1b)
     return x + F.linear(h * torch.sigmoid(1.702 * h), fc2w, fc2b)
 
@@ -56,21 +64,21 @@ def clip_layer_args(layer: ClipLayer) -> tuple:
             m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias)
 
 
-def sam_block(block: SamBlock, x: torch.Tensor, fold: bool = True, fn: Callable = sam_block_fn) -> torch.Tensor:
-    return fn(x, *sam_block_args(block), block.window, block.attn.heads, fold)
+def sam_block(block: SamBlock, x: torch.Tensor, attn: str = "fold", fn: Callable = sam_block_fn) -> torch.Tensor:
+    return fn(x, *sam_block_args(block), block.window, block.attn.heads, attn)
 
 
-def sam_forward(sam: SamEncoder, pixels: torch.Tensor, fold: bool = True, block_fn: Callable = sam_block_fn,
+def sam_forward(sam: SamEncoder, pixels: torch.Tensor, attn: str = "fold", block_fn: Callable = sam_block_fn,
                 mark: Callable | None = None) -> torch.Tensor:
-    """SamEncoder.forward with folded attention: [N, 3, S, S] -> [N, C, S/64, S/64]. `block_fn` may be a
-    compiled sam_block_fn; `mark(x)` is called on each block input (dynamic-shape hints)."""
+    """SamEncoder.forward with attention `attn` (attention.SAM_ATTENTION): [N, 3, S, S] -> [N, C, S/64, S/64].
+    `block_fn` may be a compiled sam_block_fn; `mark(x)` is called on each block input (dynamic-shape hints)."""
     pos = sam.pos_embed
     x = sam.patch_embed(pixels.to(device=pos.device, dtype=pos.dtype))
     x = x + sam._pos_embed(x.shape[1], x.shape[2])
     for block in sam.blocks:
         if mark is not None:
             mark(x)
-        x = sam_block(block, x, fold, block_fn)
+        x = sam_block(block, x, attn, block_fn)
     x = sam.neck(x.permute(0, 3, 1, 2))
     return sam.net_3(sam.net_2(x))
 
@@ -83,28 +91,30 @@ def view_groups(views: list[torch.Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
-def run_sam(model, views: list[torch.Tensor], groups: list[list[int]], fold: bool = True,
+def run_sam(model, views: list[torch.Tensor], groups: list[list[int]], attn: str = "fold",
             block_fn: Callable = sam_block_fn, mark: Callable | None = None) -> list[torch.Tensor]:
     sam = model.model.sam_model
-    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], fold, block_fn,
+    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], attn, block_fn,
                         mark) for g in groups]
 
 
-def clip_forward(clip, sam_feats: torch.Tensor, layer_fn: Callable = clip_layer_fn,
-                 mark: Callable | None = None) -> torch.Tensor:
-    """ClipEncoder.forward with each layer through `layer_fn`."""
-    x = clip.pre_layrnorm(clip.embeddings(sam_feats))
-    heads = clip.transformer.layers[0].self_attn.heads
-    for layer in clip.transformer.layers:
-        if mark is not None:
-            mark(x)
-        x = layer_fn(x, *clip_layer_args(layer), heads)
-    return x
-
-
 def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn,
-             mark: Callable | None = None) -> list[torch.Tensor]:
-    return [clip_forward(model.model.vision_model, s, layer_fn, mark) for s in sams]
+             packed: bool = True) -> list[torch.Tensor]:
+    """ClipEncoder.forward of each group's SAM features [N, C, g, g] -> [N, 1 + g*g, C], each layer through
+    `layer_fn`. packed: all groups' rows go through every layer together (one layer call per layer);
+    otherwise one group at a time, as the reference runs them."""
+    clip = model.model.vision_model
+    heads = clip.transformer.layers[0].self_attn.heads
+    embedded = [clip.pre_layrnorm(clip.embeddings(s)) for s in sams]  # [N, n, C] per group
+    batches = [embedded] if packed else [[e] for e in embedded]
+    out = []
+    for part in batches:
+        shapes = tuple((e.shape[0], e.shape[1]) for e in part)
+        x = torch.cat([e.reshape(-1, e.shape[-1]) for e in part])
+        for layer in clip.transformer.layers:
+            x = layer_fn(x, *clip_layer_args(layer), heads, shapes)
+        out += [y.view(b, n, -1) for y, (b, n) in zip(x.split([b * n for b, n in shapes]), shapes)]
+    return out
 
 
 def run_projector(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:
