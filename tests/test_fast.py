@@ -9,10 +9,11 @@ from dsocr_core.fast.engine import _cut_after_all_finished
 from dsocr_core.fast.moe import (experts_gather, experts_grouped, group_rows, group_rows_sorted, moe_forward,
                                   route, topk_argmax, with_shared)
 from dsocr_core.fast.parity import compare
+from dsocr_core.fast.vision import sam_block_args
 from dsocr_core.fast.weights import LMWeights, stack_experts
 from dsocr_core.model.checkpoint import synthetic_model
 from dsocr_core.model.decoder import MoE
-from dsocr_core.model.sam import SamAttention
+from dsocr_core.model.sam import SamAttention, SamBlock
 from dsocr_core.preprocess import synthetic_inputs
 from dsocr_core.session import Session
 from dsocr_core.spec import tiny_spec
@@ -214,3 +215,22 @@ def test_fast_separated_kv_length_is_its_own():
     sep = fast.generate_separated(inputs, max_new_tokens=6)
     v = sep.verification
     assert v["kv_length"] == inputs.seq_len + 5 == v["kv_length_expected"] and v["passed"]
+
+
+def test_compiled_falls_back_and_says_why():
+    """A function that cannot compile runs its fallback (SAM: folded attention instead of eager FlexAttention,
+    which would materialise every score) and keeps the reason for describe()."""
+    from dsocr_core.fast.engine import _Compiled
+    from dsocr_core.fast.vision import sam_block_eager, sam_block_fn
+
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    f = _Compiled(breaks, None, dynamic=False, fallback=lambda x: x + 2)
+    assert torch.equal(f(torch.zeros(2)), torch.full((2,), 2.0)) and "graph_break" in f.error.replace(" ", "_")
+    block = SamBlock(tiny_spec(), window=4)
+    x = torch.randn(1, 8, 8, block.norm1.weight.shape[0])
+    args = (x, *sam_block_args(block), block.window, block.attn.heads)
+    with torch.no_grad():
+        assert torch.equal(sam_block_eager(*args, "flex"), sam_block_fn(*args, "fold"))

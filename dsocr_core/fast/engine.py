@@ -41,12 +41,14 @@ from .lm import LMConfig, make_decode_fns, make_prefill_layer, rms_norm
 from .static_cache import StaticKVCache, round_up
 from .triton_kernels import HAS_TRITON
 from ..model.deepseek_ocr import view_list
-from .vision import (clip_layer_fn, embed_with_images, run_clip, run_projector, run_sam, sam_block_fn,
-                     view_groups)
+from .vision import (clip_layer_fn, embed_with_images, run_clip, run_projector, run_sam, sam_block_eager,
+                     sam_block_fn, view_groups)
 from .weights import LMWeights
 
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True}  # tunes the GEMV/attention reductions' block sizes
+# compiled SAM blocks / CLIP layers specialise on shapes: 2 blocks kinds x 2 view sizes x each tile count in use
+SAM_RECOMPILE_LIMIT = 64
 
 
 class StaleCacheError(RuntimeError):
@@ -96,11 +98,12 @@ class FastCache:
 
 
 class _Compiled:
-    """A torch.compile'd function that falls back to the eager one (and says why) if compiling fails."""
+    """A torch.compile'd function that falls back to an eager one (`fallback`, default the same function) and
+    says why, if compiling fails. dynamic=False: every new shape compiles anew (no symbolic sizes)."""
 
-    def __init__(self, eager, options: dict | None):
-        self.eager = eager
-        self.compiled = torch.compile(eager, fullgraph=True, options=options)
+    def __init__(self, eager, options: dict | None, dynamic: bool | None = None, fallback=None):
+        self.eager = fallback or eager
+        self.compiled = torch.compile(eager, fullgraph=True, dynamic=dynamic, options=options)
         self.error: str | None = None
 
     def __call__(self, *args, **kwargs):
@@ -205,9 +208,16 @@ class FastEngine:
             # compiled, the one-hot grouping is a parallel scan; eagerly ATen's cumsum is serial: sort instead
             lm = (_Compiled(make_prefill_layer(self.cfg, "argmax", "onehot"), None)
                   if self.compile_prefill and cuda else make_prefill_layer(self.cfg, "torch", "sort"))
+            if vis:  # static shapes: one compile per (view size, window, view count); see SAM_RECOMPILE_LIMIT
+                limit = torch._dynamo.config.recompile_limit
+                torch._dynamo.config.recompile_limit = max(limit, SAM_RECOMPILE_LIMIT)
             self._prefill_fns = {
-                "sam_block": _Compiled(sam_block_fn, None) if vis else sam_block_fn,
-                "clip_layer": _Compiled(clip_layer_fn, None) if vis else clip_layer_fn,
+                # FlexAttention's score_mod cannot take symbolic sizes (the window width it divides by), and
+                # static shapes give Inductor better kernels; eagerly flex would materialise every score, so
+                # a failed compile falls back to the folded attention
+                "sam_block": _Compiled(sam_block_fn, None, dynamic=False, fallback=sam_block_eager) if vis
+                else sam_block_fn,
+                "clip_layer": _Compiled(clip_layer_fn, None, dynamic=False) if vis else clip_layer_fn,
                 "lm_layer": lm,
             }
         return self._prefill_fns
@@ -324,11 +334,9 @@ class FastEngine:
             bufs["slots"] = torch.empty_like(slots)
             groups = view_groups(views)
             pf = self.prefill_fns()
-            mark = _mark_dim0 if isinstance(pf["sam_block"], _Compiled) else None
-
             def sam():
                 with _cudnn_benchmark(self.cudnn_benchmark):
-                    return run_sam(model, bufs["views"], groups, self.sam_attention, pf["sam_block"], mark)
+                    return run_sam(model, bufs["views"], groups, self.sam_attention, pf["sam_block"])
 
             stages += [
                 ("sam", cap(sam)),
@@ -536,11 +544,6 @@ def _check_slots(mask: torch.Tensor, views: list[torch.Tensor], grids: list[tupl
             n += (th * tile) * (tw * tile + 1)
         if counts[row] != n:
             raise ValueError(f"row {row}: images_seq_mask has {counts[row]} image slots but the image gives {n}")
-
-
-def _mark_dim0(x: torch.Tensor) -> None:
-    if x.shape[0] > 1:
-        torch._dynamo.maybe_mark_dynamic(x, 0)
 
 
 class _cudnn_benchmark:

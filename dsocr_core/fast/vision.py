@@ -32,6 +32,13 @@ def sam_block_fn(x, n1w, n1b, qkv_w, qkv_b, proj_w, proj_b, rel_h, rel_w, n2w, n
     return x + F.linear(F.gelu(F.linear(h, l1w, l1b)), l2w, l2b)
 
 
+def sam_block_eager(*args):
+    """sam_block_fn run eagerly, with the folded attention where FlexAttention was asked for (eager flex
+    materialises every score): what a SAM block falls back to when compiling it fails."""
+    *rest, attn = args
+    return sam_block_fn(*rest, "fold" if attn == "flex" else attn)
+
+
 def sam_block_args(block: SamBlock) -> tuple:
     a = block.attn
     return (block.norm1.weight, block.norm1.bias, a.qkv.weight, a.qkv.bias, a.proj.weight, a.proj.bias,
@@ -68,16 +75,14 @@ def sam_block(block: SamBlock, x: torch.Tensor, attn: str = "fold", fn: Callable
     return fn(x, *sam_block_args(block), block.window, block.attn.heads, attn)
 
 
-def sam_forward(sam: SamEncoder, pixels: torch.Tensor, attn: str = "fold", block_fn: Callable = sam_block_fn,
-                mark: Callable | None = None) -> torch.Tensor:
+def sam_forward(sam: SamEncoder, pixels: torch.Tensor, attn: str = "fold",
+                block_fn: Callable = sam_block_fn) -> torch.Tensor:
     """SamEncoder.forward with attention `attn` (attention.SAM_ATTENTION): [N, 3, S, S] -> [N, C, S/64, S/64].
-    `block_fn` may be a compiled sam_block_fn; `mark(x)` is called on each block input (dynamic-shape hints)."""
+    `block_fn` may be a compiled sam_block_fn."""
     pos = sam.pos_embed
     x = sam.patch_embed(pixels.to(device=pos.device, dtype=pos.dtype))
     x = x + sam._pos_embed(x.shape[1], x.shape[2])
     for block in sam.blocks:
-        if mark is not None:
-            mark(x)
         x = sam_block(block, x, attn, block_fn)
     x = sam.neck(x.permute(0, 3, 1, 2))
     return sam.net_3(sam.net_2(x))
@@ -92,10 +97,10 @@ def view_groups(views: list[torch.Tensor]) -> list[list[int]]:
 
 
 def run_sam(model, views: list[torch.Tensor], groups: list[list[int]], attn: str = "fold",
-            block_fn: Callable = sam_block_fn, mark: Callable | None = None) -> list[torch.Tensor]:
+            block_fn: Callable = sam_block_fn) -> list[torch.Tensor]:
     sam = model.model.sam_model
-    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], attn, block_fn,
-                        mark) for g in groups]
+    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], attn, block_fn)
+            for g in groups]
 
 
 def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn,
