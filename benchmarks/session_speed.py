@@ -528,13 +528,13 @@ VARIANTS = {  # each switches one optimisation off (or picks the other kernel), 
     "graphs_no_compile": {"compile": False},
     "sdpa_decode_attention": {"attention": "sdpa"},
     "grouped_moe_at_batch1": {"moe": "grouped"},
-    "sam_fold": {"sam_attention": "fold"},
+    "sam_flex": {"sam_attention": "flex"},
     "clip_unpacked": {"clip_packed": False},
     "lm_prefill_eager": {"compile_prefill": False},
     "no_vision_compile": {"compile_vision": False},
     "dense_sam_bias": {"sam_attention": "dense", "compile_vision": False},
 }
-PREFILL_ONLY = ("sam_fold", "clip_unpacked", "lm_prefill_eager", "no_vision_compile", "dense_sam_bias")
+PREFILL_ONLY = ("sam_flex", "clip_unpacked", "lm_prefill_eager", "no_vision_compile", "dense_sam_bias")
 PREFILL_STAGES = ("sam", "clip", "projector", "prefill")
 
 

@@ -7,9 +7,9 @@ SAM fold (exact up to rounding). The reference adds bias(i, j) = rel_h[i, row(j)
     scale * q_i . k_j + rel_h[i, row(j)] + rel_w[i, col(j)] = [scale*q_i, rel_h_i, rel_w_i] . [k_j, e_row(j), e_col(j)]
 
 with e_r the one-hot vector of row r. So SDPA over q' = [scale*q, rel_h, rel_w], k' = [k, onehot rows, onehot
-cols] (zero-padded to a multiple of 8) with scale 1.0 computes the same scores; v is zero-padded to the same head
-dim so the flash kernel is eligible, and the padding is cut off the output. For head dim 64 the scale is 1/8, a
-power of two, so scale*q is exact in bf16.
+cols] (zero-padded to a multiple of 8) with scale 1.0 computes the same scores; v keeps its head dim (cuDNN's
+flash kernel takes a value head dim different from the query's, so the PV product is not padded). For head dim
+64 the scale is 1/8, a power of two, so scale*q is exact in bf16.
 
 SAM flex (the GPU default). FlexAttention adds the same two bias terms inside its flash kernel, per score, from
 rel_h [b, heads, n, h] and rel_w [b, heads, n, w] (a few MB): no folded copies of q/k, no larger head dim.
@@ -102,4 +102,4 @@ def _folded(q, k, v, rel_h, rel_w, h: int, w: int) -> torch.Tensor:
     kf = torch.cat([k, onehot.expand(b, heads, n, h + w)], -1)
     if pad:
         qf, kf = F.pad(qf, (0, pad)), F.pad(kf, (0, pad))
-    return F.scaled_dot_product_attention(qf, kf, F.pad(v, (0, dim - d)), scale=1.0)[..., :d]
+    return F.scaled_dot_product_attention(qf, kf, v, scale=1.0)  # v keeps head dim d: PV work is not padded

@@ -153,8 +153,8 @@ class FastEngine:
         self.gemv = "linear"
         self.bucket = bucket
         self.gather_max_rows = gather_max_rows
-        if sam_attention == "auto":  # FlexAttention needs its compiled kernel; eagerly it materialises scores
-            sam_attention = "flex" if self.compile_vision and cuda else "fold"
+        if sam_attention == "auto":  # the fold; FlexAttention's kernel measured 5x slower (docs/fast-mode.md)
+            sam_attention = "fold"
         self.sam_attention = sam_attention
         self.cudnn_benchmark = cudnn_benchmark
         self.compile_options = COMPILE_OPTIONS if compile_options is None else compile_options
