@@ -234,3 +234,54 @@ def test_compiled_falls_back_and_says_why():
     args = (x, *sam_block_args(block), block.window, block.attn.heads)
     with torch.no_grad():
         assert torch.equal(sam_block_eager(*args, "flex"), sam_block_fn(*args, "fold"))
+
+
+def test_patch_embed_gemm_equals_conv():
+    from dsocr_core.fast.vision import patch_embed
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(3, 24, kernel_size=16, stride=16)
+    pixels = torch.randn(2, 3, 64, 48)
+    with torch.no_grad():
+        assert _close(patch_embed(conv, pixels), conv(pixels).permute(0, 2, 3, 1))
+
+
+def test_last_only_layer_equals_last_row_and_fills_the_cache(sessions):
+    """The final prefill layer on the last position only: same output row, same keys/values written."""
+    from dsocr_core.fast.lm import make_prefill_layer
+    _, fast = sessions
+    eng = fast.engine
+    cfg, lw = eng.cfg, eng.w.layers[-1]
+    torch.manual_seed(6)
+    b, t = 2, 9
+    x = torch.randn(b, t, cfg.hidden)
+    cos, sin = eng.cos_t[:t], eng.sin_t[:t]
+    caches = [torch.zeros(b, cfg.heads, t, cfg.head_dim) for _ in range(4)]
+    args = (lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2, lw.gate)
+    with torch.no_grad():
+        full = make_prefill_layer(cfg)(x, cos, sin, caches[0], caches[1], *args)
+        last = make_prefill_layer(cfg, last_only=True)(x, cos, sin, caches[2], caches[3], *args)
+    assert last.shape == (b, 1, cfg.hidden)
+    assert _close(last, full[:, -1:])
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_resized_positions_are_cached_per_grid(sessions):
+    from dsocr_core.fast.vision import Positions, run_clip, run_sam, view_groups
+    ref, _ = sessions
+    torch.manual_seed(8)
+    px = ref.spec.sam_patch * 4 * 2
+    views = [torch.randn(1, 3, 2 * px, 2 * px), torch.randn(2, 3, px, px)]
+    cache = Positions()
+    with torch.no_grad():
+        sams = run_sam(ref.model, views, view_groups(views), positions=cache)
+        keys = set(cache)
+        run_clip(ref.model, sams, positions=cache)
+        clip_keys = set(cache) - keys
+        first = dict(cache)
+        run_sam(ref.model, views, view_groups(views), positions=cache)
+        run_clip(ref.model, sams, positions=cache)
+    assert {k[0] for k in keys} == {"sam"} and len(keys) == 2
+    assert {k[0] for k in clip_keys} == {"clip"} and len(clip_keys) == 2
+    assert set(cache) == set(first) and all(cache[k] is first[k] for k in cache)  # reused, not recomputed
+    g = sams[1].shape[-1]  # the tiles' grid, resized from the table's
+    assert torch.equal(cache[("clip", g, g)], ref.model.model.vision_model.embeddings._positions(g, g))

@@ -42,7 +42,7 @@ from .static_cache import StaticKVCache, round_up
 from .triton_kernels import HAS_TRITON
 from ..model.deepseek_ocr import view_list
 from .vision import (clip_layer_fn, embed_with_images, run_clip, run_projector, run_sam, sam_block_eager,
-                     sam_block_fn, view_groups)
+                     sam_block_fn, view_groups, Positions)
 from .weights import LMWeights
 
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
@@ -165,6 +165,7 @@ class FastEngine:
         self._ensure_rope(self.spec.max_position_embeddings)
         self._fns: dict[str, dict[str, Any]] = {}
         self._prefill_fns: dict[str, Any] | None = None
+        self.positions = Positions()  # SAM/CLIP position tables per grid size
 
     # ------------------------------------------------------------------ set-up
     def _ensure_rope(self, length: int) -> None:
@@ -206,8 +207,11 @@ class FastEngine:
             cuda = self.device.type == "cuda"
             vis = self.compile_vision and cuda
             # compiled, the one-hot grouping is a parallel scan; eagerly ATen's cumsum is serial: sort instead
-            lm = (_Compiled(make_prefill_layer(self.cfg, "argmax", "onehot"), None)
-                  if self.compile_prefill and cuda else make_prefill_layer(self.cfg, "torch", "sort"))
+            compiled = self.compile_prefill and cuda
+            topk, grouping = ("argmax", "onehot") if compiled else ("torch", "sort")
+            lm, lm_last = (make_prefill_layer(self.cfg, topk, grouping, last_only) for last_only in (False, True))
+            if compiled:
+                lm, lm_last = _Compiled(lm, None), _Compiled(lm_last, None)
             if vis:  # static shapes: one compile per (view size, window, view count); see SAM_RECOMPILE_LIMIT
                 limit = torch._dynamo.config.recompile_limit
                 torch._dynamo.config.recompile_limit = max(limit, SAM_RECOMPILE_LIMIT)
@@ -219,6 +223,7 @@ class FastEngine:
                 else sam_block_fn,
                 "clip_layer": _Compiled(clip_layer_fn, None, dynamic=False) if vis else clip_layer_fn,
                 "lm_layer": lm,
+                "lm_last_layer": lm_last,  # the final layer when only the last position's logits are wanted
             }
         return self._prefill_fns
 
@@ -336,11 +341,13 @@ class FastEngine:
             pf = self.prefill_fns()
             def sam():
                 with _cudnn_benchmark(self.cudnn_benchmark):
-                    return run_sam(model, bufs["views"], groups, self.sam_attention, pf["sam_block"])
+                    return run_sam(model, bufs["views"], groups, self.sam_attention, pf["sam_block"],
+                                   self.positions)
 
             stages += [
                 ("sam", cap(sam)),
-                ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], self.clip_packed))),
+                ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], self.clip_packed,
+                                                     self.positions))),
                 ("projector", cap(lambda: run_projector(model, bufs["views"], groups, grids, outs["sam"],
                                                         outs["clip"]))),
             ]
@@ -355,12 +362,14 @@ class FastEngine:
     def _lm_prefill(self, st: DecodeState, x: torch.Tensor, logits: str) -> torch.Tensor:
         t = x.shape[1]
         cos, sin = self.cos_t[:t], self.sin_t[:t]
-        layer = self.prefill_fns()["lm_layer"]
+        fns = self.prefill_fns()
+        last = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
+            layer = fns["lm_last_layer" if i == last and logits != "all" else "lm_layer"]
             x = layer(x, cos, sin, st.cache.keys(i, t), st.cache.values(i, t), lw.ln1, lw.wqkv, lw.wo, lw.ln2,
                       lw.w13, lw.w2, lw.gate)
-        h = x if logits == "all" else x[:, -1:]
-        return F.linear(rms_norm(h, self.w.norm, self.cfg.eps), self.w.lm_head).float()
+        return F.linear(rms_norm(x if logits == "all" else x[:, -1:], self.w.norm, self.cfg.eps),
+                        self.w.lm_head).float()
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()

@@ -60,11 +60,14 @@ def mlp(h: torch.Tensor, w13, w2, gate, cfg: LMConfig, moe_impl: str, gemv: str 
                        gemv=gemv, topk=topk, grouping=grouping)
 
 
-def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort"):
+def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort", last_only: bool = False):
     """One decoder layer over a whole prompt, as a function of tensors only (so it can be compiled):
 
     layer(x [B, T, H], cos, sin [T, d], keys, values [B, heads, T, d] views of the static cache, ln1, wqkv, wo,
-          ln2, w13, w2, gate or None) -> x; writes the layer's keys/values into the cache views."""
+          ln2, w13, w2, gate or None) -> x; writes the layer's keys/values into the cache views.
+    last_only: the layer's output at the last position only ([B, 1, H]), for the final layer when only the last
+    logits are wanted: every key/value is still written, but attention, o_proj and the MLP/MoE run on one row
+    per sequence (its query sees all keys, so no mask) instead of T."""
 
     def layer(x, cos, sin, keys, values, ln1, wqkv, wo, ln2, w13, w2, gate):
         b, t, hdim = x.shape
@@ -73,10 +76,14 @@ def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort
         q, k = rope(q, cos, sin), rope(k, cos, sin)  # [B, heads, T, d]
         keys.copy_(k)
         values.copy_(v)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if last_only:
+            x, t = x[:, -1:], 1
+            o = F.scaled_dot_product_attention(q[:, :, -1:], k, v)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + F.linear(o.transpose(1, 2).reshape(b, t, hdim), wo)
         h = rms_norm(x, ln2, cfg.eps)
-        return x + mlp(h.view(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk,
+        return x + mlp(h.reshape(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk,
                        grouping=grouping).view(b, t, hdim)
 
     return layer

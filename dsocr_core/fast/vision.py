@@ -75,13 +75,37 @@ def sam_block(block: SamBlock, x: torch.Tensor, attn: str = "fold", fn: Callable
     return fn(x, *sam_block_args(block), block.window, block.attn.heads, attn)
 
 
-def sam_forward(sam: SamEncoder, pixels: torch.Tensor, attn: str = "fold",
-                block_fn: Callable = sam_block_fn) -> torch.Tensor:
+class Positions(dict):
+    """Position tables resized to a grid size, computed once per size: the reference resizes them (bicubic, in
+    float32) in every forward, ~55 us per call on an H200. Keyed by (encoder, h, w); the weights never change
+    under an engine."""
+
+    def get_or_make(self, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if key not in self:
+            self[key] = make()
+        return self[key]
+
+
+def patch_embed(proj: torch.nn.Conv2d, pixels: torch.Tensor) -> torch.Tensor:
+    """PatchEmbed as one GEMM: [N, 3, S, S] -> [N, S/p, S/p, W]. A p x p conv with stride p multiplies each
+    patch's 3*p*p pixels by the flattened kernel; cuDNN runs this 3-channel conv on a non-tensor-core kernel
+    (0.35 ms per call on an H200), the GEMM on tensor cores. Same sums, in another order."""
+    w = proj.weight  # [W, 3, p, p]
+    p = w.shape[-1]
+    n, c, s, s2 = pixels.shape
+    patches = pixels.reshape(n, c, s // p, p, s2 // p, p).permute(0, 2, 4, 1, 3, 5).reshape(n, s // p, s2 // p, -1)
+    return F.linear(patches, w.reshape(w.shape[0], -1), proj.bias)
+
+
+def sam_forward(sam: SamEncoder, pixels: torch.Tensor, attn: str = "fold", block_fn: Callable = sam_block_fn,
+                positions: Positions | None = None) -> torch.Tensor:
     """SamEncoder.forward with attention `attn` (attention.SAM_ATTENTION): [N, 3, S, S] -> [N, C, S/64, S/64].
-    `block_fn` may be a compiled sam_block_fn."""
+    `block_fn` may be a compiled sam_block_fn; `positions` caches the resized position table."""
     pos = sam.pos_embed
-    x = sam.patch_embed(pixels.to(device=pos.device, dtype=pos.dtype))
-    x = x + sam._pos_embed(x.shape[1], x.shape[2])
+    x = patch_embed(sam.patch_embed.proj, pixels.to(device=pos.device, dtype=pos.dtype))
+    h, w = x.shape[1:3]
+    positions = positions if positions is not None else Positions()  # (an empty cache is falsy)
+    x = x + positions.get_or_make(("sam", h, w), lambda: sam._pos_embed(h, w))
     for block in sam.blocks:
         x = sam_block(block, x, attn, block_fn)
     x = sam.neck(x.permute(0, 3, 1, 2))
@@ -97,20 +121,22 @@ def view_groups(views: list[torch.Tensor]) -> list[list[int]]:
 
 
 def run_sam(model, views: list[torch.Tensor], groups: list[list[int]], attn: str = "fold",
-            block_fn: Callable = sam_block_fn) -> list[torch.Tensor]:
+            block_fn: Callable = sam_block_fn, positions: Positions | None = None) -> list[torch.Tensor]:
     sam = model.model.sam_model
-    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], attn, block_fn)
-            for g in groups]
+    return [sam_forward(sam, torch.cat([views[i] for i in g]) if len(g) > 1 else views[g[0]], attn, block_fn,
+                        positions) for g in groups]
 
 
-def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn,
-             packed: bool = True) -> list[torch.Tensor]:
+def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn, packed: bool = True,
+             positions: Positions | None = None) -> list[torch.Tensor]:
     """ClipEncoder.forward of each group's SAM features [N, C, g, g] -> [N, 1 + g*g, C], each layer through
     `layer_fn`. packed: all groups' rows go through every layer together (one layer call per layer);
     otherwise one group at a time, as the reference runs them."""
     clip = model.model.vision_model
     heads = clip.transformer.layers[0].self_attn.heads
-    embedded = [clip.pre_layrnorm(clip.embeddings(s)) for s in sams]  # [N, n, C] per group
+    positions = positions if positions is not None else Positions()
+    embedded = [clip.pre_layrnorm(clip.embeddings(s, positions.get_or_make(
+        ("clip", *s.shape[2:]), lambda s=s: clip.embeddings._positions(*s.shape[2:])))) for s in sams]  # [N, n, C]
     batches = [embedded] if packed else [[e] for e in embedded]
     out = []
     for part in batches:

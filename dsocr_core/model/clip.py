@@ -23,12 +23,13 @@ class ClipEmbeddings(nn.Module):
         self.patch_embedding = nn.Conv2d(3, c, kernel_size=spec.clip_patch, stride=spec.clip_patch, bias=False)
         self.position_embedding = nn.Embedding(grid * grid + 1, c)
 
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+    def forward(self, feats: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`positions`: self._positions(h, w) computed beforehand (the fast engine caches it per grid size)."""
         n, c, h, w = feats.shape
         tokens = feats.flatten(2).transpose(1, 2)  # [N, h*w, C]
         cls = self.class_embedding.to(tokens.dtype).expand(n, 1, c)
         x = torch.cat([cls, tokens], dim=1)
-        return x + self._positions(h, w).to(x.dtype)[None]
+        return x + (self._positions(h, w) if positions is None else positions).to(x.dtype)[None]
 
     def _positions(self, h: int, w: int) -> torch.Tensor:
         """[1 + h*w, C]: the CLS position as is, patch positions resized bicubic when the grid is not 16x16."""
