@@ -32,6 +32,18 @@ from __future__ import annotations
 from .triton_kernels import HAS_TRITON, tl, triton
 
 if HAS_TRITON:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit
+    def _after_predecessor(PDL: tl.constexpr):
+        """Programmatic dependent launch (Hopper): let the next kernel launch now, so its launch and scheduling
+        overlap this kernel's run (its programs wait at this same call), then wait until the previous kernel
+        has finished and its writes are visible. Every kernel of the step calls this before it reads or writes
+        anything, so ordering stays transitive along the chain."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+
     @triton.jit
     def _rstd(x_ptr, eps, H: tl.constexpr, BK: tl.constexpr):
         """1 / sqrt(mean(x^2) + eps) over x [H], in float32."""
@@ -68,9 +80,10 @@ if HAS_TRITON:
     @triton.jit
     def _qkv_rope(x_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, tok_ptr, emb_ptr, s_kh,
                   s_kl, s_vh, s_vl, eps, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                  EMBED: tl.constexpr):
+                  EMBED: tl.constexpr, PDL: tl.constexpr = False):
         """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v. EMBED (first layer): the
         input is the token's embedding row, which program 0 also copies into x (the residual stream)."""
+        _after_predecessor(PDL)
         HALF: tl.constexpr = D // 2
         HEADS: tl.constexpr = H // D
         pid = tl.program_id(0)
@@ -122,8 +135,10 @@ if HAS_TRITON:
             tl.store(vc_ptr + head * s_vh + pos * s_vl + HALF + j, o2.to(dt))
 
     @triton.jit
-    def _oproj_residual(o_ptr, w_ptr, x_ptr, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _oproj_residual(o_ptr, w_ptr, x_ptr, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        PDL: tl.constexpr = False):
         """x[n] += round(wo[n] . o) for this program's BN rows (in place: each program owns its rows)."""
+        _after_predecessor(PDL)
         n = tl.program_id(0) * BN + tl.arange(0, BN)
         acc = tl.zeros([BN], dtype=tl.float32)
         for k0 in tl.static_range(0, H, BK):
@@ -140,12 +155,13 @@ if HAS_TRITON:
     def _router(x_ptr, ln_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, w13_ptr, act_ptr, eps, scale, swe,
                 E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr,
                 H: tl.constexpr, I: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, BN_UP: tl.constexpr,
-                BK_UP: tl.constexpr):
+                BK_UP: tl.constexpr, PDL: tl.constexpr = False):
         """Programs 0..NR-1: float32 router logits of BE experts, RMSNorm(x) . gate[e] (gate in float32, like the
         reference); the last of them to finish (a counter) turns all E logits into the slots' expert ids and
         weights: softmax, greedy top-k (+ renormalisation), times the scale; the shared pseudo-experts follow
         with weight 1. The programs after them compute the shared pseudo-experts' SwiGLU (_swiglu_rows), which
         needs no routing, so it overlaps the router's latency instead of waiting for it."""
+        _after_predecessor(PDL)
         NR: tl.constexpr = (E + BE - 1) // BE
         pid = tl.program_id(0)
         if pid >= NR:
@@ -219,9 +235,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _expert_up(x_ptr, ln_ptr, ids_ptr, w_ptr, act_ptr, eps, swe, H: tl.constexpr, I: tl.constexpr,
-                   DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
         """Program (routed slot, block of BN inner units): _swiglu_rows of the slot's expert (id from _router).
         DENSE: one slot, the dense MLP (w_ptr [2I, H])."""
+        _after_predecessor(PDL)
         s = tl.program_id(0)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         if DENSE:
@@ -232,10 +249,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _expert_down(act_ptr, ids_ptr, wts_ptr, w_ptr, x_ptr, ys_ptr, cnt_ptr, swe, SLOTS: tl.constexpr,
-                     H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                     H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     PDL: tl.constexpr = False):
         """Program (block of BN output rows, slot): the slot's expert output round(w2[expert][n] . act[slot]) times
         its routing weight, into ys[slot, n]. The block's last slot to finish (a counter per block) adds the
         slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1."""
+        _after_predecessor(PDL)
         pid = tl.program_id(0)
         s = tl.program_id(1)
         n = pid * BN + tl.arange(0, BN)
@@ -272,10 +291,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _attention(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr, n_splits, skh, skl, svh,
-                   svl, scale, D: tl.constexpr, CHUNK: tl.constexpr, BS: tl.constexpr):
+                   svl, scale, D: tl.constexpr, CHUNK: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr = False):
         """Program (head, chunk of CHUNK cache slots): flash-decoding partial (max, exp-sum, weighted V sum in
         float32) over the chunk's slots <= pos; the head's last chunk to finish merges them into o[head] (model
         dtype). Chunks past pos return at once."""
+        _after_predecessor(PDL)
         h = tl.program_id(0)
         sp = tl.program_id(1)
         pos = tl.load(pos_ptr)
@@ -311,9 +331,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _lm_head(x_ptr, ln_ptr, w_ptr, logits_ptr, stamp_ptr, serial_ptr, pmax_ptr, parg_ptr, eps, V,
-                 H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
         """float32 logits of BN tokens (the projection rounded to the model dtype first, like the reference),
         and this block's best token once the n-gram ban (stamp == serial) is applied."""
+        _after_predecessor(PDL)
         pid = tl.program_id(0)
         n = pid * BN + tl.arange(0, BN)
         nm = n < V
@@ -327,9 +348,11 @@ if HAS_TRITON:
         tl.store(parg_ptr + pid, pid * BN + tl.argmax(s, axis=0))
 
     @triton.jit
-    def _ngram_ban(hist_ptr, pos_ptr, stamp_ptr, serial_ptr, N: tl.constexpr, BW: tl.constexpr):
+    def _ngram_ban(hist_ptr, pos_ptr, stamp_ptr, serial_ptr, N: tl.constexpr, BW: tl.constexpr,
+                   PDL: tl.constexpr = False):
         """HF no_repeat_ngram_size over history[0..pos]: every window whose first N-1 tokens equal the last N-1
         bans its N-th token (stamp[token] = serial, read by _lm_head in the same step)."""
+        _after_predecessor(PDL)
         pos = tl.load(pos_ptr)
         serial = tl.load(serial_ptr)
         length = pos + 1
@@ -344,9 +367,11 @@ if HAS_TRITON:
         tl.store(stamp_ptr + tok, serial, mask=hit)
 
     @triton.jit
-    def _choose(pmax_ptr, parg_ptr, P, token_ptr, hist_ptr, pos_ptr, serial_ptr, capacity, BP: tl.constexpr):
+    def _choose(pmax_ptr, parg_ptr, P, token_ptr, hist_ptr, pos_ptr, serial_ptr, capacity, BP: tl.constexpr,
+                PDL: tl.constexpr = False):
         """Greedy choice over the blocks' best tokens (the first index among equal maxima, like argmax); writes
         the token as the next step's input and into history[pos + 1]; advances the ban serial."""
+        _after_predecessor(PDL)
         i = tl.arange(0, BP)
         ok = i < P
         m = tl.load(pmax_ptr + i, mask=ok, other=float("-inf"))
@@ -385,10 +410,11 @@ class FusedDecode:
     no allocation outside the attention's scratch, no host sync). `step(...)` runs embedding, every layer and
     the lm_head; with `choose` it also applies the n-gram ban and writes the greedy token as the next input."""
 
-    def __init__(self, weights, cfg, vocab: int, device, dtype, blocks: dict | None = None):
+    def __init__(self, weights, cfg, vocab: int, device, dtype, blocks: dict | None = None, pdl: bool = False):
         import torch
 
         self.w, self.cfg, self.vocab = weights, cfg, vocab
+        self.pdl = bool(pdl)  # programmatic dependent launch (sm90+): see _after_predecessor
         self.blocks = {**BLOCKS, **(blocks or {})}
         hd = cfg.hidden
         self.x = torch.empty(1, hd, dtype=dtype, device=device)
@@ -422,11 +448,15 @@ class FusedDecode:
         cfg, w, x, blk = self.cfg, self.w, self.x, self.blocks
         hd, d = cfg.hidden, cfg.head_dim
         kh = _pow2(hd)  # a chunk as wide as the whole (padded) row: every load issued at once
+        # every kernel but the step's first (which has no kernel before it in the graph) launches dependent
+        first = {"PDL": self.pdl}
+        dep = {"PDL": True, "launch_pdl": True} if self.pdl else {}
 
         if choose and ngram > 0:
             bw, _, warps = blk["ban"]
             _ngram_ban[(triton.cdiv(st.capacity, bw),)](st.history, st.pos, self.stamp, self.serial, N=ngram,
-                                                        BW=bw, num_warps=warps)
+                                                        BW=bw, num_warps=warps, **first)
+            first = dep
         br, bkq, wq = blk["qkv"]
         br = min(br, d // 2)
         for i, lw in enumerate(w.layers):
@@ -434,10 +464,10 @@ class FusedDecode:
             _qkv_rope[(3 * cfg.heads * (d // 2) // br,)](
                 x, lw.ln1, lw.wqkv, cos_t, sin_t, st.pos, self.q, kc, vc, st.token, w.embed, kc.stride(1),
                 kc.stride(2), vc.stride(1), vc.stride(2), cfg.eps, H=hd, D=d, BR=br, BK=min(bkq, kh), EMBED=i == 0,
-                num_warps=wq)
-            o = self._attend(kc, vc, st.pos, length)
+                num_warps=wq, **(first if i == 0 else dep))
+            o = self._attend(kc, vc, st.pos, length, dep)
             bn, bk, wn = blk["oproj"]
-            _oproj_residual[(triton.cdiv(hd, bn),)](o, lw.wo, x, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn)
+            _oproj_residual[(triton.cdiv(hd, bn),)](o, lw.wo, x, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn, **dep)
             if lw.moe:
                 e = cfg.n_routed
                 be, bk, wn = blk["router"]
@@ -449,7 +479,7 @@ class FusedDecode:
                     x, lw.ln2, lw.gate, self.router_logits, self.router_count, self.ids, self.wts, lw.w13, self.act,
                     cfg.eps, cfg.scale, swe_up, E=e, EP=_pow2(e), K=cfg.k, SHARED=cfg.shared_slots,
                     NORM=cfg.norm_topk_prob, H=hd, I=inner, BE=be, BK=min(bk, kh), BN_UP=bn_up,
-                    BK_UP=min(bk_up, kh), num_warps=wn)
+                    BK_UP=min(bk_up, kh), num_warps=wn, **dep)
                 routed = cfg.k
             else:
                 inner, slots, swe_up, swe_down = cfg.inter, 1, 0, 0
@@ -457,18 +487,19 @@ class FusedDecode:
                 routed = 1
             _expert_up[(routed, triton.cdiv(inner, up[0]))](
                 x, lw.ln2, self.ids, lw.w13, self.act, cfg.eps, swe_up, H=hd, I=inner, DENSE=not lw.moe,
-                BN=up[0], BK=min(up[1], kh), num_warps=up[2])
+                BN=up[0], BK=min(up[1], kh), num_warps=up[2], **dep)
             _expert_down[(triton.cdiv(hd, down[0]), slots)](
                 self.act, self.ids, self.wts, lw.w2, x, self.ys, self.down_count, swe_down, SLOTS=slots, H=hd,
-                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], _pow2(inner)), num_warps=down[2])
+                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], _pow2(inner)), num_warps=down[2], **dep)
         bn, bk, wn = blk["lm_head"]
         _lm_head[(self.n_head_blocks,)](x, w.norm, w.lm_head, st.logits, self.stamp, self.serial, self.pmax,
-                                        self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn)
+                                        self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn,
+                                        **dep)
         if choose:
             _choose[(1,)](self.pmax, self.parg, self.n_head_blocks, st.token, st.history, st.pos, self.serial,
-                          st.capacity, BP=_pow2(self.n_head_blocks), num_warps=8)
+                          st.capacity, BP=_pow2(self.n_head_blocks), num_warps=8, **dep)
 
-    def _attend(self, kc, vc, pos, length: int):
+    def _attend(self, kc, vc, pos, length: int, launch: dict):
         """Attention of self.q over cache slots <= pos (grid sized for the bucket length) -> self.o."""
         import torch
 
@@ -483,5 +514,5 @@ class FusedDecode:
         m, l, acc = self._attn_scratch[splits]
         _attention[(self.cfg.heads, splits)](self.q, kc, vc, pos, m, l, acc, self.attn_count, self.o, splits,
                                              kc.stride(1), kc.stride(2), vc.stride(1), vc.stride(2), d ** -0.5,
-                                             D=d, CHUNK=chunk, BS=_pow2(splits), num_warps=warps)
+                                             D=d, CHUNK=chunk, BS=_pow2(splits), num_warps=warps, **launch)
         return self.o

@@ -120,7 +120,7 @@ class FastEngine:
                  attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_attention: str = "auto",
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
-                 fused: bool | None = None, fused_blocks: dict | None = None):
+                 fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -149,6 +149,11 @@ class FastEngine:
             raise ValueError("fused decode needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
         self.fused = self.triton if fused is None else bool(fused)
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
+        # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
+        sm90 = self.triton and torch.cuda.get_device_capability(self.device)[0] >= 9
+        if pdl and not sm90:
+            raise ValueError("pdl (programmatic dependent launch) needs a CUDA GPU of compute capability 9.0+")
+        self.pdl = sm90 if pdl is None else bool(pdl)
         self.topk = ("argmax" if self.compile else "torch") if topk == "auto" else topk
         self.gemv = "linear"
         self.bucket = bucket
@@ -249,7 +254,8 @@ class FastEngine:
                          torch.zeros(batch, s.vocab_size, dtype=torch.float32, device=self.device),
                          torch.zeros(batch, capacity, dtype=torch.long, device=self.device), self.moe_impl(batch))
         if batch == 1 and self.fused:
-            st.fused = FusedDecode(self.w, self.cfg, s.vocab_size, self.device, self.dtype, self.fused_blocks)
+            st.fused = FusedDecode(self.w, self.cfg, s.vocab_size, self.device, self.dtype, self.fused_blocks,
+                                   self.pdl)
         self._states[batch] = st
         return st
 
@@ -520,7 +526,7 @@ class FastEngine:
             "compile_prefill": self.compile_prefill, "clip_packed": self.clip_packed,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
-            "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "bucket": self.bucket,
+            "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl, "bucket": self.bucket,
             "sam_attention": self.sam_attention, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
