@@ -77,6 +77,17 @@ class StageTimer:
             return [(m.name, m.start.elapsed_time(m.end) / 1e3) for m in self.marks]
         return [(m.name, m.end - m.start) for m in self.marks]
 
+    def span(self, name: str) -> float:
+        """Seconds from the start of the first `name` entry to the end of the last, gaps between entries
+        included (a loop's throughput, where summing entries would leave out the time between them)."""
+        ms = [m for m in self.marks if m.name == name]
+        if not ms:
+            return 0.0
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return ms[0].start.elapsed_time(ms[-1].end) / 1e3
+        return ms[-1].end - ms[0].start
+
     def totals(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, seconds in self.finish():

@@ -370,7 +370,8 @@ if HAS_TRITON:
     def _choose(pmax_ptr, parg_ptr, P, token_ptr, hist_ptr, pos_ptr, serial_ptr, capacity, BP: tl.constexpr,
                 PDL: tl.constexpr = False):
         """Greedy choice over the blocks' best tokens (the first index among equal maxima, like argmax); writes
-        the token as the next step's input and into history[pos + 1]; advances the ban serial."""
+        the token as the next step's input and into history[pos + 1]; advances the ban serial and the position
+        (so the host launches the next step's graph without setting anything)."""
         _after_predecessor(PDL)
         i = tl.arange(0, BP)
         ok = i < P
@@ -382,6 +383,7 @@ if HAS_TRITON:
         nxt = tl.load(pos_ptr) + 1
         tl.store(hist_ptr + nxt, tok, mask=nxt < capacity)
         tl.store(serial_ptr, tl.load(serial_ptr) + 1)
+        tl.store(pos_ptr, nxt)
 
 
 # Per kernel: (rows per program, reduction chunk, warps): the best of benchmarks/decode_kernels_tune.py on an H200

@@ -120,7 +120,8 @@ class FastEngine:
                  attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_attention: str = "auto",
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
-                 fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None):
+                 fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
+                 graph_steps: int = 2):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -154,6 +155,9 @@ class FastEngine:
         if pdl and not sm90:
             raise ValueError("pdl (programmatic dependent launch) needs a CUDA GPU of compute capability 9.0+")
         self.pdl = sm90 if pdl is None else bool(pdl)
+        if graph_steps < 1:
+            raise ValueError(f"graph_steps must be >= 1, got {graph_steps}")
+        self.graph_steps = int(graph_steps)  # fused batch-1 generation: tokens per graph replay
         self.topk = ("argmax" if self.compile else "torch") if topk == "auto" else topk
         self.gemv = "linear"
         self.bucket = bucket
@@ -393,15 +397,20 @@ class FastEngine:
         st.cache.length = n + 1
         return st.logits
 
-    def _replay(self, st: DecodeState, n: int, choose: bool, ngram: int = 0) -> None:
-        """Run (capturing on first use) the step graph of the bucket holding position n. `choose` (fused
-        batch-1 path only): the step also bans n-grams, picks the greedy token into st.token and history."""
-        length = min(st.capacity, round_up(n + 1, self.bucket))
-        key = (length, choose, ngram)
+    def _replay(self, st: DecodeState, n: int, choose: bool, ngram: int = 0, steps: int = 1) -> None:
+        """Run (capturing on first use) the step graph of the bucket holding positions n .. n+steps-1.
+        `choose` (fused batch-1 path only): each step also bans n-grams, picks the greedy token into st.token
+        and history and advances st.pos, so one graph can hold several steps."""
+        if steps > 1 and not (choose and st.fused is not None):
+            raise ValueError("several steps per graph need the fused batch-1 path with the choice on the device")
+        length = min(st.capacity, round_up(n + steps, self.bucket))
+        key = (length, choose, ngram, steps)
         run = st.graphs.get(key)
         if run is None:
             if st.fused is not None:
-                fn = lambda: st.fused.step(st, length, self.cos_t, self.sin_t, choose, ngram)  # noqa: E731
+                def fn():
+                    for _ in range(steps):
+                        st.fused.step(st, length, self.cos_t, self.sin_t, choose, ngram)
             else:
                 fn = lambda: self._step(st, length)  # noqa: E731
             run = st.graphs[key] = Captured(fn, self.graphs)
@@ -484,23 +493,30 @@ class FastEngine:
     def _generate_fused(self, st: DecodeState, cache: FastCache, step_logits, t: int, max_new_tokens: int,
                         ngram: int, timer: StageTimer, check_every: int) -> list[torch.Tensor]:
         """Batch-1 generation where each step's graph also bans n-grams and picks the token on the device
-        (decode_kernels): the host only sets the position and replays. Same choices as next_tokens."""
+        (decode_kernels): the host only replays (each step's last kernel advances the position on the
+        device). Same choices as next_tokens."""
         s = self.spec
         done = torch.zeros(1, dtype=torch.bool, device=self.device)
         token = next_tokens(step_logits[:, -1], st.history[:, :t], ngram, done, s.pad_token_id)
         st.history[:, t].copy_(token)
         st.token.copy_(token)
-        steps = 1
+        st.pos.fill_(t)  # position of the first token fed; each step's graph advances it
+        steps, next_check = 1, check_every
         while steps < max_new_tokens:
-            if check_every and steps % check_every == 0 and bool((st.history[0, t:t + steps] == s.eos_token_id).any()):
-                break
+            if check_every and steps >= next_check:
+                next_check += check_every
+                if bool((st.history[0, t:t + steps] == s.eos_token_id).any()):
+                    break
             n = t + steps - 1  # position of the token fed in this step
+            # several steps per graph launch (fewer launch gaps), but never across a bucket edge or the end
+            k = min(self.graph_steps, max_new_tokens - steps)
+            if round_up(n + k, self.bucket) != round_up(n + 1, self.bucket):
+                k = 1
             cache.check()
-            with timer.stage("decode"):
-                st.pos.fill_(n)
-                self._replay(st, n, choose=True, ngram=ngram)
-            st.cache.length = n + 1
-            steps += 1
+            with timer.stage("decode"):  # one entry per launch: k tokens
+                self._replay(st, n, choose=True, ngram=ngram, steps=k)
+            st.cache.length = n + k
+            steps += k
         tokens = st.history[:, t:t + steps].clone()
         return _cut_after_all_finished(list(tokens.unbind(1)), s.eos_token_id)
 
@@ -513,7 +529,7 @@ class FastEngine:
                     errors[f"{impl}.{name}"] = f.error
         capture_errors = {}
         for b, st in self._states.items():
-            for (length, choose, _ngram), run in st.graphs.items():
+            for (length, choose, _ngram, _steps), run in st.graphs.items():
                 if run.error:
                     capture_errors[f"decode.b{b}.l{length}{'.choose' if choose else ''}"] = run.error
             for key, entry in st.prefills.items():
@@ -526,7 +542,8 @@ class FastEngine:
             "compile_prefill": self.compile_prefill, "clip_packed": self.clip_packed,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
-            "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl, "bucket": self.bucket,
+            "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl,
+            "graph_steps": self.graph_steps, "bucket": self.bucket,
             "sam_attention": self.sam_attention, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
