@@ -175,10 +175,10 @@ def fast_generate_times(fast: FastSession, inputs, steps: int, ngram: int) -> di
     timer = StageTimer(fast.device)
     t = wall(lambda: fast.engine.generate(inputs, steps, ngram, timer=timer, check_every=0), fast.device)
     marks = timer.finish()
-    steps_s = [s for name, s in marks if name == "decode"]
+    launches = [s for name, s in marks if name == "decode"]  # an entry (one launch) may hold several tokens
     pre = sum(s for name, s in marks if name != "decode")
-    # the loop decodes steps - 1 tokens (the first comes from the prefill); an entry may hold several tokens
-    return {"wall_s": t, "prefill_s": pre, "step_s": steps_s, "span_s": timer.span("decode"), "tokens": steps - 1}
+    tokens = len(timer.per_item("decode"))  # steps - 1: the first token comes from the prefill
+    return {"wall_s": t, "prefill_s": pre, "step_s": launches, "span_s": timer.span("decode"), "tokens": tokens}
 
 
 def kv_from_fast(cache, length: int) -> KVCache:

@@ -316,7 +316,7 @@ class Session:
 
     def _result(self, path: str, inputs, generated: list[torch.Tensor], timer: StageTimer) -> GenerationResult:
         stages = timer.finish()
-        steps = [s for name, s in stages if name == "decode"]
+        steps = timer.per_item("decode")  # one time per decode step, also where one launch holds several
         totals: dict[str, float] = {}
         for name, seconds in stages:
             totals[name] = totals.get(name, 0.0) + seconds

@@ -31,6 +31,7 @@ class _Mark:
     name: str
     start: object
     end: object = None
+    count: int = 1  # items (e.g. decode steps) the entry holds
 
 
 @dataclass
@@ -46,7 +47,8 @@ class StageTimer:
         return self.device.type == "cuda"
 
     @contextmanager
-    def stage(self, name: str, track_memory: bool = False):
+    def stage(self, name: str, track_memory: bool = False, count: int = 1):
+        """Time one entry of `name`; `count`: how many items (decode steps) it holds, for per_item()."""
         if self.cuda and track_memory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -56,7 +58,7 @@ class StageTimer:
                 start.record()
             else:
                 start = time.perf_counter()
-            mark = _Mark(name, start)
+            mark = _Mark(name, start, count=count)
             try:
                 yield
             finally:
@@ -76,6 +78,15 @@ class StageTimer:
             torch.cuda.synchronize(self.device)
             return [(m.name, m.start.elapsed_time(m.end) / 1e3) for m in self.marks]
         return [(m.name, m.end - m.start) for m in self.marks]
+
+    def per_item(self, name: str) -> list[float]:
+        """Seconds per item of every `name` entry, in order: an entry of `count` items gives `count` equal
+        shares (a graph launch holding several decode steps gives one time per step)."""
+        out: list[float] = []
+        for (n, seconds), m in zip(self.finish(), self.marks):
+            if n == name:
+                out += [seconds / m.count] * m.count
+        return out
 
     def span(self, name: str) -> float:
         """Seconds from the start of the first `name` entry to the end of the last, gaps between entries

@@ -68,6 +68,34 @@ small = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=3)
 out["free"] = plain.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=0).generated_ids
 out["plain"] = plain.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
 out["fused"] = fused.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
+
+# the same generation under a GPU's first-call semantics (graphs.Captured: a warm-up run, then a replay of the
+# captured graph unless the work advances its own state), which the CPU path (no graphs) never exercises
+from dsocr_core.fast import engine as engine_module
+
+
+class GpuLikeCaptured:
+    def __init__(self, fn, enabled, pool=None, warmup=1, advances=False):
+        self.fn, self.warmup, self.advances, self.first, self.error = fn, warmup, advances, True, None
+
+    def __call__(self):
+        if self.first:
+            self.first = False
+            for _ in range(self.warmup):
+                result = self.fn()
+            if self.advances:
+                return result
+        return self.fn()
+
+
+engine_module.Captured = GpuLikeCaptured
+graphed = FastSession.from_session(ref, bucket=32, fused=True, fused_blocks=few)
+res = graphed.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2)
+out["fused_graph_like"] = res.generated_ids
+st = graphed.engine._states[1]
+out["graph_like_pos"], out["graph_like_length"] = int(st.pos), st.cache.length
+out["graph_like_keys"] = sorted({k[3] for k in st.graphs})  # steps per launch seen
+out["graph_like_tpot"], out["graph_like_steps"] = res.timings["tpot_s"], len(res.timings["decode_steps"])
 print("RESULT " + json.dumps(out))
 """
 
@@ -93,3 +121,12 @@ def test_fused_step_equals_the_torch_step(result):
 def test_fused_generation_equals_torch_generation_with_an_active_ban(result):
     assert result["fused"] == result["plain"]
     assert result["plain"] != result["free"]  # the ban changed the tokens, so it was exercised
+
+
+def test_fused_generation_under_graph_first_call_semantics(result):
+    """Each new step graph's first call must take one step, not two (warm-up + replay): the tokens, the device
+    position and the per-token times all stay right with two steps per launch."""
+    assert result["graph_like_keys"] == [1, 2]  # single and double steps were both captured
+    assert result["fused_graph_like"] == result["plain"]
+    assert result["graph_like_pos"] == result["graph_like_length"]  # next position = tokens in the cache
+    assert result["graph_like_steps"] == 23  # one time per decoded token, though launches hold two

@@ -11,7 +11,7 @@ cols] (zero-padded to a multiple of 8) with scale 1.0 computes the same scores; 
 flash kernel takes a value head dim different from the query's, so the PV product is not padded). For head dim
 64 the scale is 1/8, a power of two, so scale*q is exact in bf16.
 
-SAM flex (the GPU default). FlexAttention adds the same two bias terms inside its flash kernel, per score, from
+SAM flex (an option; its kernel measured 5x slower than the fold on an H200). FlexAttention adds the same two bias terms inside its flash kernel, per score, from
 rel_h [b, heads, n, h] and rel_w [b, heads, n, w] (a few MB): no folded copies of q/k, no larger head dim.
 Compiled (inside the compiled SAM block) it is one Triton kernel; eagerly it materialises the scores (CPU tests).
 """

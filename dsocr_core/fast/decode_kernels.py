@@ -410,7 +410,8 @@ def _pow2(n: int) -> int:
 class FusedDecode:
     """Static buffers and kernel launches of the fused batch-1 step over one static cache (graph-capturable:
     no allocation outside the attention's scratch, no host sync). `step(...)` runs embedding, every layer and
-    the lm_head; with `choose` it also applies the n-gram ban and writes the greedy token as the next input."""
+    the lm_head; with `choose` it also applies the n-gram ban, writes the greedy token as the next input and
+    advances the position (so a graph of several steps runs them in a row, and must run once per call)."""
 
     def __init__(self, weights, cfg, vocab: int, device, dtype, blocks: dict | None = None, pdl: bool = False):
         import torch
@@ -450,7 +451,8 @@ class FusedDecode:
         cfg, w, x, blk = self.cfg, self.w, self.x, self.blocks
         hd, d = cfg.hidden, cfg.head_dim
         kh = _pow2(hd)  # a chunk as wide as the whole (padded) row: every load issued at once
-        # every kernel but the step's first (which has no kernel before it in the graph) launches dependent
+        # every kernel but the step's first launches dependent: the first keeps plain stream order after
+        # whatever came before it (nothing, another graph, or the previous step's last kernel)
         first = {"PDL": self.pdl}
         dep = {"PDL": True, "launch_pdl": True} if self.pdl else {}
 

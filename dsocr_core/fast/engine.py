@@ -9,18 +9,22 @@ What it does differently from the reference path (each point is explained in doc
 * decode attention over the cache by a Triton split-KV kernel (torch formulations on a CPU);
 * logits for the last position only;
 * at batch 1 (with Triton) the whole step is decode_kernels.FusedDecode: 73 fused Triton kernels in one graph,
-  with the n-gram ban and the greedy choice on the device during generation (`fused=False` turns it off);
+  launched with programmatic dependent launch on Hopper (`pdl`), with the n-gram ban, the greedy choice and
+  the position update on the device during generation, two steps per graph launch (`graph_steps`; `fused=False`
+  turns it off);
 * each decode step (all 12 layers + final norm + lm_head) is captured in a CUDA graph per (batch, bucket); the
   static-shape pieces between the attention and expert kernels (norms, q/k/v, RoPE, cache write, o_proj,
   router, top-k, combine, lm_head) are compiled with torch.compile when `compile` is on;
 * prefill is captured per input shape as four graphs (sam, clip, projector, LM) so each stage stays timeable;
-  SAM attention adds the relative-position bias inside a FlexAttention kernel (or folds it into q/k,
-  attention.py) so a flash kernel runs; SAM blocks and CLIP layers are compiled (`compile_vision`), CLIP runs
+  SAM attention folds the relative-position bias into q/k (attention.py) so a flash kernel runs; SAM's patch
+  embedding is one GEMM; SAM blocks and CLIP layers are compiled with static shapes (`compile_vision`), CLIP runs
   every view group's rows through each layer at once (`clip_packed`), convolutions use cuDNN's autotuned
-  algorithms, and the LM prefill layers are compiled (`compile_prefill`).
+  algorithms, and the LM prefill layers are compiled (`compile_prefill`), the last one on the last position
+  only when only the last logits are wanted.
 
 On a CPU everything runs eagerly (no graphs, no compile): the same functions, so CPU tests check the tokens.
-The n-gram ban and greedy choice are `generation.next_tokens`, applied outside the graph on a history buffer.
+Outside the fused path the n-gram ban and greedy choice are `generation.next_tokens`, applied after each step's
+graph on a history buffer.
 """
 from __future__ import annotations
 
@@ -47,7 +51,8 @@ from .weights import LMWeights
 
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True}  # tunes the GEMV/attention reductions' block sizes
-# compiled SAM blocks / CLIP layers specialise on shapes: 2 blocks kinds x 2 view sizes x each tile count in use
+# compiled SAM blocks and CLIP layers specialise on shapes (2 block kinds x 2 view sizes x each tile count in use;
+# CLIP: each view-group layout); each function's compiles count against this one limit, shared by all engines
 SAM_RECOMPILE_LIMIT = 64
 
 
@@ -413,7 +418,7 @@ class FastEngine:
                         st.fused.step(st, length, self.cos_t, self.sin_t, choose, ngram)
             else:
                 fn = lambda: self._step(st, length)  # noqa: E731
-            run = st.graphs[key] = Captured(fn, self.graphs)
+            run = st.graphs[key] = Captured(fn, self.graphs, advances=choose)
         run()
 
     def _step(self, st: DecodeState, length: int) -> torch.Tensor:
@@ -513,7 +518,7 @@ class FastEngine:
             if round_up(n + k, self.bucket) != round_up(n + 1, self.bucket):
                 k = 1
             cache.check()
-            with timer.stage("decode"):  # one entry per launch: k tokens
+            with timer.stage("decode", count=k):  # one entry per launch, holding k steps
                 self._replay(st, n, choose=True, ngram=ngram, steps=k)
             st.cache.length = n + k
             steps += k
@@ -529,9 +534,9 @@ class FastEngine:
                     errors[f"{impl}.{name}"] = f.error
         capture_errors = {}
         for b, st in self._states.items():
-            for (length, choose, _ngram, _steps), run in st.graphs.items():
+            for (length, choose, _ngram, steps), run in st.graphs.items():
                 if run.error:
-                    capture_errors[f"decode.b{b}.l{length}{'.choose' if choose else ''}"] = run.error
+                    capture_errors[f"decode.b{b}.l{length}{'.choose' if choose else ''}.x{steps}"] = run.error
             for key, entry in st.prefills.items():
                 for name, run in entry["stages"]:
                     if run.error:

@@ -7,6 +7,11 @@ given its static inputs (re-running it writes the same values), read its inputs 
 addresses do not change, and never synchronise with the host. The outputs returned are the tensors captured
 the first time: the same objects on every call, overwritten by each replay.
 
+`Captured(fn, ..., advances=True)` is for work that moves its own state forward (the fused decode steps that
+choose the next token and advance the position on the device): running it twice on the first call would take
+two steps where the caller counts one. Its first call runs `fn` exactly once (the warm-up, whose results are
+the call's) and captures without replaying; `fn` must then write its results into static tensors.
+
 On a CPU (or with graphs disabled) `Captured` just calls `fn`.
 """
 from __future__ import annotations
@@ -17,11 +22,14 @@ import torch
 
 
 class Captured:
-    def __init__(self, fn: Callable[[], Any], enabled: bool, pool=None, warmup: int = 1):
+    def __init__(self, fn: Callable[[], Any], enabled: bool, pool=None, warmup: int = 1, advances: bool = False):
+        if advances and warmup != 1:
+            raise ValueError("work that advances its own state runs exactly one warm-up")
         self.fn = fn
         self.enabled = enabled
         self.pool = pool
         self.warmup = warmup
+        self.advances = advances
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
         self.error: str | None = None  # why capture was given up (then fn runs eagerly)
@@ -51,5 +59,7 @@ class Captured:
             torch.cuda.synchronize()
             return out
         self.graph, self.outputs = graph, outputs
+        if self.advances:  # the warm-up was this call's run; a replay would be a second step
+            return out
         graph.replay()
         return outputs
