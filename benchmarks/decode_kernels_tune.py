@@ -148,7 +148,7 @@ def main() -> None:
         splits = triton.cdiv(cap, chunk)
         return lambda: dk._attention[(heads, splits)](
             q, kc, vc, pos, am, al, aacc, acount, o, splits, kc.stride(1), kc.stride(2), vc.stride(1),
-            vc.stride(2), d ** -0.5, D=d, CHUNK=chunk, BS=dk._pow2(splits), num_warps=w)
+            vc.stride(2), d ** -0.5, D=d, CHUNK=chunk, BS=dk.next_pow2(splits), num_warps=w)
 
     kernels = {  # name: (launcher, bytes that must be read, grid of (rows, chunk, warps))
         "qkv": (qkv, 3 * hd * hd * 2, itertools.product([2, 4, 8], [256, 2048], [4, 8])),

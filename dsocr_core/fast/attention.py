@@ -11,9 +11,10 @@ cols] (zero-padded to a multiple of 8) with scale 1.0 computes the same scores; 
 flash kernel takes a value head dim different from the query's, so the PV product is not padded). For head dim
 64 the scale is 1/8, a power of two, so scale*q is exact in bf16.
 
-SAM flex (an option; its kernel measured 5x slower than the fold on an H200). FlexAttention adds the same two bias terms inside its flash kernel, per score, from
-rel_h [b, heads, n, h] and rel_w [b, heads, n, w] (a few MB): no folded copies of q/k, no larger head dim.
-Compiled (inside the compiled SAM block) it is one Triton kernel; eagerly it materialises the scores (CPU tests).
+SAM flex (an option; its kernel measured 5x slower than the fold on an H200). FlexAttention adds the same two
+bias terms inside its flash kernel, per score, from rel_h [b, heads, n, h] and rel_w [b, heads, n, w] (a few MB):
+no folded copies of q/k, no larger head dim. Compiled (inside the compiled SAM block) it is one Triton kernel;
+eagerly it materialises the scores (CPU tests).
 """
 from __future__ import annotations
 
@@ -74,10 +75,9 @@ def sam_attention_t(x: torch.Tensor, qkv_w, qkv_b, proj_w, proj_b, rel_pos_h, re
     if impl == "dense":  # the reference: dense [b*heads, n, n] bias as SDPA's mask
         bias = (rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).reshape(b, heads, n, n)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    elif impl == "flex":
-        out = _flex_rel_pos(q, k, v, rel_h.reshape(b, heads, n, h), rel_w.reshape(b, heads, n, w), w)
     else:
-        out = _folded(q, k, v, rel_h.reshape(b, heads, n, h), rel_w.reshape(b, heads, n, w), h, w)
+        rel_h, rel_w = rel_h.reshape(b, heads, n, h), rel_w.reshape(b, heads, n, w)
+        out = _flex_rel_pos(q, k, v, rel_h, rel_w, w) if impl == "flex" else _folded(q, k, v, rel_h, rel_w, h, w)
     return F.linear(out.transpose(1, 2).reshape(b, h, w, c), proj_w, proj_b)
 
 

@@ -29,7 +29,7 @@ parity tests allow. Nothing here syncs with the host: positions, token ids and t
 """
 from __future__ import annotations
 
-from .triton_kernels import HAS_TRITON, tl, triton
+from .triton_kernels import HAS_TRITON, next_pow2, tl, triton
 
 if HAS_TRITON:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -403,10 +403,6 @@ BLOCKS = {
 }
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 class FusedDecode:
     """Static buffers and kernel launches of the fused batch-1 step over one static cache (graph-capturable:
     no allocation outside the attention's scratch, no host sync). `step(...)` runs embedding, every layer and
@@ -450,7 +446,7 @@ class FusedDecode:
 
         cfg, w, x, blk = self.cfg, self.w, self.x, self.blocks
         hd, d = cfg.hidden, cfg.head_dim
-        kh = _pow2(hd)  # a chunk as wide as the whole (padded) row: every load issued at once
+        kh = next_pow2(hd)  # a chunk as wide as the whole (padded) row: every load issued at once
         # every kernel but the step's first launches dependent: the first keeps plain stream order after
         # whatever came before it (nothing, another graph, or the previous step's last kernel)
         first = {"PDL": self.pdl}
@@ -481,7 +477,7 @@ class FusedDecode:
                 bn_up, bk_up, _ = blk["shared_up"]
                 _router[(triton.cdiv(e, be) + cfg.shared_slots * triton.cdiv(inner, bn_up),)](
                     x, lw.ln2, lw.gate, self.router_logits, self.router_count, self.ids, self.wts, lw.w13, self.act,
-                    cfg.eps, cfg.scale, swe_up, E=e, EP=_pow2(e), K=cfg.k, SHARED=cfg.shared_slots,
+                    cfg.eps, cfg.scale, swe_up, E=e, EP=next_pow2(e), K=cfg.k, SHARED=cfg.shared_slots,
                     NORM=cfg.norm_topk_prob, H=hd, I=inner, BE=be, BK=min(bk, kh), BN_UP=bn_up,
                     BK_UP=min(bk_up, kh), num_warps=wn, **dep)
                 routed = cfg.k
@@ -494,14 +490,14 @@ class FusedDecode:
                 BN=up[0], BK=min(up[1], kh), num_warps=up[2], **dep)
             _expert_down[(triton.cdiv(hd, down[0]), slots)](
                 self.act, self.ids, self.wts, lw.w2, x, self.ys, self.down_count, swe_down, SLOTS=slots, H=hd,
-                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], _pow2(inner)), num_warps=down[2], **dep)
+                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], next_pow2(inner)), num_warps=down[2], **dep)
         bn, bk, wn = blk["lm_head"]
         _lm_head[(self.n_head_blocks,)](x, w.norm, w.lm_head, st.logits, self.stamp, self.serial, self.pmax,
                                         self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn,
                                         **dep)
         if choose:
             _choose[(1,)](self.pmax, self.parg, self.n_head_blocks, st.token, st.history, st.pos, self.serial,
-                          st.capacity, BP=_pow2(self.n_head_blocks), num_warps=8, **dep)
+                          st.capacity, BP=next_pow2(self.n_head_blocks), num_warps=8, **dep)
 
     def _attend(self, kc, vc, pos, length: int, launch: dict):
         """Attention of self.q over cache slots <= pos (grid sized for the bucket length) -> self.o."""
@@ -518,5 +514,5 @@ class FusedDecode:
         m, l, acc = self._attn_scratch[splits]
         _attention[(self.cfg.heads, splits)](self.q, kc, vc, pos, m, l, acc, self.attn_count, self.o, splits,
                                              kc.stride(1), kc.stride(2), vc.stride(1), vc.stride(2), d ** -0.5,
-                                             D=d, CHUNK=chunk, BS=_pow2(splits), num_warps=warps, **launch)
+                                             D=d, CHUNK=chunk, BS=next_pow2(splits), num_warps=warps, **launch)
         return self.o

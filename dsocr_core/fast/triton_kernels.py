@@ -122,7 +122,8 @@ if HAS_TRITON:
         tl.store(out_ptr + s * H + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton block sizes."""
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -141,7 +142,7 @@ def decode_attention_splitkv(q: torch.Tensor, keys: torch.Tensor, values: torch.
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         d ** -0.5, D=d, CHUNK=ATTN_CHUNK, num_warps=4)
     _attn_combine[(b * heads,)](m, l, acc, out, heads, n_splits, out.stride(0), out.stride(1), D=d,
-                                BS=_next_pow2(n_splits), num_warps=4)
+                                BS=next_pow2(n_splits), num_warps=4)
     return out
 
 
