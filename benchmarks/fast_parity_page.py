@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsocr_core.fast.parity import compare  # noqa: E402
+from dsocr_core.measure.token_parity import compare  # noqa: E402
 from dsocr_core.fast.session import FastSession  # noqa: E402
-from dsocr_core.samples import sample_pages  # noqa: E402
-from dsocr_core.session import Session  # noqa: E402
+from dsocr_core.grounding.samples import sample_pages  # noqa: E402
+from dsocr_core.runtime.session import Session  # noqa: E402
 
 
 def main() -> int:

@@ -19,17 +19,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsocr_core.compare import compare_run, summarize, summary_json, summary_markdown  # noqa: E402
+from dsocr_core.results.analytic_join import compare_run, summarize, summary_json, summary_markdown  # noqa: E402
 from dsocr_core.hardware import calibrate  # noqa: E402
-from dsocr_core.measure import run_sweep, sweep_workloads, vendor_grids  # noqa: E402
-from dsocr_core.samples import sample_pages  # noqa: E402
+from dsocr_core.measure.sweep import run_sweep, sweep_workloads, vendor_grids  # noqa: E402
+from dsocr_core.grounding.samples import sample_pages  # noqa: E402
 from dsocr_core.fast.session import load_session  # noqa: E402
-from dsocr_core.session import Session  # noqa: E402
-from dsocr_core.store import RunStore  # noqa: E402
+from dsocr_core.runtime.session import Session  # noqa: E402
+from dsocr_core.results.store import RunStore  # noqa: E402
 
 
 def page_2x2() -> Path:
-    from dsocr_core.preprocess import load_image
+    from dsocr_core.runtime.inputs import load_image
     from dsocr_core.tiling import crop_grid
 
     for p in sample_pages():

@@ -27,18 +27,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.analytic import capacity_summary, decode_step_totals, expected_experts, stage_totals  # noqa: E402
-from dsocr_core.environment import capture_environment  # noqa: E402
+from dsocr_core.measure.environment import capture_environment  # noqa: E402
 from dsocr_core.fast import FastSession  # noqa: E402
-from dsocr_core.fast.parity import compare  # noqa: E402
+from dsocr_core.measure.token_parity import compare  # noqa: E402
 from dsocr_core.hardware import (PRESETS, match_device_name, measure_copy_bandwidth,  # noqa: E402
                                  measure_matmul_flops)
 from dsocr_core.model.checkpoint import synthetic_model  # noqa: E402
 from dsocr_core.model.kv_cache import KVCache  # noqa: E402
-from dsocr_core.preprocess import PreparedInputs, synthetic_inputs  # noqa: E402
-from dsocr_core.session import Session  # noqa: E402
+from dsocr_core.runtime.inputs import PreparedInputs, synthetic_inputs  # noqa: E402
+from dsocr_core.runtime.session import Session  # noqa: E402
 from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec  # noqa: E402
-from dsocr_core.timing import StageTimer  # noqa: E402
-from dsocr_core.tokenizer import load_tokenizer  # noqa: E402
+from dsocr_core.runtime.timing import StageTimer  # noqa: E402
+from dsocr_core.runtime.tokenizer import load_tokenizer  # noqa: E402
 
 PAPER_PAGES_PER_DAY_A100_40G = 200_000  # paper: "200k+ pages per day on one A100-40G"
 LOG: list[str] = []

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from dsocr_core.store import RunImportError
+from dsocr_core.results.store import RunImportError
 from ui import charts, live, resources
 from ui import measured as ms
 
@@ -26,7 +26,7 @@ else:
     st.info(f"No bundled reference runs yet: `{handle.reference_dir}` holds no exported run. Start a sweep below "
             "(on the CPU it measures the synthetic tiny model) or import an exported run.")
 
-has_dataset = importlib.util.find_spec("dsocr_core.stats") is not None
+has_dataset = importlib.util.find_spec("dsocr_core.results.dataset_stats") is not None
 tab_names = ["Runs", "New sweep", "Import / export"] + (["Dataset runs"] if has_dataset else [])
 tabs = st.tabs(tab_names)
 

@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from dsocr_core.compare import summarize, summary_markdown
+from dsocr_core.results.analytic_join import summarize, summary_markdown
 from ui import charts, resources
 from ui import measured as ms
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import streamlit as st
 
 import ui
-from dsocr_core import samples, tiling
+from dsocr_core import tiling
+from dsocr_core.grounding import samples
 from ui import inputs, parity_view, resources
 
 settings = ui.page_setup()

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from dsocr_core.samples import sample_pages
-from dsocr_core.store import RunStore
+from dsocr_core.grounding.samples import sample_pages
+from dsocr_core.results.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -340,8 +340,8 @@ def test_measured_sweep_form_rejects_bad_lists(no_reference):
 
 
 def test_dataset_runs_section_reads_a_profiled_run(no_reference):
-    from dsocr_core import dataset, profile_run
-    from dsocr_core.session import Session
+    from dsocr_core.measure import dataset_run as profile_run, datasets as dataset
+    from dsocr_core.runtime.session import Session
 
     session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
     store = RunStore()
@@ -402,7 +402,7 @@ def test_parity_uploads_bad_images_and_a_vendor_text(no_reference):
 def test_parity_out_of_memory_is_reported_and_the_app_keeps_running(no_reference, monkeypatch):
     import torch
 
-    from dsocr_core import parity
+    from dsocr_core.measure import parity_run as parity
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -454,7 +454,7 @@ def test_mfu_bars_roofline_and_limits_of_a_gpu_run(with_reference):
 
 
 def test_mfu_of_a_cpu_run_needs_the_sidebar_ceilings(no_reference):
-    from dsocr_core.environment import capture_environment
+    from dsocr_core.measure.environment import capture_environment
 
     store = RunStore()
     run_id = store.create_run("sweep", "cpu run", capture_environment("cpu"),

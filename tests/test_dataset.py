@@ -4,9 +4,9 @@ import shutil
 import pytest
 from PIL import Image
 
-from dsocr_core.dataset import (DatasetError, Page, discover, load_page, render_pdf_page, sample)
-from dsocr_core.preprocess import ImageError
-from dsocr_core.samples import sample_pages
+from dsocr_core.measure.datasets import (DatasetError, Page, discover, load_page, render_pdf_page, sample)
+from dsocr_core.runtime.inputs import ImageError
+from dsocr_core.grounding.samples import sample_pages
 
 SAMPLES = {p.stem: p for p in sample_pages()}
 

@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from dsocr_core import environment
-from dsocr_core.environment import FIELDS, GPU_FIELDS, capture_environment, parse_nvidia_smi_csv
+from dsocr_core.measure import environment
+from dsocr_core.measure.environment import FIELDS, GPU_FIELDS, capture_environment, parse_nvidia_smi_csv
 
 
 def test_cpu_environment_has_every_key_and_no_gpu_facts():

@@ -8,16 +8,16 @@ from dsocr_core.fast.attention import decode_attention, sam_attention
 from dsocr_core.fast.engine import _cut_after_all_finished
 from dsocr_core.fast.moe import (experts_gather, experts_grouped, group_rows, group_rows_sorted, moe_forward,
                                   route, topk_argmax, with_shared)
-from dsocr_core.fast.parity import compare
+from dsocr_core.measure.token_parity import compare
 from dsocr_core.fast.vision import sam_block_args
 from dsocr_core.fast.weights import LMWeights, stack_experts
 from dsocr_core.model.checkpoint import synthetic_model
 from dsocr_core.model.decoder import MoE
 from dsocr_core.model.sam import SamAttention, SamBlock
-from dsocr_core.preprocess import synthetic_inputs
-from dsocr_core.session import Session
+from dsocr_core.runtime.inputs import synthetic_inputs
+from dsocr_core.runtime.session import Session
 from dsocr_core.spec import tiny_spec
-from dsocr_core.tokenizer import load_tokenizer
+from dsocr_core.runtime.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ def test_load_session_modes():
 def test_fast_separated_kv_length_is_its_own():
     """The verification reads the separated run's cache before the reference run reuses any buffers."""
     from dsocr_core.fast.session import load_session
-    from dsocr_core.preprocess import synthetic_inputs
+    from dsocr_core.runtime.inputs import synthetic_inputs
 
     fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
     inputs = fast.to_device(synthetic_inputs("tiny", (1, 1), 10, 1))

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from dsocr_core.fast import FastSession
-from dsocr_core.fast.parity import compare
+from dsocr_core.measure.token_parity import compare
 from dsocr_core.model.checkpoint import synthetic_model
-from dsocr_core.preprocess import synthetic_inputs
-from dsocr_core.session import Session
+from dsocr_core.runtime.inputs import synthetic_inputs
+from dsocr_core.runtime.session import Session
 from dsocr_core.spec import ModelSpec
-from dsocr_core.tokenizer import load_tokenizer
+from dsocr_core.runtime.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.gpu
 

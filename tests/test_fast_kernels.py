@@ -20,12 +20,12 @@ import json
 import torch
 from dsocr_core.fast import FastSession
 from dsocr_core.fast import decode_kernels as dk
-from dsocr_core.generation import ban_repeated_ngrams
+from dsocr_core.runtime.generate import ban_repeated_ngrams
 from dsocr_core.model.checkpoint import synthetic_model
-from dsocr_core.preprocess import synthetic_inputs
-from dsocr_core.session import Session
+from dsocr_core.runtime.inputs import synthetic_inputs
+from dsocr_core.runtime.session import Session
 from dsocr_core.spec import tiny_spec
-from dsocr_core.tokenizer import load_tokenizer
+from dsocr_core.runtime.tokenizer import load_tokenizer
 
 out = {}
 # the ban kernel against the reference ban: history with repeated 3-grams

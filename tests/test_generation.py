@@ -1,7 +1,7 @@
 import torch
 from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
 
-from dsocr_core.generation import ban_repeated_ngrams, next_tokens
+from dsocr_core.runtime.generate import ban_repeated_ngrams, next_tokens
 
 
 def test_ngram_ban_matches_transformers_processor():

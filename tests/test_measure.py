@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-import dsocr_core.measure as measure
+import dsocr_core.measure.sweep as measure
 from dsocr_core.cli import main
-from dsocr_core.compare import compare_run, summarize, summary_markdown
-from dsocr_core.measure import run_sweep, sweep_workloads, vendor_grids
-from dsocr_core.session import Session
-from dsocr_core.store import RunStore
+from dsocr_core.results.analytic_join import compare_run, summarize, summary_markdown
+from dsocr_core.measure.sweep import run_sweep, sweep_workloads, vendor_grids
+from dsocr_core.runtime.session import Session
+from dsocr_core.results.store import RunStore
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_fast_mode_sweep_is_labelled_and_counts_reference_flops(tmp_path):
 
 
 def test_failure_message_says_where():
-    from dsocr_core.measure import failure
+    from dsocr_core.measure.sweep import failure
 
     def boom():
         raise RuntimeError("boom")

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from torch.autograd import DeviceType
 
-from dsocr_core.dataset import discover, sample
-from dsocr_core.operators import (OTHERS, OUTSIDE, PAGE_PREFIX, RANGE_PREFIX, UNTRACED, OperatorProfile,
+from dsocr_core.measure.datasets import discover, sample
+from dsocr_core.measure.operators import (OTHERS, OUTSIDE, PAGE_PREFIX, RANGE_PREFIX, UNTRACED, OperatorProfile,
                                   ProfiledStageTimer, group_events, profile_operators, top_operators)
-from dsocr_core.profile_run import ProfileSettings
-from dsocr_core.samples import sample_pages
-from dsocr_core.session import Session
+from dsocr_core.measure.dataset_run import ProfileSettings
+from dsocr_core.grounding.samples import sample_pages
+from dsocr_core.runtime.session import Session
 
 SAMPLES = {p.stem: p for p in sample_pages()}
 

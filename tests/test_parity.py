@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from dsocr_core.parity import run_parity
-from dsocr_core.samples import sample_grounding, sample_pages
-from dsocr_core.session import Session
+from dsocr_core.measure.parity_run import run_parity
+from dsocr_core.grounding.samples import sample_grounding, sample_pages
+from dsocr_core.runtime.session import Session
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dsocr_core.preprocess import (
+from dsocr_core.runtime.inputs import (
     DEFAULT_PROMPT,
     ImageError,
     PromptError,
@@ -16,7 +16,7 @@ from dsocr_core.preprocess import (
 )
 from dsocr_core.spec import SpecError, Workload
 from dsocr_core.tiling import token_counts
-from dsocr_core.tokenizer import FallbackTokenizer
+from dsocr_core.runtime.tokenizer import FallbackTokenizer
 
 PAD_VALUE = 127 / 255 * 2 - 1  # -0.0039...
 IMG = 128815

@@ -6,14 +6,14 @@ import shutil
 import pytest
 
 from dsocr_core.cli import main
-from dsocr_core.dataset import discover, sample
+from dsocr_core.measure.datasets import discover, sample
 from dsocr_core.model.checkpoint import save_checkpoint, synthetic_model
-from dsocr_core.profile_run import (FlopCache, ProfileSettings, check_resume, create_dataset_run,
+from dsocr_core.measure.dataset_run import (FlopCache, ProfileSettings, check_resume, create_dataset_run,
                                     decode_flops_total, generate_timed, run_dataset)
-from dsocr_core.samples import sample_pages
-from dsocr_core.session import Session
+from dsocr_core.grounding.samples import sample_pages
+from dsocr_core.runtime.session import Session
 from dsocr_core.spec import tiny_spec
-from dsocr_core.store import RunStore
+from dsocr_core.results.store import RunStore
 
 SAMPLES = {p.stem: p for p in sample_pages()}
 FAST = ProfileSettings(mode="tiny", max_new_tokens=3)
@@ -156,7 +156,7 @@ def test_decode_flops_from_two_counted_steps_are_exact(session):
 def test_oom_is_recorded_and_a_failed_flop_pass_keeps_the_timings(tmp_path, session, pages_dir, monkeypatch):
     import torch
 
-    import dsocr_core.profile_run as pr
+    import dsocr_core.measure.dataset_run as pr
 
     store = RunStore(tmp_path / "runs.sqlite")
     ds = discover(pages_dir)

@@ -6,8 +6,8 @@ from PIL import Image
 
 from dsocr_core.cli import main
 from dsocr_core.grounding import parse, to_pixels
-from dsocr_core.preprocess import prepare_inputs
-from dsocr_core.samples import DEFAULT_DIR, PAGES, draw_page, load_index, sample_grounding, sample_pages
+from dsocr_core.runtime.inputs import prepare_inputs
+from dsocr_core.grounding.samples import DEFAULT_DIR, PAGES, draw_page, load_index, sample_grounding, sample_pages
 from dsocr_core.tiling import crop_grid, token_counts
 
 INDEX = load_index(DEFAULT_DIR)

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from dsocr_core.cli import main
-from dsocr_core.flops import flops_at
+from dsocr_core.runtime.flops import flops_at
 from dsocr_core.model.checkpoint import save_checkpoint, synthetic_model
-from dsocr_core.samples import sample_pages
-from dsocr_core.session import Session
+from dsocr_core.grounding.samples import sample_pages
+from dsocr_core.runtime.session import Session
 from dsocr_core.spec import tiny_spec
 
 

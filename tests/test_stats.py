@@ -5,11 +5,11 @@ import pytest
 
 from dsocr_core.analytic import stage_totals
 from dsocr_core.hardware import get_hardware
-from dsocr_core.operators import OperatorProfile, group_events
+from dsocr_core.measure.operators import OperatorProfile, group_events
 from dsocr_core.spec import Workload, tiny_spec
-from dsocr_core.stats import (STAGES, decode_steps, distributions, load_dataset_run, operator_stages,
+from dsocr_core.results.dataset_stats import (STAGES, decode_steps, distributions, load_dataset_run, operator_stages,
                               operator_table, page_means, page_table, run_summary, stage_summary)
-from dsocr_core.store import RunStore, stage_stats
+from dsocr_core.results.store import RunStore, stage_stats
 
 SPEC = tiny_spec()
 H200 = get_hardware("h200")

@@ -4,9 +4,9 @@ import threading
 import pandas as pd
 import pytest
 
-from dsocr_core.environment import capture_environment
+from dsocr_core.measure.environment import capture_environment
 from dsocr_core.spec import Workload
-from dsocr_core.store import (
+from dsocr_core.results.store import (
     CSV_COLUMNS, FORMAT_VERSION, POINT_FRAME_COLUMNS, RunImportError, RunNotFound, RunStore, labels, point_key,
     stage_stats,
 )

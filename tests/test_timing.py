@@ -3,7 +3,7 @@ import time
 
 import torch
 
-from dsocr_core.timing import StageTimer
+from dsocr_core.runtime.timing import StageTimer
 
 
 def test_span_includes_the_gaps_between_entries():

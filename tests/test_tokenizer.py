@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dsocr_core.tokenizer import (
+from dsocr_core.runtime.tokenizer import (
     CONTROL_TOKENS,
     IMAGE_TOKEN_ID,
     SPECIAL_TOKENS,

@@ -1,5 +1,5 @@
 """The 'Dataset runs' section of the measured page: runs of kind `dataset` (real pages profiled one by one with
-`python -m dsocr_core profile`), read through dsocr_core.stats."""
+`python -m dsocr_core profile`), read through dsocr_core.results.dataset_stats."""
 from __future__ import annotations
 
 import altair as alt
@@ -12,8 +12,8 @@ from . import resources
 
 @st.cache_data(max_entries=8, show_spinner="Reading the dataset run ...")
 def _view(store_path: str, run_id: str, version: str):
-    from dsocr_core import stats
-    from dsocr_core.store import RunStore
+    from dsocr_core.results import dataset_stats as stats
+    from dsocr_core.results.store import RunStore
 
     return stats.load_dataset_run(RunStore(store_path), run_id)
 

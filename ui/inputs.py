@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from dsocr_core.preprocess import ImageError, load_image
+from dsocr_core.runtime.inputs import ImageError, load_image
 
 MAX_LIST = 200  # values per typed list: the analytic sweep is cheap, the charts are not
 TEXT_SUFFIXES = (".mmd", ".md", ".txt")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dsocr_core import measure, tiling
+from dsocr_core import tiling
+from dsocr_core.measure import sweep as measure
 
 from . import inputs, measured, resources, sweeps
 

@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 from PIL import Image
 
-from dsocr_core import parity
-from dsocr_core.measure import is_oom
+from dsocr_core.measure import parity_run as parity
+from dsocr_core.measure.sweep import is_oom
 
 from . import resources
 from .inputs import Page

@@ -21,7 +21,7 @@ import streamlit as st
 from dsocr_core import analytic, tiling
 from dsocr_core.hardware import calibrate, match_device_name
 from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec
-from dsocr_core.store import RunImportError, RunStore, default_path
+from dsocr_core.results.store import RunImportError, RunStore, default_path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = ROOT / "data" / "reference"
@@ -100,7 +100,7 @@ def run_calibration(device: str) -> Hardware:
 # ------------------------------------------------------------------------------------------- session
 @st.cache_resource(max_entries=1, show_spinner="Loading the model ...")
 def _session(source: str, preset: str | None, checkpoint: str | None, device: str, dtype: str, attn: str):
-    from dsocr_core.session import Session
+    from dsocr_core.runtime.session import Session
 
     if source == "checkpoint":
         return Session.load(checkpoint=checkpoint, device=device, dtype=dtype, attn=attn)
@@ -116,7 +116,7 @@ def get_session(model) -> tuple[object | None, str | None]:
 
 
 def _load_message(exc: BaseException, model) -> str:
-    from dsocr_core.measure import is_oom
+    from dsocr_core.measure.sweep import is_oom
 
     if is_oom(exc):
         return (f"out of memory while loading the {model.label}: choose a smaller dtype, the CPU, or the "
@@ -241,7 +241,7 @@ def param_frame(spec_json: str) -> tuple[int, pd.DataFrame]:
 def comparison(store_path: str, run_id: str, version: str, datasheet_json: str | None,
                calibrated_json: str | None) -> pd.DataFrame:
     """compare_run for one run; `version` (point counts and last update) makes a growing run recompute."""
-    from dsocr_core.compare import compare_run
+    from dsocr_core.results.analytic_join import compare_run
 
     return compare_run(RunStore(store_path), run_id, datasheet=_hw(datasheet_json), calibrated=_hw(calibrated_json))
 

@@ -1,7 +1,7 @@
 """A measured sweep started from the page runs in a background thread, so it survives reruns and closed tabs.
 
 One sweep at a time per server process (`runner()` is an `st.cache_resource`). The thread measures one point
-per `dsocr_core.measure.run_sweep` call, holding the device lock only for that point, so a parity run from
+per `dsocr_core.measure.sweep.run_sweep` call, holding the device lock only for that point, so a parity run from
 another tab can take its turn between points. Each point is written to the run store as soon as it is
 measured (run_sweep does that), so a stop, a closed tab or a crash loses nothing already measured. The page
 reads `SweepJob` (progress) and the store (points) from an `st.fragment(run_every=1)`.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
-from dsocr_core import measure
+from dsocr_core.measure import sweep as measure
 from dsocr_core.spec import Workload
 
 from . import resources

@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def default_image() -> Path:
-    from ..samples import sample_pages
+    from ..grounding.samples import sample_pages
 
     pages = sample_pages()
     if not pages:
@@ -41,7 +41,7 @@ def default_image() -> Path:
 
 
 def run(args) -> int:
-    from ..preprocess import ImageError
+    from ..runtime.inputs import ImageError
 
     if args.max_new_tokens < 1:
         raise UserError("--max-new-tokens must be at least 1")

@@ -17,7 +17,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _grids(text: str) -> list[tuple[int, int]]:
-    from ..measure import vendor_grids
+    from ..measure.sweep import vendor_grids
 
     out = []
     for part in text.split(","):
@@ -57,9 +57,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from ..compare import compare_run, summarize, summary_json, summary_markdown
-    from ..measure import run_sweep, sweep_workloads
-    from ..store import RunStore
+    from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
+    from ..measure.sweep import run_sweep, sweep_workloads
+    from ..results.store import RunStore
 
     from ..tiling import MODES
 

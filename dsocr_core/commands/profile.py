@@ -61,9 +61,9 @@ def _resolve_run(store, prefix: str) -> str:
 
 
 def run(args) -> int:
-    from ..dataset import DatasetError, discover, sample
-    from ..profile_run import ProfileSettings, check_resume, create_dataset_run, run_dataset
-    from ..store import RunStore
+    from ..measure.datasets import DatasetError, discover, sample
+    from ..measure.dataset_run import ProfileSettings, check_resume, create_dataset_run, run_dataset
+    from ..results.store import RunStore
 
     settings = ProfileSettings(mode=args.mode, prompt=args.prompt, min_crops=args.min_crops, max_crops=args.max_crops,
                                max_new_tokens=args.max_new_tokens, no_repeat_ngram_size=args.no_repeat_ngram_size,
@@ -126,7 +126,7 @@ def run(args) -> int:
         bar.close()
 
     if args.trace:
-        from ..operators import profile_operators, store_operator_profile
+        from ..measure.operators import profile_operators, store_operator_profile
 
         out_dir = args.trace_dir or Path("out") / "profile" / run_id
         try:
@@ -142,7 +142,7 @@ def run(args) -> int:
 
 
 def report(store, run_id: str, hardware, as_json: bool = False) -> int:
-    from ..stats import operator_table, page_table, run_summary, stage_summary
+    from ..results.dataset_stats import operator_table, page_table, run_summary, stage_summary
 
     pages = page_table(store, run_id, hardware)
     summary = run_summary(store, run_id, pages)
@@ -153,7 +153,7 @@ def report(store, run_id: str, hardware, as_json: bool = False) -> int:
                "operators": json.loads(ops.to_json(orient="records"))}
         print(json.dumps(doc))
         return 0 if summary["done"] else 1
-    from ..store import FLAG_LABELS
+    from ..results.store import FLAG_LABELS
 
     flags = [FLAG_LABELS.get(k, k) for k, v in summary["flags"].items() if v]
     print(f"\n{summary['label']}")

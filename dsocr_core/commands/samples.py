@@ -1,7 +1,7 @@
 """`samples`: draw the project's own sample pages (PNG + grounding text + index.json)."""
 from pathlib import Path
 
-from ..samples import DEFAULT_DIR, PAGES, write_samples
+from ..grounding.samples import DEFAULT_DIR, PAGES, write_samples
 
 
 def register(sub) -> None:

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..generation import next_tokens
+from ..runtime.generate import next_tokens
 from ..model.decoder import rope_cos_sin
-from ..timing import StageTimer
+from ..runtime.timing import StageTimer
 from .decode_kernels import FusedDecode
 from .attention import SAM_ATTENTION, decode_attention
 from .graphs import Captured

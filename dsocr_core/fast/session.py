@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..session import GenerationResult, PrefillResult, Session
-from ..timing import StageTimer
+from ..runtime.session import GenerationResult, PrefillResult, Session
+from ..runtime.timing import StageTimer
 from .engine import FastCache, FastEngine
 
 SESSION_MODES = ("reference", "fast")

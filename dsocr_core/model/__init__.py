@@ -3,7 +3,7 @@ with parameter names and shapes equal to the official checkpoint, and strict che
 from .checkpoint import (CheckpointError, expected_shapes, load_model, meta_model, save_checkpoint,
                          synthetic_model, synthetic_state_dict)
 from .deepseek_ocr import DeepseekOCRForCausalLM, DeepseekOCRModel, generate_greedy
-from .flops import flop_counter
+from .flop_formulas import flop_counter
 from .kv_cache import KVCache
 
 __all__ = [

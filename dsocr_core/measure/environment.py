@@ -66,7 +66,7 @@ def capture_environment(device: str = "cpu") -> dict[str, Any]:
         if env[dist] is None and dist not in missing:
             missing[dist] = "not installed"
     try:
-        from . import __version__
+        from .. import __version__
 
         env["dsocr_core"] = __version__
     except Exception as exc:  # pragma: no cover - the package always has a version

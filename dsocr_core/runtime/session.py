@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 
 from .flops import count_flops, model_counter, module_flops
-from .generation import next_tokens
-from .spec import ModelSpec
+from .generate import next_tokens
+from ..spec import ModelSpec
 from .timing import StageTimer
 
 FirstToken = Literal["prefill", "redecode"]
@@ -103,8 +103,8 @@ class Session:
              device: str = "auto", dtype: str = "bfloat16", attn: str = "sdpa",
              spec_overrides: dict | None = None) -> "Session":
         """A session over a local checkpoint folder, or over seeded random weights of a preset ('tiny'|'full')."""
-        from .model.checkpoint import load_model, synthetic_model
-        from .spec import PRESETS
+        from ..model.checkpoint import load_model, synthetic_model
+        from ..spec import PRESETS
         from .tokenizer import load_tokenizer
 
         if dtype not in TORCH_DTYPES:
@@ -147,7 +147,7 @@ class Session:
     def prepare(self, image=None, prompt: str = "<image>\n<|grounding|>Convert the document to markdown.",
                 mode: str = "gundam", min_crops: int = 2, max_crops: int = 9, batch: int = 1):
         """Page image (path, bytes or PIL image) and prompt -> model inputs on this session's device."""
-        from .preprocess import prepare_inputs
+        from .inputs import prepare_inputs
 
         inputs = prepare_inputs(image, prompt, self.tokenizer, mode=mode, min_crops=min_crops,
                                 max_crops=max_crops, dtype=self.torch_dtype, batch=batch)

@@ -27,7 +27,7 @@ from typing import Literal, Sequence
 
 from PIL import Image
 
-from .preprocess import MAX_PIXELS, ImageError, load_image
+from ..runtime.inputs import MAX_PIXELS, ImageError, load_image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 PDF_SUFFIX = ".pdf"

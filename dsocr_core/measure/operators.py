@@ -31,7 +31,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function
 
-from .timing import StageTimer
+from ..runtime.timing import StageTimer
 
 RANGE_PREFIX = "dsocr::"
 PAGE_PREFIX = "dsocr.page::"
@@ -202,9 +202,9 @@ def profile_operators(session, samples: Sequence, settings, n_pages: int = 2,
     generating `max_new_tokens` tokens per page with the run's settings (profile_run.ProfileSettings).
     With `out_dir`, writes operators.csv, operator_stages.csv and trace.json (Chrome trace) there.
     Raises ValueError when no sample is readable."""
-    from .dataset import load_page
-    from .preprocess import ImageError
-    from .profile_run import generate_timed
+    from .datasets import load_page
+    from ..runtime.inputs import ImageError
+    from .dataset_run import generate_timed
 
     if n_pages < 1 or max_new_tokens < 1:
         raise ValueError("n_pages and max_new_tokens must be at least 1")

@@ -17,12 +17,12 @@ from typing import Callable, Iterable
 
 import torch
 
-from .preprocess import synthetic_for_workload
-from .session import VISION_STAGES, Session
-from .spec import Workload
-from .store import RunStore, point_key, stage_stats
-from .tiling import HF_CROP_RANGE, MODES, candidate_grids
-from .timing import StageTimer
+from ..runtime.inputs import synthetic_for_workload
+from ..runtime.session import VISION_STAGES, Session
+from ..spec import Workload
+from ..results.store import RunStore, point_key, stage_stats
+from ..tiling import HF_CROP_RANGE, MODES, candidate_grids
+from ..runtime.timing import StageTimer
 
 Progress = Callable[[int, int, Workload, str], None]  # (points handled, total, workload, status)
 
@@ -95,7 +95,7 @@ def count_decode_flops(session: Session, inputs, workload: Workload) -> tuple[in
     """(FLOPs of K decode steps from the prompt, FLOPs of the mean step), counted at the first and the last
     step. Decode FLOPs are affine in the context length (attention grows by a constant per token), so the sum
     over K steps is exactly K * (first + last) / 2."""
-    from .flops import count_flops
+    from ..runtime.flops import count_flops
 
     k = workload.decode_steps
     if k == 0:

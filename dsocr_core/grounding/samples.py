@@ -14,10 +14,10 @@ from pathlib import Path
 import PIL
 from PIL import Image, ImageDraw, ImageFont
 
-from .grounding import normalize_box
-from .tiling import HF_CROP_RANGE, VLLM_CROP_RANGE, crop_grid, token_counts
+from . import normalize_box
+from ..tiling import HF_CROP_RANGE, VLLM_CROP_RANGE, crop_grid, token_counts
 
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "data" / "samples"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
 INDEX_NAME = "index.json"
 
 INK = (25, 25, 30)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from .tiling import HF_CROP_RANGE, TokenCounts, crop_grid, mode_info, token_counts
+from ..tiling import HF_CROP_RANGE, TokenCounts, crop_grid, mode_info, token_counts
 from .tokenizer import BOS_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, Tokenizer, load_tokenizer
 
 PAD_COLOR = (127, 127, 127)  # int(0.5 * 255) per channel: the vendor's fill for padded views

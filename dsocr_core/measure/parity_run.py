@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .grounding import DetectionComparison, build_result, compare_outputs
-from .preprocess import load_image
-from .session import GenerationResult, Session
+from ..grounding import DetectionComparison, build_result, compare_outputs
+from ..runtime.inputs import load_image
+from ..runtime.session import GenerationResult, Session
 
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 

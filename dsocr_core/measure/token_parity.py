@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..generation import ban_repeated_ngrams, next_tokens
+from ..runtime.generate import ban_repeated_ngrams, next_tokens
 
 
 @torch.no_grad()

@@ -11,9 +11,9 @@ import math
 
 import pandas as pd
 
-from .analytic import stage_totals
-from .hardware import match_device_name
-from .spec import Hardware, ModelSpec, Workload
+from ..analytic import stage_totals
+from ..hardware import match_device_name
+from ..spec import Hardware, ModelSpec, Workload
 from .store import RunStore
 
 FLAG_THRESHOLD = 0.10  # differences above 10% are flagged

@@ -37,12 +37,12 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
-from .dataset import Dataset, Sample, load_page
-from .generation import next_tokens
-from .preprocess import DEFAULT_PROMPT, ImageError
-from .session import VISION_STAGES, Session
-from .store import RunStore, point_key, stage_stats
-from .timing import StageTimer, synchronize
+from .datasets import Dataset, Sample, load_page
+from ..runtime.generate import next_tokens
+from ..runtime.inputs import DEFAULT_PROMPT, ImageError
+from ..runtime.session import VISION_STAGES, Session
+from ..results.store import RunStore, point_key, stage_stats
+from ..runtime.timing import StageTimer, synchronize
 
 DEFAULT_MAX_NEW_TOKENS = 512
 FlopsPolicy = Literal["shape", "page", "none"]
@@ -69,7 +69,7 @@ class ProfileSettings:
     warmup: WarmupPolicy = "shape"
 
     def validate(self) -> "ProfileSettings":
-        from .tiling import mode_info
+        from ..tiling import mode_info
 
         mode_info(self.mode)  # SpecError (a ValueError) for an unknown mode
         if self.max_new_tokens < 1:
@@ -203,7 +203,7 @@ class PageResult:
 
 
 def _detections(text: str) -> dict:
-    from .grounding import parse
+    from ..grounding import parse
 
     parsed = parse(text)
     return {"blocks": len(parsed.blocks), "labels": parsed.labels(), "problems": len(parsed.problems),
@@ -263,7 +263,7 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     try:  # a failing FLOP pass (e.g. out of memory under the counter) must not throw away the timed page
         flops, flops_source = (flop_cache or FlopCache(session, "none")).counted(inputs, settings.logits)
     except Exception as exc:  # noqa: BLE001
-        from .measure import free_memory
+        from .sweep import free_memory
 
         free_memory(session.device)
         flops, flops_source = None, f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -337,7 +337,7 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
     """Measure every sample not yet finished in `run_id`, writing each point as soon as it is measured.
     Returns counts {done, oom, error, skipped, stopped}. An unreadable page or a failing page is recorded and
     the run goes on; an out-of-memory frees memory first. `should_stop` is polled between pages."""
-    from .measure import failure, free_memory
+    from .sweep import failure, free_memory
 
     settings.validate()
     finished = store.finished_keys(run_id)

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 SCHEMA_VERSION = 1
 FORMAT = "dsocr-run"
 FORMAT_VERSION = 1
-DEFAULT_PATH = Path(__file__).resolve().parents[1] / "data" / "runs.sqlite"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "runs.sqlite"
 ENV_VAR = "DSOCR_STORE"
 
 KINDS = ("sweep", "dataset", "parity", "reference")
@@ -430,7 +430,7 @@ class RunStore:
                 "updated_at": p["updated_at"],
                 "stages": dict(sorted(stages.get(p["id"], {}).items(), key=lambda kv: _stage_order(kv[0]))),
             })
-        from . import __version__
+        from .. import __version__
 
         run_doc = {k: run[k] for k in ("id", "kind", "name", "created_at", "notes", "environment", "weights", "dtype",
                                        "attn", "session_mode", "meta", "flags")}

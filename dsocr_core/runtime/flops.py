@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .model.flops import flop_counter
+from ..model.flop_formulas import flop_counter
 
 
 def model_counter(model: torch.nn.Module | None = None) -> FlopCounterMode:

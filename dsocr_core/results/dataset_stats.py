@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .spec import Hardware, ModelSpec
+from ..spec import Hardware, ModelSpec
 from .store import RunStore
 
 STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode")
@@ -126,7 +126,7 @@ def run_spec(run: dict) -> ModelSpec:
 
 def run_hardware(run: dict) -> Hardware | None:
     """The hardware preset matching the run's GPU, or None (CPU run, or a GPU without a preset)."""
-    from .hardware import match_device_name
+    from ..hardware import match_device_name
 
     name = (run.get("environment") or {}).get("gpu_name")
     return match_device_name(name) if name else None
@@ -136,7 +136,7 @@ def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | 
                      dtype: str = "bfloat16", attn: str = "sdpa", logits: str = "all") -> pd.DataFrame:
     """analytic_* columns aligned with `pages` (NaN for samples that did not finish): one vectorised
     evaluation per mode over all the run's page workloads."""
-    from .analytic import Points, evaluate
+    from ..analytic import Points, evaluate
 
     cols = [f"analytic_{s}_tensor_flops" for s in ANALYTIC_STAGES]
     if hardware is not None:
@@ -270,7 +270,7 @@ def run_summary(store: RunStore, run_id: str, pages: pd.DataFrame | None = None)
 def operator_table(store: RunStore, run_id: str, stage: str | None = None, device: str | None = None) -> pd.DataFrame:
     """The operator breakdown stored with the run (operators.OPERATOR_COLUMNS; the top operators per stage and
     device, the rest folded into one row); empty when the run has none. Filter by stage and/or device."""
-    from .operators import OPERATOR_COLUMNS, OperatorProfile
+    from ..measure.operators import OPERATOR_COLUMNS, OperatorProfile
 
     meta = store.get_run(run_id)["meta"].get("operators")
     if not meta:
@@ -285,7 +285,7 @@ def operator_table(store: RunStore, run_id: str, stage: str | None = None, devic
 
 def operator_stages(store: RunStore, run_id: str) -> pd.DataFrame:
     """Stage totals of the stored operator breakdown (operators.STAGE_COLUMNS); empty when none."""
-    from .operators import STAGE_COLUMNS, OperatorProfile
+    from ..measure.operators import STAGE_COLUMNS, OperatorProfile
 
     meta = store.get_run(run_id)["meta"].get("operators")
     if not meta:

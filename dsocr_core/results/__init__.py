@@ -1,0 +1,2 @@
+"""Measured results: the run store (schema, store, import/export), the analytic-vs-measured join, dataset-run
+statistics."""
