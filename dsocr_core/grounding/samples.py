@@ -14,7 +14,7 @@ from pathlib import Path
 import PIL
 from PIL import Image, ImageDraw, ImageFont
 
-from . import normalize_box
+from .parse import normalize_box
 from ..tiling import HF_CROP_RANGE, VLLM_CROP_RANGE, crop_grid, token_counts
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
