@@ -1,0 +1,261 @@
+"""Moving runs in and out of a store: the JSON document (export, import with validation) and the flat CSV.
+
+Export: `export_dict` is the full self-describing document (format "dsocr-run", FORMAT_VERSION), `export_json` its
+text (header indented, one point per line), `export_csv` a tidy table (CSV_COLUMNS). Import: `import_bytes`
+validates a document against the pydantic models below and writes the run in one transaction.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .schema import (CSV_COLUMNS, FLAGS, FORMAT, FORMAT_VERSION, POINT_COLUMNS, STAGE_NUMBERS, WEIGHT_SOURCES,
+                     RunImportError, _fetch_run, _insert_run, _now, _point_row, _run_row, _stage_order, _stage_rows,
+                     _upsert_point, labels, point_key)
+
+if TYPE_CHECKING:
+    from .store import RunStore
+
+
+# -------------------------------------------------------------------- export
+def export_dict(store: RunStore, run_id: str) -> dict[str, Any]:
+    """The full, self-describing JSON document of a run (what export_run writes to .json)."""
+    with store._read() as conn:
+        run = _fetch_run(conn, run_id)
+        pts = conn.execute("SELECT * FROM points WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+        stages: dict[int, dict] = {}
+        for s in conn.execute(
+            "SELECT s.* FROM stage_results s JOIN points p ON p.id = s.point_id WHERE p.run_id = ?", (run_id,)
+        ):
+            entry = {c: s[c] for c in STAGE_NUMBERS}
+            entry["extra"] = json.loads(s["extra"])
+            stages.setdefault(s["point_id"], {})[s["stage"]] = entry
+    points = []
+    for p in pts:
+        points.append({
+            "workload": json.loads(p["key"]),
+            "status": p["status"],
+            "message": p["message"],
+            "resolved": {c: p[c] for c in POINT_COLUMNS},
+            "kv_bytes": p["kv_bytes"],
+            "extra": json.loads(p["extra"]),
+            "updated_at": p["updated_at"],
+            "stages": dict(sorted(stages.get(p["id"], {}).items(), key=lambda kv: _stage_order(kv[0]))),
+        })
+    from .. import __version__
+
+    run_doc = {k: run[k] for k in ("id", "kind", "name", "created_at", "notes", "environment", "weights", "dtype",
+                                   "attn", "session_mode", "meta", "flags")}
+    run_doc["label"] = labels(run)
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "exported_at": _now(),
+            "exported_by": f"dsocr_core {__version__}", "run": run_doc, "points": points}
+
+
+def export_json(store: RunStore, run_id: str) -> str:
+    """export_dict as text: the header indented, one point per line (readable, diffable, not bloated)."""
+    doc = export_dict(store, run_id)
+    points = doc.pop("points")
+    head = json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False)
+    lines = [json.dumps(p, ensure_ascii=False, allow_nan=False, separators=(",", ":")) for p in points]
+    body = ("[\n  " + ",\n  ".join(lines) + "\n ]") if lines else "[]"
+    return head[:-2] + ',\n "points": ' + body + "\n}\n"
+
+
+def export_csv(store: RunStore, run_id: str) -> str:
+    """Flat tidy CSV (CSV_COLUMNS): one line per point and stage, run columns and flags repeated on each."""
+    run = store.get_run(run_id)
+    frame = store.points(run_id)
+    env = run["environment"]
+    run_values = {
+        "run_name": run["name"], "run_kind": run["kind"], "run_created_at": run["created_at"],
+        "gpu_name": env.get("gpu_name"), "device": env.get("device"), "weights_source": run["weights"].get("source"),
+        "run_dtype": run["dtype"], "run_attn": run["attn"], "session_mode": run["session_mode"], **run["flags"],
+    }
+    for col, value in run_values.items():
+        frame[col] = value
+    for col in ("extra", "stage_extra"):
+        frame[col] = [None if v is None else json.dumps(v, sort_keys=True) for v in frame[col]]
+    buf = io.StringIO()
+    frame[list(CSV_COLUMNS)].to_csv(buf, index=False, quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
+    return buf.getvalue()
+
+
+def export_run(store: RunStore, run_id: str, path: str | Path) -> Path:
+    """Write the run to `path`: .json (full document, importable) or .csv (flat table). Returns the path."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        text = export_json(store, run_id)
+    elif suffix == ".csv":
+        text = export_csv(store, run_id)
+    else:
+        raise ValueError(f"export path must end in .json or .csv, got {path.name!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+# -------------------------------------------------------------------- import
+def import_run(store: RunStore, path: str | Path) -> str:
+    """Import a run exported as JSON; returns its uuid (the original one). Importing it again updates the
+    same run (points upserted, none duplicated); an unchanged file is skipped. Raises RunImportError."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RunImportError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return import_bytes(store, data, source=str(path))
+
+
+def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> str:
+    """import_run for file contents already in memory (e.g. a Streamlit upload)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    sha = hashlib.sha256(raw).hexdigest()
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RunImportError(f"{source}: not UTF-8 text; expected a JSON run export") from None
+    except json.JSONDecodeError as exc:
+        raise RunImportError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+                             "expected a run exported as .json") from None
+    export = _validate_export(doc, source)
+    run = export.run
+    row = _run_row(run.id, run.kind, run.name, run.created_at, run.notes, run.environment, run.weights,
+                   run.dtype, run.attn, run.session_mode, run.meta, extra_flags=run.flags, source=source)
+    point_rows = []
+    for i, p in enumerate(export.points):
+        where = f"{source}: points[{i}]"
+        try:
+            key = point_key(p.workload)
+            resolved = {k: v for k, v in p.resolved.items() if v is not None}
+            prow = _point_row(p.workload, p.status, p.message, p.kv_bytes, resolved, p.extra)
+            srows = _stage_rows({name: {**s.model_dump(exclude={"extra"}), **s.extra}
+                                 for name, s in p.stages.items()})
+        except (ValueError, TypeError) as exc:
+            raise RunImportError(f"{where}: {exc}") from None
+        point_rows.append((key, prow, p.updated_at, srows))
+    with store._write() as conn:
+        old = conn.execute("SELECT import_sha256 FROM runs WHERE id = ?", (run.id,)).fetchone()
+        if old is not None and old[0] == sha:
+            return run.id
+        if old is None:
+            _insert_run(conn, row)
+        else:
+            current = _fetch_run(conn, run.id)
+            flags = {f: row[f] or current["flags"][f] for f in FLAGS}  # never drop a warning
+            conn.execute(
+                "UPDATE runs SET kind=?, name=?, created_at=?, notes=?, environment=?, weights=?, dtype=?, attn=?, "
+                "session_mode=?, meta=?, synthetic_weights=?, cpu=?, fallback_tokenizer=?, imported_from=? "
+                "WHERE id=?",
+                (row["kind"], row["name"], row["created_at"], row["notes"], row["environment"], row["weights"],
+                 row["dtype"], row["attn"], row["session_mode"], row["meta"], *(int(flags[f]) for f in FLAGS),
+                 row["imported_from"], run.id),
+            )
+        for key, prow, updated_at, srows in point_rows:
+            _upsert_point(conn, run.id, key, prow, updated_at, srows)
+        conn.execute("UPDATE runs SET import_sha256 = ? WHERE id = ?", (sha, run.id))
+    return run.id
+
+
+def import_dir(store: RunStore, folder: str | Path) -> list[str]:
+    """Import every *.json in `folder` (e.g. data/reference/), sorted by name; returns the run ids. Good files
+    are imported even when some are bad; then one RunImportError lists every bad file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    ids, errors = [], []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            ids.append(import_run(store, path))
+        except RunImportError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise RunImportError(f"{len(errors)} of {len(errors) + len(ids)} files in {folder} not imported:\n"
+                             + "\n".join(errors))
+    return ids
+
+
+# -------------------------------------------------------------------- import validation
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _ExportStage(_Strict):
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    p10_s: float | None = None
+    p90_s: float | None = None
+    std_s: float | None = None
+    repeats: int | None = None
+    flops: int | None = None
+    tensor_flops: int | None = None
+    peak_memory_bytes: int | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class _ExportPoint(_Strict):
+    workload: dict[str, Any] = Field(min_length=1)
+    status: Literal["done", "oom", "error"]
+    message: str = ""
+    resolved: dict[str, Any] = Field(default_factory=dict)
+    kv_bytes: int | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+    updated_at: str
+    stages: dict[str, _ExportStage] = Field(default_factory=dict)
+
+
+class _ExportRun(_Strict):
+    id: str = Field(pattern=r"^[0-9a-fA-F-]{8,64}$")
+    kind: Literal["sweep", "dataset", "parity", "reference"]
+    name: str = ""
+    created_at: str
+    notes: str = ""
+    environment: dict[str, Any]
+    weights: dict[str, Any]
+    dtype: str | None = None
+    attn: str | None = None
+    session_mode: str | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+    flags: dict[str, bool] = Field(default_factory=dict)
+    label: str | None = None  # informative only; recomputed on read
+
+
+class _Export(_Strict):
+    format: Literal["dsocr-run"]
+    format_version: int
+    exported_at: str | None = None
+    exported_by: str | None = None
+    run: _ExportRun
+    points: list[_ExportPoint]
+
+
+def _validate_export(doc: Any, source: str) -> _Export:
+    if not isinstance(doc, dict):
+        raise RunImportError(f"{source}: expected a JSON object (a run export), got {type(doc).__name__}")
+    if doc.get("format") != FORMAT:
+        raise RunImportError(f"{source}: not a run export (format is {doc.get('format')!r}, expected {FORMAT!r})")
+    version = doc.get("format_version")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise RunImportError(f"{source}: format_version {version} is newer than this code reads ({FORMAT_VERSION}); "
+                             "update dsocr_core")
+    try:
+        export = _Export.model_validate(doc)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()[:5]]
+        more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+        raise RunImportError(f"{source}: malformed run export: " + "; ".join(problems) + more) from None
+    if "device" not in export.run.environment:
+        raise RunImportError(f"{source}: malformed run export: run.environment has no 'device'")
+    if export.run.weights.get("source") not in WEIGHT_SOURCES:
+        raise RunImportError(f"{source}: malformed run export: run.weights.source must be one of "
+                             f"{', '.join(WEIGHT_SOURCES)}")
+    return export
