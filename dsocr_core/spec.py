@@ -28,7 +28,8 @@ class _Frozen(BaseModel):
 
 
 class ModelSpec(_Frozen):
-    """Every dimension of DeepSeek-OCR. Defaults = the official checkpoint (facts sections 1-3)."""
+    """Every dimension of DeepSeek-OCR. Defaults = the official checkpoint (its config.json plus the vision sizes
+    the vendor code hard-codes)."""
 
     # --- language model (DeepseekV2 without MLA) ---
     hidden_size: int = Field(1280, gt=0)

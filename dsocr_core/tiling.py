@@ -1,4 +1,5 @@
-"""Modes, the vendor tile-grid choice and the token math (facts section 5).
+"""Modes, the vendor tile-grid choice (the grid closest to the image's aspect, 2..9 tiles under HF, 2..6 under
+vLLM) and the token math.
 
 A view of S x S pixels goes through SAM (patch 16) and the 4x compressor, so it becomes an (S/64) x (S/64) grid
 of vision features; every feature row gets one `image_newline` slot, and each image ends with one

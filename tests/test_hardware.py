@@ -6,7 +6,7 @@ from dsocr_core.hardware import (PRESETS, CalibrationError, calibrate, get_hardw
                                  measure_copy_bandwidth, measure_matmul_flops)
 from dsocr_core.spec import SpecError
 
-FACTS = {  # shared/facts/hardware.md: dense BF16 TFLOP/s, GB, TB/s
+FACTS = {  # vendor datasheets: dense (not sparse) BF16 TFLOP/s, GB, TB/s
     "h200": (989, 141, 4.8), "h100-sxm": (989, 80, 3.35), "h100-pcie": (756, 80, 2.0), "h20": (148, 96, 4.0),
     "a100-sxm-80gb": (312, 80, 2.039), "a100-sxm-40gb": (312, 40, 1.555), "l40s": (362, 48, 0.864),
     "rtx4090": (165, 24, 1.008), "rtx5090": (209.5, 32, 1.792), "b200": (2250, 180, 8.0),

@@ -1,4 +1,4 @@
-"""Modes, the vendor tile-grid choice and token counts (facts section 5)."""
+"""Modes, the vendor tile-grid choice (closest aspect; 2..9 tiles under HF, 2..6 under vLLM) and token counts."""
 import pytest
 
 from dsocr_core.spec import SpecError, Workload

@@ -118,7 +118,8 @@ def total_params(spec: ModelSpec) -> int:
 
 def activated_params(spec: ModelSpec) -> int:
     """Non-embedding parameters one decoded token touches (top-k experts, shared, gates, norms, attention,
-    dense layers) plus lm_head. Embedding and vision excluded (facts section 3: 574,127,360 for the default)."""
+    dense layers) plus lm_head. Embedding and vision excluded (574,127,360 for the official checkpoint, the
+    paper's A570M)."""
     s, h = spec, spec.hidden_size
     per_layer = 2 * h + 4 * h * h  # two RMSNorms, q/k/v/o
     dense = s.first_k_dense_replace * swiglu_params(h, s.intermediate_size)
@@ -129,8 +130,8 @@ def activated_params(spec: ModelSpec) -> int:
 
 
 def param_breakdown(spec: ModelSpec) -> dict[str, int]:
-    """The groups facts section 3 lists: embed, lm_head, attention, dense_mlp, routed_experts, shared_experts,
-    gates, norms, sam, clip, projector, layout."""
+    """Parameters per group, the groups the official checkpoint's 3,336,106,240 are counted in: embed, lm_head,
+    attention, dense_mlp, routed_experts, shared_experts, gates, norms, sam, clip, projector, layout."""
     groups = dict.fromkeys(["embed", "lm_head", "attention", "dense_mlp", "routed_experts", "shared_experts",
                             "gates", "norms", "sam", "clip", "projector", "layout"], 0)
     for path, n in _param_counts(spec):

@@ -1,4 +1,5 @@
-"""CLIP-L/14 encoder fed by SAM features instead of its own patch conv (facts section 2).
+"""CLIP-L/14 encoder fed by SAM features instead of its own patch conv (official weights: width 1024, 24 layers,
+16 heads; the patch conv stays in the checkpoint, unused).
 
 SAM output [N, C, g, g] -> tokens [N, g*g, C] -> CLS prepended, positions added (patch positions resized when
 g != 16) -> pre_layrnorm -> pre-LN blocks (fused qkv, SDPA without mask, quick_gelu MLP) -> [N, 1 + g*g, C].

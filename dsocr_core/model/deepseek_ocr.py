@@ -1,7 +1,7 @@
 """DeepSeek-OCR top level: vision stages, projector, vision-token layout, token embedding and the LM.
 
 Module paths equal the official checkpoint's tensor prefixes (docs/model-contract.md). Inputs follow the vendor
-HF path (facts section 6): `images` is one (crops, global) pair per batch row, `images_spatial_crop` one
+HF path: `images` is one (crops, global) pair per batch row, `images_spatial_crop` one
 (width tiles, height tiles) per row, (1, 1) meaning "global view only" (its crops tensor is ignored).
 """
 from __future__ import annotations

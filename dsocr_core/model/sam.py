@@ -1,4 +1,5 @@
-"""SAM ViT-B image encoder with the DeepSeek-OCR neck and 4x compressor (facts section 2).
+"""SAM ViT-B image encoder with the DeepSeek-OCR neck and 4x compressor (official weights: width 768, 12 blocks
+of 12 heads, global attention in blocks 2, 5, 8, 11, 14x14 windows elsewhere).
 
 Pixels [N,3,S,S] -> patches [N,P,P,W] (P = S/16) -> 12 pre-LN blocks (14x14 windows, except the global blocks)
 -> neck (1x1 conv, LayerNorm2d, 3x3 conv, LayerNorm2d) -> net_2, net_3 (stride-2 convs) -> [N, C_out, P/4, P/4].

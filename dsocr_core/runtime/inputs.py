@@ -1,4 +1,4 @@
-"""Page image + prompt -> model inputs, with the vendor HF rules (facts sections 5-6).
+"""Page image + prompt -> model inputs, with the rules of the vendor's HF path (below).
 
 Pixels: EXIF transpose, RGB; global view padded to base_size with (127, 127, 127), bicubic, centred (base, large,
 gundam) or resized directly (tiny, small); Gundam tiles: the whole image resized to (tile*i, tile*j) bicubic and

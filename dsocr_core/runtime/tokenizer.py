@@ -1,5 +1,6 @@
 """The tokenizer: the checkpoint's own through transformers `AutoTokenizer` when the folder has one, otherwise a
-clearly labelled fallback that still maps the special tokens to their official ids (facts section 4).
+clearly labelled fallback that still maps the special tokens to their official ids (BOS 0, EOS 1, pad 2,
+`<image>` 128815 ... `<|Assistant|>` 128826).
 
 Both kinds share one interface:
 
@@ -22,7 +23,7 @@ BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_ID = 128815
 
-# The DeepSeek-OCR special tokens and their official ids (facts section 4).
+# The DeepSeek-OCR special tokens and the ids the checkpoint's own tokenizer gives them.
 SPECIAL_TOKENS: dict[str, int] = {
     "<image>": 128815,
     "<|ref|>": 128816,
