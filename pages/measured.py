@@ -1,14 +1,13 @@
 """Measured sweep: runs from the store (bundled reference runs and local runs) overlaid on the analytic model,
-per-point status, a new sweep on the local device, import/export, dataset runs."""
-import importlib.util
-
+per-point status, a new sweep on the local device (in the sidebar's session mode), import/export, dataset runs."""
 import pandas as pd
 import streamlit as st
 
 import ui
 from dsocr_core.results.store import RunImportError
-from ui import charts, live, resources
+from ui import charts, dataset_view, live, resources
 from ui import measured as ms
+from ui.runs import run_mode, run_title
 
 settings = ui.page_setup()
 st.title("Measured sweep")
@@ -26,9 +25,7 @@ else:
     st.info(f"No bundled reference runs yet: `{handle.reference_dir}` holds no exported run. Start a sweep below "
             "(on the CPU it measures the synthetic tiny model) or import an exported run.")
 
-has_dataset = importlib.util.find_spec("dsocr_core.results.dataset_stats") is not None
-tab_names = ["Runs", "New sweep", "Import / export"] + (["Dataset runs"] if has_dataset else [])
-tabs = st.tabs(tab_names)
+tabs = st.tabs(["Runs", "New sweep", "Import / export", "Dataset runs"])
 
 with tabs[0]:
     if not runs:
@@ -36,7 +33,7 @@ with tabs[0]:
     else:
         by_id = {r["id"]: r for r in runs}
         default = [r["id"] for r in references[:1]] or [runs[0]["id"]]
-        chosen = st.multiselect("Runs", list(by_id), default=default, format_func=lambda i: ms.run_title(by_id[i]),
+        chosen = st.multiselect("Runs", list(by_id), default=default, format_func=lambda i: run_title(by_id[i]),
                                 key="ms_runs")
         frames, notes = [], []
         for run_id in chosen:
@@ -91,23 +88,19 @@ with tabs[0]:
                         st.altair_chart(charts.lines(flops, x, ms.X_CHOICES[x], "FLOPs", "tensor FLOPs",
                                                      log_y=True), width="stretch")
         for run, _, pts in frames:
-            st.markdown(f"**{run['label']}** — {run['n_done']} done, {run['n_oom']} oom, {run['n_error']} error")
+            st.markdown(f"**{run['label']}** ({run_mode(run)}) — {run['n_done']} done, {run['n_oom']} oom, "
+                        f"{run['n_error']} error")
             st.dataframe(ms.point_table(pts), hide_index=True, width="stretch", height=260,
                          column_config={"status": st.column_config.TextColumn("status", width="small")})
 
 with tabs[1]:
-    if settings.model_error:
-        st.error(settings.model_error)
-    else:
-        session, error = resources.get_session(settings.model)
-        if error:
-            st.error(error)
-        else:
-            if settings.model.synthetic:
-                st.info(f"Sweeps measure the **{settings.model.label}**; the run is stored with that label and "
-                        "its flags (synthetic weights, CPU).")
-            live.sweep_form(settings, session)
-    live.progress_panel()
+    session = resources.page_session(settings)
+    if session is not None:
+        if settings.model.synthetic:
+            st.info(f"Sweeps measure the **{settings.model.label}** in the {resources.mode_text(session)}; the run "
+                    "is stored with that label, its session mode and its flags (synthetic weights, CPU).")
+        live.sweep_form(settings, session)
+    live.progress_panel("sweep")
 
 with tabs[2]:
     upload = st.file_uploader("Import an exported run (.json)", type=["json"], key="ms_import")
@@ -119,7 +112,7 @@ with tabs[2]:
             st.error(str(exc))
     if all_runs:
         by_id = {r["id"]: r for r in all_runs}
-        pick = st.selectbox("Export a run", list(by_id), format_func=lambda i: ms.run_title(by_id[i]),
+        pick = st.selectbox("Export a run", list(by_id), format_func=lambda i: run_title(by_id[i]),
                             key="ms_export")
         c1, c2 = st.columns(2)
         c1.download_button("Run (JSON, importable)", store.export_json(pick), f"run_{pick[:8]}.json",
@@ -127,8 +120,10 @@ with tabs[2]:
         c2.download_button("Run (CSV, one line per point and stage)", store.export_csv(pick), f"run_{pick[:8]}.csv",
                            "text/csv", key="ms_dl_csv")
 
-if has_dataset:
-    with tabs[3]:
-        from ui import dataset_view
-
-        dataset_view.render(store, [r for r in all_runs if r["kind"] == "dataset"], settings)
+with tabs[3]:
+    with st.expander("New dataset run", expanded=False):
+        session = resources.page_session(settings)
+        if session is not None:
+            dataset_view.new_run_form(settings, session)
+        live.progress_panel("dataset")
+    dataset_view.render(store, [r for r in all_runs if r["kind"] == "dataset"], settings)

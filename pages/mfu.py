@@ -7,6 +7,7 @@ import ui
 from dsocr_core.results.analytic_join import summarize, summary_markdown
 from ui import charts, resources
 from ui import measured as ms
+from ui.runs import run_mode, run_title
 
 settings = ui.page_setup()
 st.title("MFU and MBU")
@@ -22,7 +23,7 @@ if not runs:
 runs.sort(key=lambda r: (not ms.is_gpu_run(r), r["kind"] != "reference"))  # GPU reference runs first
 by_id = {r["id"]: r for r in runs}
 c1, c2 = st.columns([3, 2])
-run_id = c1.selectbox("Run", list(by_id), format_func=lambda i: ms.run_title(by_id[i]), key="mfu_run")
+run_id = c1.selectbox("Run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="mfu_run")
 run = by_id[run_id]
 ds, cal = ms.run_ceilings(run)
 use_sidebar = c2.toggle(f"Use the sidebar's ceilings ({settings.hardware.name})", value=ds is None and cal is None,
@@ -34,9 +35,7 @@ if use_sidebar:
     if not ms.is_gpu_run(run):
         st.warning(f"This run was measured on the CPU; its MFU against {settings.hardware.name} is only a "
                    "demonstration of the method.")
-flags = ms.flag_notes(run)
-if flags:
-    st.caption(f"{run['label']}: {', '.join(flags)}")
+st.caption(f"{run['label']}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
 if ds is None and cal is None:
     st.warning("This run has no GPU ceilings (no datasheet preset matches its device and it stored no "
                "calibration): turn on the sidebar's ceilings to compute MFU and MBU against them.")

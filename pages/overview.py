@@ -36,7 +36,8 @@ with left:
             st.caption(f"Datasheet preset: {gpu.preset.name}. {gpu.preset.source}")
     else:
         st.info("No CUDA GPU detected. The analytic pages work fully; the measured page shows the bundled "
-                "reference runs; the parity page runs a synthetic tiny model on the CPU.")
+                "reference runs; the parity page runs a synthetic tiny model on the CPU, in the reference session "
+                "mode (the fast mode needs a CUDA GPU).")
     hw = settings.hardware
     st.markdown(f"**Ceilings in use:** {hw.name}" + (" (calibrated)" if hw.calibrated else ""))
     cols = st.columns(2)
@@ -50,28 +51,27 @@ with left:
 with right:
     st.subheader("Model")
     model = settings.model
-    if settings.model_error:
-        st.error(settings.model_error)
-    else:
-        session, error = resources.get_session(model)
-        if error:
-            st.error(error)
+    session = resources.page_session(settings)
+    if session is not None:
+        d = session.describe()
+        if model.synthetic:
+            st.warning(f"**{model.label}**: the generated text is meaningless; costs and the parity of the "
+                       "two generation paths are real.")
         else:
-            d = session.describe()
-            if model.synthetic:
-                st.warning(f"**{model.label}**: the generated text is meaningless; costs and the parity of the "
-                           "two generation paths are real.")
-            else:
-                st.success(f"**{model.label}**")
-            cols = st.columns(3)
-            cols[0].metric("Parameters", f"{d['parameters'] / 1e6:,.1f} M")
-            cols[1].metric("Dtype", d["dtype"])
-            cols[2].metric("Device", d["device"])
-            st.table(pd.DataFrame({"": ["source", "weights", "tokenizer", "LM attention"],
-                                   "value": [d["source"], d["detail"], d["tokenizer"], d["attn"]]}).set_index(""))
-            if d.get("fallback_tokenizer"):
-                st.caption("Fallback tokenizer: prompt ids differ from the real tokenizer's (no tokenizer files "
-                           "in a checkpoint folder).")
+            st.success(f"**{model.label}**")
+        cols = st.columns(4)
+        cols[0].metric("Parameters", f"{d['parameters'] / 1e6:,.1f} M")
+        cols[1].metric("Dtype", d["dtype"])
+        cols[2].metric("Device", d["device"])
+        cols[3].metric("Session mode", d["session_mode"])
+        st.table(pd.DataFrame({"": ["source", "weights", "tokenizer", "LM attention"],
+                               "value": [d["source"], d["detail"], d["tokenizer"], d["attn"]]}).set_index(""))
+        if d.get("fallback_tokenizer"):
+            st.caption("Fallback tokenizer: prompt ids differ from the real tokenizer's (no tokenizer files "
+                       "in a checkpoint folder).")
+        if d.get("engine"):
+            with st.expander("Fast engine", expanded=False):
+                st.json(d["engine"])
 
 st.subheader("Parameters by group")
 kind = settings.spec_kind

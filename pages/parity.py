@@ -13,16 +13,15 @@ from ui import inputs, parity_view, resources
 settings = ui.page_setup()
 st.title("Vendor parity")
 model = settings.model
-if settings.model_error:
-    st.error(settings.model_error)
-    st.stop()
-session, error = resources.get_session(model)
-if error:
-    st.error(error)
+session = resources.page_session(settings)
+if session is None:
     st.stop()
 if model.synthetic:
-    st.info(f"Running the **{model.label}**: its text is meaningless, but both paths must still agree token for "
-            "token. Choose a checkpoint folder in the sidebar for real output.")
+    st.info(f"Running the **{model.label}** in the {resources.mode_text(session)}: its text is meaningless, but "
+            "both paths must still agree token for token. Choose a checkpoint folder in the sidebar for real "
+            "output.")
+else:
+    st.caption(f"Running the **{model.label}** in the {resources.mode_text(session)}.")
 
 left, right = st.columns([3, 2])
 with left:

@@ -77,7 +77,7 @@ def bomb_png(width=40_000, height=40_000) -> bytes:
         chunk(b"IEND", b"")
 
 
-def fake_gpu_run(store: RunStore, name: str = "test H200 run") -> str:
+def fake_gpu_run(store: RunStore, name: str = "test H200 run", session_mode: str | None = None) -> str:
     """A reference-kind run with an H200 environment and calibration: test data for the measured and MFU pages
     (the numbers are made up; nothing here claims to be a measurement)."""
     env = {"device": "cuda", "gpu_name": "NVIDIA H200"}
@@ -85,7 +85,7 @@ def fake_gpu_run(store: RunStore, name: str = "test H200 run") -> str:
     cal = {"name": "NVIDIA H200", "peak_tflops": 780.0, "bandwidth_tbs": 4.2, "memory_gb": 141.0,
            "source": "test calibration", "calibrated": True}
     run_id = store.create_run("reference", name, env, weights, dtype="bfloat16", attn="sdpa",
-                              meta={"calibration": cal})
+                              session_mode=session_mode, meta={"calibration": cal})
     for i, grid in enumerate([(1, 1), (2, 1), (2, 2), (3, 2)]):
         w = {"mode": "gundam", "crops": list(grid), "text_tokens": 10, "batch": 1, "decode_steps": 32,
              "dtype": "bfloat16", "attn": "sdpa", "logits": "all", "image_size": None, "min_crops": 2,
@@ -469,3 +469,87 @@ def test_mfu_of_a_cpu_run_needs_the_sidebar_ceilings(no_reference):
     at.toggle(key="mfu_sidebar").set_value(False).run()
     assert any("no GPU ceilings" in w for w in texts(at, "warning"))
     assert not at.exception
+
+
+# ------------------------------------------------------------------------------------------------ session mode
+def test_fast_mode_is_refused_on_the_cpu_and_the_reference_mode_keeps_working(no_reference):
+    at = make_app()
+    assert at.sidebar.radio(key="sb_session_mode").value == "reference"  # the default
+    if at.sidebar.selectbox(key="sb_device").value != "cpu":  # a GPU machine: choose the CPU to be refused
+        at.sidebar.selectbox(key="sb_device").set_value("cpu").run()
+    at.sidebar.radio(key="sb_session_mode").set_value("fast").run()
+    assert not at.exception
+    refusal = [w for w in texts(at.sidebar, "warning") if "Fast mode needs" in w]
+    assert refusal and "using the reference mode" in refusal[0]
+    assert any("Fast mode needs" in w for w in texts(at.main, "warning"))  # repeated where the model is used
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Session mode"] == "reference" and metrics["Device"] == "cpu"
+    goto(at, "parity")
+    at.number_input(key="pa_tokens").set_value(8)
+    at.button(key="pa_run").click().run()
+    assert not at.exception and not at.error, texts(at, "error")
+    assert any("Parity passed" in s and "reference session mode" in s for s in texts(at, "success"))
+    exported = json.loads(at.session_state["pa_results"][0].export())
+    assert exported["session_mode"] == "reference" and exported["session"]["session_mode"] == "reference"
+    goto(at, "analytic")  # pages that need no model are untouched
+    assert not at.main.error and charts(at)
+
+
+def test_fast_mode_that_cannot_be_built_falls_back_with_the_reason(no_reference, monkeypatch):
+    """Where the engine cannot be built (no Triton, say) the page says why and runs the reference session."""
+    from dsocr_core.runtime import session as core
+    from ui import resources
+
+    build = core.build_engine
+
+    def broken(mode, *args, **kwargs):
+        if mode == "fast":
+            raise RuntimeError("Triton is not installed")
+        return build(mode, *args, **kwargs)
+
+    loaded = resources.LoadedModel(core.Session.load(synthetic="tiny", device="cpu", dtype="float32"))
+    monkeypatch.setattr(core, "build_engine", broken)
+    session, refusal = loaded.session("fast")
+    assert session is loaded.reference and session.session_mode == "reference"
+    assert "could not be built" in refusal and "Triton is not installed" in refusal
+    assert loaded.session("fast") == (loaded.reference, refusal)  # remembered, not retried on every rerun
+    assert loaded.session("reference") == (loaded.reference, None)
+
+
+def test_stored_runs_show_their_session_mode(no_reference):
+    store = RunStore()
+    fast_id = fake_gpu_run(store, "fast gpu run", session_mode="fast")
+    at = goto(make_app(), "measured")
+    titles = [t for t in at.multiselect(key="ms_runs").options if t.startswith("fast gpu run")]
+    assert titles and titles[0].endswith("fast session mode")
+    assert any("(fast session mode)" in m for m in texts(at, "markdown"))  # the per-run table's heading
+    assert any(o.endswith("fast session mode") for o in at.selectbox(key="ms_export").options)
+    assert "fast" in store.export_csv(fast_id) and json.loads(store.export_json(fast_id))["run"]["session_mode"] == "fast"
+    goto(at, "mfu")
+    assert at.selectbox(key="mfu_run").value == fast_id
+    assert any("fast session mode" in c for c in texts(at, "caption"))
+
+
+def test_dataset_run_started_from_the_page_records_the_session_mode(no_reference, tmp_path):
+    import shutil
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    shutil.copy(sample_pages()[-1], pages / "card.png")
+    at = goto(make_app(), "measured")
+    at.text_input(key="ds_source").set_value(str(pages))
+    at.number_input(key="ds_pages").set_value(1)
+    at.number_input(key="ds_tokens").set_value(3)
+    submit = [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0]
+    submit.click().run()
+    assert not at.exception and not at.error, texts(at, "error")
+    job = wait_for_sweep()
+    assert job.kind == "dataset" and job.error is None and job.handled == 1
+    run = RunStore().get_run(job.run_id)
+    assert run["kind"] == "dataset" and run["session_mode"] == "reference" and run["n_done"] == 1
+    at.run()
+    assert at.selectbox(key="ds_run").value == job.run_id
+    assert any("reference session mode" in c for c in texts(at, "caption"))
+    at.text_input(key="ds_source").set_value(str(tmp_path / "nowhere"))
+    [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
+    assert any("no such folder" in e for e in texts(at, "error"))

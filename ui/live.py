@@ -15,7 +15,9 @@ def sweep_form(settings, session) -> None:
     runner = sweeps.runner()
     cpu = settings.model.on_cpu
     with st.form("new_sweep"):
-        st.markdown(f"Model: **{settings.model.label}** · dtype {session.dtype} · {session.attn_impl} attention")
+        mode = resources.mode_text(session)
+        st.markdown(f"Model: **{settings.model.label}** · dtype {session.dtype} · {session.attn_impl} attention · "
+                    f"**{mode}**")
         c = st.columns(3)
         modes = c[0].multiselect("Modes", list(tiling.MODES), default=["tiny", "small"] if cpu else ["gundam"],
                                  key="ms_modes")
@@ -27,7 +29,8 @@ def sweep_form(settings, session) -> None:
         steps = c[1].text_input("Decode steps", "8" if cpu else "32", key="ms_steps")
         repeats = c[2].number_input("Repeats", 1, 50, 1 if cpu else 3, key="ms_repeats")
         warmup = c[3].number_input("Warm-up runs", 0, 10, 0 if cpu else 1, key="ms_warmup")
-        name = st.text_input("Run name", f"dashboard sweep ({settings.model.label})", key="ms_name")
+        name = st.text_input("Run name", f"dashboard sweep ({settings.model.label}, {session.session_mode} mode)",
+                             key="ms_name")
         submitted = st.form_submit_button("Start sweep", type="primary", disabled=runner.busy)
     if not submitted:
         return
@@ -49,32 +52,41 @@ def sweep_form(settings, session) -> None:
         st.warning(str(exc))
 
 
-def progress_panel() -> None:
-    """The running (or last) sweep: progress bar, stop button, its points from the store."""
+def progress_panel(kind: str = "sweep") -> None:
+    """The running (or last) job of this kind ("sweep" | "dataset"): progress bar, stop button, its points from
+    the store."""
     runner = sweeps.runner()
+    prefix = "ms" if kind == "sweep" else "ds"
+    what = "sweep" if kind == "sweep" else "dataset run"
 
     @st.fragment(run_every=1 if runner.busy else None)
     def panel():
         job = runner.job
-        if job is None:
-            st.caption("No sweep started from this server yet.")
+        if job is None or job.kind != kind:
+            if job is not None and job.running:
+                st.caption(f"A {'dataset run' if job.kind == 'dataset' else 'measured sweep'} is running (see its "
+                           "tab); one job runs at a time.")
+            else:
+                st.caption(f"No {what} started from this server yet." if job is None else f"No {what} running.")
             return
         st.progress(job.fraction, text=f"{job.name}: {job.summary()}")
         if job.running:
-            st.caption(f"Measuring: {job.current or 'starting ...'} · labelled *{job.label}*")
-            if st.button("Stop after the current point", key="ms_stop", type="secondary"):
+            st.caption(f"Measuring: {job.current or 'starting ...'} · labelled *{job.label}* · "
+                       f"{job.session_mode} session mode")
+            if st.button("Stop after the current point" if kind == "sweep" else "Stop after the current page",
+                         key=f"{prefix}_stop", type="secondary"):
                 runner.stop()
                 st.toast("Stopping after the current point; measured points are kept.")
         elif job.error:
-            st.error(f"The sweep stopped with an error: {job.error}. Points measured before it are kept.")
+            st.error(f"The {what} stopped with an error: {job.error}. Points measured before it are kept.")
         elif job.stopped:
             st.warning("Stopped; every point measured before the stop is in the store.")
         else:
-            st.success("Finished.")
+            st.success(f"Finished ({job.session_mode} session mode).")
         if job.run_id:
             st.dataframe(measured.point_table(job.store.points(job.run_id)), hide_index=True, width="stretch")
-        if not job.running and st.session_state.get("ms_seen_finish") != id(job):
-            st.session_state["ms_seen_finish"] = id(job)
+        if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
+            st.session_state[f"{prefix}_seen_finish"] = id(job)
             st.rerun(scope="app")  # the finished run now shows in the run list
 
     panel()

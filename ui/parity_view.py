@@ -29,6 +29,7 @@ MAX_PREVIEW = 900  # pixels: renderings are downscaled for the browser
 class ParityResult:
     page: str
     model_label: str
+    session_mode: str = "reference"  # the session mode both paths ran in
     report: object | None = None  # parity.ParityReport
     error: str | None = None
     renderings: dict = field(default_factory=dict)  # output name -> PNG bytes of the boxes image
@@ -38,6 +39,7 @@ class ParityResult:
     def export(self) -> str:
         data = json.loads(self.report.to_json())
         data["model_label"] = self.model_label
+        data["session_mode"] = self.session_mode
         return json.dumps(data, indent=1)
 
 
@@ -56,7 +58,7 @@ def run_pages(session, pages: list[Page], vendor: dict[str, tuple[str, str]], *,
     with resources.gpu_turn():
         for page in pages:
             text, kind = vendor.get(page.name, (None, "vendor"))
-            res = ParityResult(page.name, model_label, third=kind)
+            res = ParityResult(page.name, model_label, session.session_mode, third=kind)
             try:
                 report = parity.run_parity(session, page.image, prompt=prompt, mode=mode,
                                            max_new_tokens=max_new_tokens, vendor_text=text, image_name=page.name)
@@ -86,12 +88,16 @@ def show(res: ParityResult) -> None:
     r = res.report
     n = len(r.separated.generated_ids[0])
     head = (f"{r.image_name}: {r.image_size[0]}x{r.image_size[1]} px, {r.mode} mode, grid "
-            f"{r.grid[0]}x{r.grid[1]}, {r.prompt_tokens} prompt tokens · {res.model_label}")
+            f"{r.grid[0]}x{r.grid[1]}, {r.prompt_tokens} prompt tokens · {res.model_label} · "
+            f"{res.session_mode} session mode")
     if r.passed:
         st.success(f"Parity passed — {head}. The separated prefill + decode loop produced the same {n} tokens as "
                    "the one-shot generate() path, with no image reaching a decode step.")
     else:
         st.error(f"Parity FAILED — {head}.")
+    if res.session_mode == "fast":
+        st.caption("Fast session mode: the separated path ran the fast engine; the one-shot path is generate()'s "
+                   "call pattern on the reference model, the yardstick both modes are held to.")
     for note in r.notes:
         st.caption(note)
 

@@ -1,7 +1,7 @@
 """Cached wrappers of dsocr_core for the pages.
 
-* The model session is ONE `st.cache_resource` entry (max_entries=1): choosing another model in the sidebar
-  replaces it. GPU work from any tab goes through `gpu_lock()` (one process-wide lock), so two browser tabs
+* The model is ONE `st.cache_resource` entry (max_entries=1): choosing another model in the sidebar replaces
+  it. The session modes (reference | fast) share that entry's weights (`LoadedModel`). GPU work from any tab goes through `gpu_lock()` (one process-wide lock), so two browser tabs
   never run on the device at once; a page that finds it taken says so instead of waiting.
 * The run store is opened once per process; the bundled reference runs (data/reference/*.json) are imported
   into it then (idempotent: an unchanged file is skipped).
@@ -98,21 +98,95 @@ def run_calibration(device: str) -> Hardware:
 
 
 # ------------------------------------------------------------------------------------------- session
+class LoadedModel:
+    """The sidebar model's weights, loaded once, and its session in each session mode.
+
+    The reference session is loaded; the fast one is `with_mode("fast")` of it (same model, tokenizer and lock, no
+    second copy of the weights), built on first use. Building the fast engine can fail (no Triton, an
+    unsupported dtype, ...): the failure is remembered, shown, and the reference session used instead. Choosing
+    the reference mode again drops the fast session, so its static caches and graph memory do not sit in the
+    reference mode's measured peak memory."""
+
+    def __init__(self, reference):
+        self.reference = reference
+        self.fast = None
+        self.fast_error: str | None = None
+        self._guard = threading.Lock()
+
+    def session(self, mode: str) -> tuple[object, str | None]:
+        """(session in `mode`, None), or (the reference session, why fast mode is refused)."""
+        if mode != "fast":
+            self.drop_fast()
+            return self.reference, None
+        with self._guard:
+            if self.fast is None and self.fast_error is None:
+                try:
+                    fast = self.reference.with_mode("fast")
+                    with self.reference.lock:  # waits for a point of a running sweep, then builds
+                        fast.engine  # noqa: B018 - built lazily; a failure to build is raised here
+                    self.fast = fast
+                except Exception as exc:  # noqa: BLE001 - the page keeps working in the reference mode
+                    first = str(exc).splitlines()[0] if str(exc) else ""
+                    self.fast_error = (f"Fast mode is not available: the fast engine could not be built "
+                                       f"({type(exc).__name__}: {first}) — using the reference mode.")
+            if self.fast is None:
+                return self.reference, self.fast_error
+            return self.fast, None
+
+    def drop_fast(self) -> None:
+        with self._guard:
+            if self.fast is None:
+                return
+            self.fast = None
+        free_device_memory()
+
+
 @st.cache_resource(max_entries=1, show_spinner="Loading the model ...")
-def _session(source: str, preset: str | None, checkpoint: str | None, device: str, dtype: str, attn: str):
+def _loaded(source: str, preset: str | None, checkpoint: str | None, device: str, dtype: str,
+            attn: str) -> LoadedModel:
     from dsocr_core.runtime.session import Session
 
     if source == "checkpoint":
-        return Session.load(checkpoint=checkpoint, device=device, dtype=dtype, attn=attn)
-    return Session.load(synthetic=preset, device=device, dtype=dtype, attn=attn)
+        session = Session.load(checkpoint=checkpoint, device=device, dtype=dtype, attn=attn)
+    else:
+        session = Session.load(synthetic=preset, device=device, dtype=dtype, attn=attn)
+    return LoadedModel(session)
 
 
 def get_session(model) -> tuple[object | None, str | None]:
-    """(session, None) or (None, why it could not be loaded) for a settings.ModelChoice."""
+    """(session, None) or (None, why it could not be loaded) for a settings.ModelChoice, in its session mode.
+    Where fast mode cannot be had the reference session comes back and a warning says why (on the page)."""
     try:
-        return _session(*model.key), None
+        loaded = _loaded(*model.key)
     except Exception as exc:  # noqa: BLE001 - any load failure (missing folder, bad weights, OOM) is a message
         return None, _load_message(exc, model)
+    if model.session_mode == "fast" and loaded.fast is None and loaded.fast_error is None:
+        with st.spinner("Building the fast engine ..."):
+            session, refusal = loaded.session("fast")
+    else:
+        session, refusal = loaded.session(model.session_mode)
+    if refusal:
+        st.warning(refusal)
+    return session, None
+
+
+def page_session(settings):
+    """The session a page runs, or None after drawing why there is none (a bad checkpoint folder, a failed
+    load). Also repeats, on the page, why the sidebar's fast mode was refused."""
+    if settings.model_error:
+        st.error(settings.model_error)
+        return None
+    if settings.mode_note:
+        st.warning(settings.mode_note)
+    session, error = get_session(settings.model)
+    if error:
+        st.error(error)
+    return session
+
+
+def mode_text(session) -> str:
+    """How a result names the session mode it ran in, e.g. 'fast session mode'."""
+    return f"{session.session_mode} session mode"
 
 
 def _load_message(exc: BaseException, model) -> str:

@@ -1,5 +1,6 @@
 """The shared sidebar: which model the session runs (a local checkpoint folder or synthetic weights, clearly
-labelled), on which device, and which hardware ceilings the analytic numbers use (a datasheet preset, the
+labelled), on which device, in which session mode (reference | fast; fast is refused, with the reason, where
+there is no CUDA device), and which hardware ceilings the analytic numbers use (a datasheet preset, the
 ceilings calibrated on this machine, or custom numbers)."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from dsocr_core.hardware import PRESETS
+from dsocr_core.runtime.session import SESSION_MODES
 from dsocr_core.spec import Hardware, ModelSpec, SpecError
 
 from . import resources
@@ -22,6 +24,10 @@ SOURCES = {
     "checkpoint": "Local checkpoint folder",
 }
 DTYPES = {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16", "float16", "float32"]}
+MODE_NAMES = {"reference": "Reference", "fast": "Fast"}
+MODE_HELP = ("Reference: the plain PyTorch model with HF generate() semantics. Fast: the fast engine (static KV "
+             "cache, CUDA graphs, fused Triton decode kernels); it needs a CUDA GPU. Both give the same greedy "
+             "tokens; every result and export names the mode it ran in.")
 CALIBRATED, CUSTOM = "calibrated", "custom"
 
 
@@ -34,9 +40,11 @@ class ModelChoice:
     dtype: str
     attn: str  # "sdpa" | "eager"
     gpu_name: str | None = None
+    session_mode: str = "reference"  # the mode the pages use: "fast" only where the sidebar allowed it
 
     @property
     def key(self) -> tuple:
+        """What the loaded weights depend on (not the session mode: both modes share one loaded model)."""
         return (self.source, self.preset, self.checkpoint, self.device, self.dtype, self.attn)
 
     @property
@@ -67,6 +75,7 @@ class Settings:
     hardware: Hardware
     hardware_note: str  # where the ceilings come from
     gpu: GpuInfo
+    mode_note: str | None = None  # why the fast session mode was refused (CPU), shown in the sidebar
 
     @property
     def spec_kind(self) -> str:
@@ -96,6 +105,16 @@ def _checkpoint_problem(folder: str) -> str | None:
     return None
 
 
+def _fast_refusal(device: str, gpu: GpuInfo) -> str | None:
+    """Why fast mode cannot be used with this device, or None."""
+    if device == "cuda":
+        return None
+    if not gpu.available:
+        return ("Fast mode needs a CUDA GPU; this machine has none — using the reference mode. (The fast engine "
+                "runs on CUDA: static KV cache, CUDA graphs and Triton kernels.)")
+    return "Fast mode needs the CUDA device; the device chosen above is the CPU — using the reference mode."
+
+
 def _ceiling_caption(hw: Hardware) -> str:
     return (f"{hw.peak_tflops:,.1f} TFLOP/s · {hw.bandwidth_tbs:,.3g} TB/s · {hw.memory_gb:,.0f} GB · "
             f"ridge {hw.ridge_intensity:,.0f} FLOP/byte")
@@ -122,9 +141,14 @@ def render() -> Settings:
                             help=None if gpu.available else "No CUDA GPU detected: the model runs on the CPU.")
     dtype = side.selectbox("Dtype", DTYPES[device], key=f"sb_dtype_{device}")
     attn = side.selectbox("LM attention", ["sdpa", "eager"], key="sb_attn")
+    requested = side.radio("Session mode", list(SESSION_MODES), format_func=MODE_NAMES.get, key="sb_session_mode",
+                           horizontal=True, help=MODE_HELP)
+    mode_note = _fast_refusal(device, gpu) if requested == "fast" else None
+    if mode_note:
+        side.warning(mode_note)
     model = ModelChoice("checkpoint" if source == "checkpoint" else "synthetic",
                         None if source == "checkpoint" else source.split("-")[1], checkpoint, device, dtype, attn,
-                        gpu.name if device == "cuda" else None)
+                        gpu.name if device == "cuda" else None, "reference" if mode_note else requested)
     if model.synthetic:
         side.caption(f"Results are labelled **{model.label}**.")
         if model.preset == "full" and model.on_cpu:
@@ -168,4 +192,4 @@ def render() -> Settings:
         hardware, note = PRESETS[choice], PRESETS[choice].source
     side.caption(_ceiling_caption(hardware))
     side.caption(f"Detected: {gpu.summary}.")
-    return Settings(model, error, hardware, note, gpu)
+    return Settings(model, error, hardware, note, gpu, mode_note)

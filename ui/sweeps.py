@@ -1,10 +1,14 @@
-"""A measured sweep started from the page runs in a background thread, so it survives reruns and closed tabs.
+"""A measured sweep (or a dataset run) started from the page runs in a background thread, so it survives reruns
+and closed tabs.
 
-One sweep at a time per server process (`runner()` is an `st.cache_resource`). The thread measures one point
+One job at a time per server process (`runner()` is an `st.cache_resource`), a sweep or a dataset run, in the
+session mode of the session it was given (the run store records the mode with the run). The thread measures one point
 per `dsocr_core.measure.sweep.run_sweep` call, holding the device lock only for that point, so a parity run from
 another tab can take its turn between points. Each point is written to the run store as soon as it is
 measured (run_sweep does that), so a stop, a closed tab or a crash loses nothing already measured. The page
-reads `SweepJob` (progress) and the store (points) from an `st.fragment(run_every=1)`.
+reads `SweepJob` (progress) and the store (points) from an `st.fragment(run_every=1)`. A dataset run holds the
+device lock for the whole run (its warm-ups and FLOP counts are shared by the pages of one shape), so a parity
+run from another tab is told the device is busy until it ends or is stopped.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ class SweepJob:
     name: str
     label: str  # the model label (e.g. "synthetic tiny model on CPU (random weights)")
     total: int
+    session_mode: str = "reference"  # the session mode it measures in
+    kind: str = "sweep"  # "sweep" | "dataset"
     store: object = None  # the RunStore its points go to
     run_id: str | None = None
     handled: int = 0
@@ -52,7 +58,8 @@ class SweepJob:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items())) or "no points yet"
         state = ("running" if self.running else "stopped" if self.stopped else "failed" if self.error
                  else "finished")
-        return f"{state}: {self.handled}/{self.total} points ({counts}) in {self.elapsed:.0f} s"
+        unit = "pages" if self.kind == "dataset" else "points"
+        return f"{state}: {self.handled}/{self.total} {unit} ({counts}) in {self.elapsed:.0f} s"
 
     @property
     def elapsed(self) -> float:
@@ -65,7 +72,7 @@ def describe(w: Workload) -> str:
 
 
 class SweepRunner:
-    """Owns at most one running sweep thread."""
+    """Owns at most one running job thread (a sweep or a dataset run)."""
 
     def __init__(self):
         self._guard = threading.Lock()
@@ -78,13 +85,25 @@ class SweepRunner:
 
     def start(self, session, store, workloads: list[Workload], *, name: str, label: str, repeats: int,
               warmup: int) -> SweepJob:
+        """A measured sweep of `workloads` in the background."""
+        job = SweepJob(name=name, label=label, total=len(workloads), store=store,
+                       session_mode=session.session_mode)
+        return self._start(job, self._run, (job, session, store, list(workloads), repeats, warmup))
+
+    def start_dataset(self, session, store, run_id: str, samples: list, settings, *, name: str,
+                      label: str) -> SweepJob:
+        """A dataset run (dsocr_core.measure.dataset_run, already created as `run_id`) in the background."""
+        job = SweepJob(name=name, label=label, total=len(samples), store=store, run_id=run_id,
+                       session_mode=session.session_mode, kind="dataset")
+        return self._start(job, self._run_dataset, (job, session, store, list(samples), settings))
+
+    def _start(self, job: SweepJob, target, args) -> SweepJob:
         with self._guard:
             if self.busy:
-                raise resources.Busy("a measured sweep is already running; stop it or wait for it to finish")
-            job = SweepJob(name=name, label=label, total=len(workloads), store=store)
+                raise resources.Busy(f"a {'dataset run' if self.job.kind == 'dataset' else 'measured sweep'} is "
+                                     "already running; stop it or wait for it to finish")
             self.job = job
-            self._thread = threading.Thread(target=self._run, name="dsocr-sweep", daemon=True,
-                                            args=(job, session, store, list(workloads), repeats, warmup))
+            self._thread = threading.Thread(target=target, name=f"dsocr-{job.kind}", daemon=True, args=args)
             self._thread.start()
         return job
 
@@ -99,7 +118,7 @@ class SweepRunner:
     @staticmethod
     def _run(job: SweepJob, session, store, workloads: list[Workload], repeats: int, warmup: int) -> None:
         lock = resources.gpu_lock()
-        meta = {"started_from": "dashboard", "model_label": job.label}
+        meta = {"started_from": "dashboard", "model_label": job.label, "session_mode": job.session_mode}
 
         def progress(_i, _n, _w, status):
             job.statuses[status] += 1
@@ -117,6 +136,27 @@ class SweepRunner:
                         job.run_id = measure.run_sweep(session, store, [w], run_id=job.run_id, name=job.name,
                                                        repeats=repeats, warmup=warmup, progress=progress,
                                                        should_stop=job.stop.is_set, meta=meta)
+        except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
+            job.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            job.current = ""
+            job.finished_at = time.time()
+
+    @staticmethod
+    def _run_dataset(job: SweepJob, session, store, samples: list, settings) -> None:
+        from dsocr_core.measure import dataset_run
+
+        def progress(_i, _n, sample, status):
+            job.statuses[status] += 1
+            job.handled += 1
+            job.current = f"last page: {sample.label} ({status})"
+
+        try:
+            job.current = "waiting for the device"
+            with resources.gpu_lock():  # the whole run: shared warm-ups and FLOP counts per input shape
+                job.current = "starting"
+                dataset_run.run_dataset(session, store, job.run_id, samples, settings, progress=progress,
+                                        should_stop=job.stop.is_set)
         except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
             job.error = f"{type(exc).__name__}: {exc}"
         finally:

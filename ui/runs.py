@@ -1,0 +1,14 @@
+"""How a stored run is named wherever the pages list one: ui.measured.run_title plus the session mode it was
+measured in (reference | fast; the run store records it with every run)."""
+from __future__ import annotations
+
+from . import measured as ms
+
+
+def run_mode(run: dict) -> str:
+    """e.g. 'fast session mode' ('unrecorded session mode' for runs stored before modes were recorded)."""
+    return f"{run.get('session_mode') or 'unrecorded'} session mode"
+
+
+def run_title(run: dict) -> str:
+    return f"{ms.run_title(run)} · {run_mode(run)}"
