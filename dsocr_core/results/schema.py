@@ -80,6 +80,22 @@ class RunImportError(StoreError, ValueError):
     """A file that is not a valid exported run; the message says which file and what is wrong."""
 
 
+class StoreCorrupt(StoreError, ValueError):
+    """The store file is damaged, unreadable or not a run store. Nothing is written to it; the message names the
+    file and the problem (a ValueError, so the CLI prints it as one line and exits 2)."""
+
+
+class AmbiguousRunId(StoreError, LookupError):
+    """A run id prefix that matches several runs."""
+
+
+# Limits a stored value must respect (an import past them is refused; see transfer.py for the file limits).
+MAX_INT = 2**63 - 1  # SQLite INTEGER
+MAX_NAME_CHARS = 1_000
+MAX_NOTES_CHARS = 100_000
+MAX_MESSAGE_CHARS = 10_000
+
+
 _DDL = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -225,6 +241,10 @@ def _run_row(run_id, kind, name, created_at, notes, environment, weights, dtype,
                          f"(e.g. {{'source': 'checkpoint', 'path': ...}}); got {weights!r}")
     if not isinstance(meta, Mapping):
         raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
+    if len(str(name or "")) > MAX_NAME_CHARS:
+        raise ValueError(f"run name has {len(str(name))} characters, more than the limit of {MAX_NAME_CHARS}")
+    if len(str(notes or "")) > MAX_NOTES_CHARS:
+        raise ValueError(f"run notes have {len(str(notes))} characters, more than the limit of {MAX_NOTES_CHARS}")
     flags = compute_flags(environment, weights, meta)
     flags = {f: flags[f] or bool(extra_flags.get(f)) for f in FLAGS}
     return {
@@ -258,7 +278,7 @@ def _fetch_run(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
     return run
 
 
-def _as_int(value: Any, what: str) -> int | None:
+def _as_int(value: Any, what: str, low: int = -MAX_INT - 1) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -268,7 +288,15 @@ def _as_int(value: Any, what: str) -> int | None:
             return None
         if not float(value).is_integer():
             raise ValueError(f"{what} must be a whole number, got {value!r}")
-    return int(value)
+    value = int(value)
+    if not low <= value <= MAX_INT:
+        raise ValueError(f"{what} must lie in {low}..{MAX_INT}, got {_short(value)}")
+    return value
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _point_row(workload: Mapping[str, Any], status: str, message: str | None, kv_bytes, resolved, extra
@@ -278,6 +306,8 @@ def _point_row(workload: Mapping[str, Any], status: str, message: str | None, kv
     message = "" if message is None else str(message)
     if status != "done" and not message.strip():
         message = f"{status} (no message recorded)"
+    if len(message) > MAX_MESSAGE_CHARS:  # a failure message is kept, shortened (imports refuse longer ones)
+        message = message[:MAX_MESSAGE_CHARS - 1] + "…"
     values: dict[str, Any] = dict.fromkeys(POINT_COLUMNS)
     for source_name, source in (("workload key", workload), ("resolved", resolved or {})):
         for name, value in source.items():
@@ -287,18 +317,18 @@ def _point_row(workload: Mapping[str, Any], status: str, message: str | None, kv
                 if not isinstance(value, (list, tuple)) or len(value) != 2:
                     raise ValueError(f"{source_name} {name} must be a (width, height) pair, got {value!r}")
                 for col, v in zip(_PAIRS[name], value):
-                    values[col] = _as_int(v, f"{source_name} {name}")
+                    values[col] = _as_int(v, f"{source_name} {name}", low=0)
             elif name in POINT_COLUMNS:
                 if name in _POINT_TEXT:
                     values[name] = None if value is None else str(value)
                 else:
-                    values[name] = _as_int(value, f"{source_name} {name}")
+                    values[name] = _as_int(value, f"{source_name} {name}", low=0)
             elif source is resolved:
                 raise ValueError(f"resolved has unknown key {name!r}; allowed: {', '.join(POINT_COLUMNS)}, "
                                  "grid, crops, image_size (put anything else in extra)")
     if extra is not None and not isinstance(extra, Mapping):
         raise ValueError(f"extra must be a dict, got {type(extra).__name__}")
-    return {**values, "kv_bytes": _as_int(kv_bytes, "kv_bytes"), "status": status, "message": message,
+    return {**values, "kv_bytes": _as_int(kv_bytes, "kv_bytes", low=0), "status": status, "message": message,
             "extra": _dumps(dict(extra or {}), "extra")}
 
 
@@ -313,11 +343,13 @@ def _stage_rows(stages: Mapping[str, Mapping[str, Any]] | None) -> list[dict[str
         for col in STAGE_NUMBERS:
             value = result.get(col)
             if col in _STAGE_INTS:
-                row[col] = _as_int(value, f"stage {stage} {col}")
+                row[col] = _as_int(value, f"stage {stage} {col}", low=0)
             elif value is None:
                 row[col] = None
             elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"stage {stage} {col} must be a number of seconds, got {value!r}")
+                raise ValueError(f"stage {stage} {col} must be a number of seconds, got {_short(value)}")
+            elif float(value) < 0:
+                raise ValueError(f"stage {stage} {col} must not be negative, got {value!r}")
             else:
                 row[col] = float(value) if math.isfinite(float(value)) else None
         extra = {k: v for k, v in result.items() if k not in STAGE_NUMBERS}

@@ -3,10 +3,16 @@ export and JSON import in transfer.py; every public name of both is importable f
 
 Concurrency: every operation opens its own connection (WAL journal, busy timeout), writes take the write lock up
 front (BEGIN IMMEDIATE), so a Streamlit reader and a sweep writer in other threads or processes can share a file.
+
+Integrity: opening a store runs SQLite's `PRAGMA quick_check` on the file before anything writes to it; a damaged
+file, one that is not SQLite, or an SQLite file of another application raises StoreCorrupt naming the file, and is
+left untouched. Corruption met later (SQLite "malformed" errors) raises StoreCorrupt too, and from then on this
+RunStore refuses every write.
 """
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import uuid
 from contextlib import contextmanager
@@ -20,7 +26,7 @@ from . import transfer
 from .schema import (  # noqa: F401  (re-exported: callers import these from dsocr_core.results.store)
     CSV_COLUMNS, CSV_RUN_COLUMNS, DEFAULT_PATH, ENV_VAR, FINISHED, FLAG_LABELS, FLAGS, FORMAT, FORMAT_VERSION, KINDS,
     POINT_COLUMNS, POINT_FRAME_COLUMNS, SCHEMA_VERSION, STAGE_NUMBERS, STAGES, STATUSES, WEIGHT_SOURCES,
-    RunImportError, RunNotFound, StoreError, _DDL, _POINT_TEXT, _STAGE_INTS, _dumps, _fetch_run, _insert_run, _now,
+    AmbiguousRunId, RunImportError, RunNotFound, StoreCorrupt, StoreError, _DDL, _POINT_TEXT, _STAGE_INTS, _dumps, _fetch_run, _insert_run, _now,
     _plain, _point_row, _run_row, _stage_order, _stage_rows, _upsert_point, compute_flags, default_path, labels,
     point_key, stage_stats,
 )
@@ -33,7 +39,11 @@ class RunStore:
         self.path = Path(path) if path is not None else default_path()
         if str(self.path) == ":memory:":
             raise ValueError("RunStore needs a file (each operation opens its own connection); use a temp file")
+        self._broken: StoreCorrupt | None = None
+        if self.path.is_dir():
+            raise StoreCorrupt(f"{self.path} is a folder; a run store is one SQLite file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.check()  # before anything (even the journal-mode switch) writes to the file
         self._init_schema()
 
     # ---------------------------------------------------------------- connections
@@ -44,38 +54,86 @@ class RunStore:
         conn.execute("PRAGMA busy_timeout = 30000")
         return conn
 
+    def _corrupt(self, problem: str) -> StoreCorrupt:
+        return StoreCorrupt(f"run store {self.path} is unusable: {problem}. It was left untouched; move it aside "
+                            "(or give another --store / DSOCR_STORE) and re-import exported runs")
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn SQLite's corruption errors into StoreCorrupt (and refuse writes from then on)."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            # the plain class is corruption ("malformed", "not a database"); subclasses are other failures
+            # (locked, constraint, programming errors) and pass through unchanged
+            if type(exc) is not sqlite3.DatabaseError:
+                raise
+            self._broken = self._corrupt(str(exc))
+            raise self._broken from None
+
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN")  # one snapshot for all statements of the operation
-            yield conn
-        finally:
-            conn.rollback()
-            conn.close()
+        with self._guard():
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN")  # one snapshot for all statements of the operation
+                yield conn
+            finally:
+                conn.rollback()
+                conn.close()
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        if self._broken is not None:
+            raise StoreCorrupt(str(self._broken))
+        with self._guard():
+            conn = self._connect()
             try:
-                yield conn
-            except BaseException:
-                conn.rollback()
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
+            finally:
+                conn.close()
+
+    def check(self) -> None:
+        """Raise StoreCorrupt unless the file is absent, empty, or a healthy run store: SQLite's quick integrity
+        check (`PRAGMA quick_check`: every page and index readable and well formed; it reads the whole file) and
+        the tables are ours. Nothing is written."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        try:
+            conn = sqlite3.connect(self.path, timeout=30.0)  # reading only; opening writes nothing
+            try:
+                problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
                 raise
-            conn.commit()
-        finally:
-            conn.close()
+            raise self._corrupt(f"cannot read it ({exc})") from None
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(f"{exc} (not an SQLite file, or a damaged one)") from None
+        if problems != ["ok"]:
+            raise self._corrupt("SQLite integrity check failed: " + "; ".join(problems[:3])
+                                + (" ..." if len(problems) > 3 else ""))
+        if tables and not {"runs", "schema_version"} <= tables:
+            raise self._corrupt(f"an SQLite database of something else (tables {', '.join(sorted(tables)[:5])}), "
+                                "not a run store")
 
     def _init_schema(self) -> None:
         # WAL lets readers run while a writer writes; it persists in the file. On a filesystem that cannot do
         # WAL SQLite keeps its rollback journal: still correct, readers just wait for writers.
-        conn = self._connect()
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-        finally:
-            conn.close()
+        with self._guard():
+            conn = self._connect()
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            finally:
+                conn.close()
         with self._write() as conn:
             for statement in filter(str.strip, _DDL.split(";")):
                 conn.execute(statement)
@@ -124,6 +182,29 @@ class RunStore:
                  _dumps(new_meta, "meta"), *(int(flags[f]) for f in FLAGS), run_id),
             )
         return self.get_run(run_id)
+
+    def resolve_id(self, text: str, kinds: Iterable[str] | None = None) -> str:
+        """The full id of the run whose id is `text` or starts with it (a unique prefix, any case). Raises
+        RunNotFound (no such run, or not of one of `kinds`) or AmbiguousRunId (several runs match)."""
+        prefix = str(text).strip().lower()
+        listing = f"list the runs with: python -m dsocr_core runs --store {self.path}"
+        if not re.fullmatch(r"[0-9a-f-]{1,64}", prefix):
+            raise RunNotFound(f"{str(text)[:80]!r} is not a run id (hex digits); {listing}")
+        with self._read() as conn:
+            rows = conn.execute("SELECT id, kind FROM runs WHERE lower(id) LIKE ? ORDER BY created_at DESC, id",
+                                (prefix + "%",)).fetchall()
+        exact = [r for r in rows if r["id"].lower() == prefix]
+        rows = exact or rows
+        if not rows:
+            raise RunNotFound(f"no run {prefix!r} in {self.path}; {listing}")
+        if len(rows) > 1:
+            ids = ", ".join(r["id"][:12] for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
+            raise AmbiguousRunId(f"{prefix!r} matches {len(rows)} runs in {self.path} ({ids}); give more of the id")
+        run_id, kind = rows[0]["id"], rows[0]["kind"]
+        kinds = tuple(kinds or ())
+        if kinds and kind not in kinds:
+            raise RunNotFound(f"run {run_id} in {self.path} is a {kind} run, not {' or '.join(kinds)}")
+        return run_id
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """The run as a dict (JSON columns decoded, `flags` dict, point counts). Raises RunNotFound."""

@@ -2,7 +2,13 @@
 
 Export: `export_dict` is the full self-describing document (format "dsocr-run", FORMAT_VERSION), `export_json` its
 text (header indented, one point per line), `export_csv` a tidy table (CSV_COLUMNS). Import: `import_bytes`
-validates a document against the pydantic models below and writes the run in one transaction.
+validates a whole document (size, nesting, string lengths, then the strict pydantic models below: types, ranges,
+no negative times or counts) before it writes anything, then writes the run in one transaction.
+
+What an import may change: it adds a run under the id in the file; a re-import of a run that was itself imported
+(same id, kind and creation time) may rename it, replace its notes and meta, upsert its points and add warning
+flags (never clear one). It never replaces a run recorded in this store (a measured sweep, a dataset run) nor a
+different run that happens to carry the same id: those imports are refused. Any failure leaves the store unchanged.
 """
 from __future__ import annotations
 
@@ -10,17 +16,22 @@ import csv
 import hashlib
 import io
 import json
+import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .schema import (CSV_COLUMNS, FLAGS, FORMAT, FORMAT_VERSION, POINT_COLUMNS, STAGE_NUMBERS, WEIGHT_SOURCES,
-                     RunImportError, _fetch_run, _insert_run, _now, _point_row, _run_row, _stage_order, _stage_rows,
+from .schema import (CSV_COLUMNS, FLAGS, FORMAT, FORMAT_VERSION, MAX_INT, MAX_MESSAGE_CHARS, MAX_NAME_CHARS,
+                     MAX_NOTES_CHARS, POINT_COLUMNS, STAGE_NUMBERS, WEIGHT_SOURCES, RunImportError, _fetch_run, _insert_run, _now, _point_row, _run_row, _stage_order, _stage_rows,
                      _upsert_point, labels, point_key)
 
 if TYPE_CHECKING:
     from .store import RunStore
+
+MAX_IMPORT_BYTES = 256 * 2**20  # an export file larger than this is refused before it is parsed
+MAX_DEPTH = 32  # JSON nesting (real exports nest 7 levels)
+MAX_STRING_CHARS = 1_000_000  # any one string (key or value) in an export
 
 
 # -------------------------------------------------------------------- export
@@ -109,6 +120,9 @@ def import_run(store: RunStore, path: str | Path) -> str:
     same run (points upserted, none duplicated); an unchanged file is skipped. Raises RunImportError."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_IMPORT_BYTES:
+            raise RunImportError(f"{path}: {path.stat().st_size:,} bytes, larger than the import limit of "
+                                 f"{MAX_IMPORT_BYTES:,} bytes")
         data = path.read_bytes()
     except OSError as exc:
         raise RunImportError(f"{path}: cannot read: {exc.strerror or exc}") from None
@@ -118,6 +132,8 @@ def import_run(store: RunStore, path: str | Path) -> str:
 def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> str:
     """import_run for file contents already in memory (e.g. a Streamlit upload)."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_IMPORT_BYTES:
+        raise RunImportError(f"{source}: {len(raw):,} bytes, larger than the import limit of {MAX_IMPORT_BYTES:,} bytes")
     sha = hashlib.sha256(raw).hexdigest()
     try:
         doc = json.loads(raw.decode("utf-8"))
@@ -126,10 +142,18 @@ def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> 
     except json.JSONDecodeError as exc:
         raise RunImportError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
                              "expected a run exported as .json") from None
+    except RecursionError:
+        raise RunImportError(f"{source}: JSON nested too deeply (the limit is {MAX_DEPTH} levels)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise RunImportError(f"{source}: not a readable JSON run export: {str(exc)[:200]}") from None
+    _check_shape(doc, source)
     export = _validate_export(doc, source)
     run = export.run
-    row = _run_row(run.id, run.kind, run.name, run.created_at, run.notes, run.environment, run.weights,
-                   run.dtype, run.attn, run.session_mode, run.meta, extra_flags=run.flags, source=source)
+    try:
+        row = _run_row(run.id, run.kind, run.name, run.created_at, run.notes, run.environment, run.weights,
+                       run.dtype, run.attn, run.session_mode, run.meta, extra_flags=run.flags, source=source)
+    except (ValueError, TypeError) as exc:
+        raise RunImportError(f"{source}: run: {exc}") from None
     point_rows = []
     for i, p in enumerate(export.points):
         where = f"{source}: points[{i}]"
@@ -139,29 +163,47 @@ def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> 
             prow = _point_row(p.workload, p.status, p.message, p.kv_bytes, resolved, p.extra)
             srows = _stage_rows({name: {**s.model_dump(exclude={"extra"}), **s.extra}
                                  for name, s in p.stages.items()})
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             raise RunImportError(f"{where}: {exc}") from None
         point_rows.append((key, prow, p.updated_at, srows))
-    with store._write() as conn:
-        old = conn.execute("SELECT import_sha256 FROM runs WHERE id = ?", (run.id,)).fetchone()
-        if old is not None and old[0] == sha:
-            return run.id
-        if old is None:
-            _insert_run(conn, row)
-        else:
-            current = _fetch_run(conn, run.id)
-            flags = {f: row[f] or current["flags"][f] for f in FLAGS}  # never drop a warning
-            conn.execute(
-                "UPDATE runs SET kind=?, name=?, created_at=?, notes=?, environment=?, weights=?, dtype=?, attn=?, "
-                "session_mode=?, meta=?, synthetic_weights=?, cpu=?, fallback_tokenizer=?, imported_from=? "
-                "WHERE id=?",
-                (row["kind"], row["name"], row["created_at"], row["notes"], row["environment"], row["weights"],
-                 row["dtype"], row["attn"], row["session_mode"], row["meta"], *(int(flags[f]) for f in FLAGS),
-                 row["imported_from"], run.id),
-            )
-        for key, prow, updated_at, srows in point_rows:
-            _upsert_point(conn, run.id, key, prow, updated_at, srows)
-        conn.execute("UPDATE runs SET import_sha256 = ? WHERE id = ?", (sha, run.id))
+    try:
+        with store._write() as conn:
+            return _write_import(conn, run, row, point_rows, sha, source)
+    except (OverflowError, sqlite3.IntegrityError) as exc:  # rolled back: the store is unchanged
+        raise RunImportError(f"{source}: cannot be stored: {exc}") from None
+
+
+def _write_import(conn, run: "_ExportRun", row: dict, point_rows: list, sha: str, source: str) -> str:
+    """The writing half of import_bytes, inside its transaction (see the module docstring for what it may
+    replace)."""
+    old = conn.execute("SELECT import_sha256, imported_from, kind, created_at FROM runs WHERE id = ?",
+                       (run.id,)).fetchone()
+    if old is not None and old["import_sha256"] == sha:
+        return run.id
+    if old is not None and old["imported_from"] is None:
+        raise RunImportError(f"{source}: run {run.id} is already in this store as a {old['kind']} run recorded "
+                             "here; an import never replaces it (import into another store, or delete that "
+                             "run first)")
+    if old is not None and (old["kind"], old["created_at"]) != (row["kind"], row["created_at"]):
+        raise RunImportError(f"{source}: this store already holds another run with id {run.id} (imported "
+                             f"{old['kind']} run created {old['created_at']}, the file has a {row['kind']} run "
+                             f"created {row['created_at']}); refused")
+    if old is None:
+        _insert_run(conn, row)
+    else:
+        current = _fetch_run(conn, run.id)
+        flags = {f: row[f] or current["flags"][f] for f in FLAGS}  # never drop a warning
+        conn.execute(
+            "UPDATE runs SET name=?, notes=?, environment=?, weights=?, dtype=?, attn=?, "
+            "session_mode=?, meta=?, synthetic_weights=?, cpu=?, fallback_tokenizer=?, imported_from=? "
+            "WHERE id=?",
+            (row["name"], row["notes"], row["environment"], row["weights"],
+             row["dtype"], row["attn"], row["session_mode"], row["meta"], *(int(flags[f]) for f in FLAGS),
+             row["imported_from"], run.id),
+        )
+    for key, prow, updated_at, srows in point_rows:
+        _upsert_point(conn, run.id, key, prow, updated_at, srows)
+    conn.execute("UPDATE runs SET import_sha256 = ? WHERE id = ?", (sha, run.id))
     return run.id
 
 
@@ -185,40 +227,45 @@ def import_dir(store: RunStore, folder: str | Path) -> list[str]:
 
 # -------------------------------------------------------------------- import validation
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: "7" is not 7, 2.0 is not 2
+
+
+_Seconds = Annotated[float, Field(ge=0)]
+_Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+_Time = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+)?(Z|[+-]\d{2}:?\d{2})?$")]
 
 
 class _ExportStage(_Strict):
-    median_s: float | None = None
-    min_s: float | None = None
-    max_s: float | None = None
-    p10_s: float | None = None
-    p90_s: float | None = None
-    std_s: float | None = None
-    repeats: int | None = None
-    flops: int | None = None
-    tensor_flops: int | None = None
-    peak_memory_bytes: int | None = None
+    median_s: _Seconds | None = None
+    min_s: _Seconds | None = None
+    max_s: _Seconds | None = None
+    p10_s: _Seconds | None = None
+    p90_s: _Seconds | None = None
+    std_s: _Seconds | None = None
+    repeats: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
+    flops: _Count | None = None
+    tensor_flops: _Count | None = None
+    peak_memory_bytes: _Count | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class _ExportPoint(_Strict):
     workload: dict[str, Any] = Field(min_length=1)
     status: Literal["done", "oom", "error"]
-    message: str = ""
+    message: str = Field("", max_length=MAX_MESSAGE_CHARS)
     resolved: dict[str, Any] = Field(default_factory=dict)
-    kv_bytes: int | None = None
+    kv_bytes: _Count | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
-    updated_at: str
+    updated_at: _Time
     stages: dict[str, _ExportStage] = Field(default_factory=dict)
 
 
 class _ExportRun(_Strict):
     id: str = Field(pattern=r"^[0-9a-fA-F-]{8,64}$")
     kind: Literal["sweep", "dataset", "parity", "reference"]
-    name: str = ""
-    created_at: str
-    notes: str = ""
+    name: str = Field("", max_length=MAX_NAME_CHARS)
+    created_at: _Time
+    notes: str = Field("", max_length=MAX_NOTES_CHARS)
     environment: dict[str, Any]
     weights: dict[str, Any]
     dtype: str | None = None
@@ -231,7 +278,7 @@ class _ExportRun(_Strict):
 
 class _Export(_Strict):
     format: Literal["dsocr-run"]
-    format_version: int
+    format_version: int = Field(ge=1, le=FORMAT_VERSION)
     exported_at: str | None = None
     exported_by: str | None = None
     run: _ExportRun
@@ -244,7 +291,7 @@ def _validate_export(doc: Any, source: str) -> _Export:
     if doc.get("format") != FORMAT:
         raise RunImportError(f"{source}: not a run export (format is {doc.get('format')!r}, expected {FORMAT!r})")
     version = doc.get("format_version")
-    if isinstance(version, int) and version > FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise RunImportError(f"{source}: format_version {version} is newer than this code reads ({FORMAT_VERSION}); "
                              "update dsocr_core")
     try:
@@ -259,3 +306,24 @@ def _validate_export(doc: Any, source: str) -> _Export:
         raise RunImportError(f"{source}: malformed run export: run.weights.source must be one of "
                              f"{', '.join(WEIGHT_SOURCES)}")
     return export
+
+
+def _check_shape(doc: Any, source: str) -> None:
+    """Refuse a document nested deeper than MAX_DEPTH or holding a string longer than MAX_STRING_CHARS (walked
+    without recursion, so no document can exhaust the stack here or in the validation after it)."""
+    stack = [(doc, 1, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > MAX_DEPTH:
+            raise RunImportError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels (at {where[:80] or 'the top'})")
+        if isinstance(value, str):
+            if len(value) > MAX_STRING_CHARS:
+                raise RunImportError(f"{source}: {where or 'a value'} is a string of {len(value):,} characters, "
+                                     f"more than the limit of {MAX_STRING_CHARS:,}")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if len(k) > MAX_STRING_CHARS:
+                    raise RunImportError(f"{source}: a key of {len(k):,} characters in {where or 'the top'}")
+                stack.append((v, depth + 1, f"{where}.{k[:40]}" if where else k[:40]))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(value))
