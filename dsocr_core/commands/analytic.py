@@ -116,14 +116,16 @@ def _print_tables(result: dict, per_module: bool) -> None:
     if hw:
         print(f"hardware {hw['name']}: {hw['peak_tflops']:g} TFLOP/s, {hw['bandwidth_tbs']:g} TB/s, "
               f"{hw['memory_gb']:g} GB{' (calibrated)' if hw['calibrated'] else ''}")
-    head = (f"{'stage':10s}{'GFLOP':>12s}{'other GF':>10s}{'GB moved':>10s}{'weights GB':>11s}{'act GB':>9s}"
-            f"{'KV GB':>9s}{'weight mem GB':>14s}{'peak act MB':>12s}{'KV mem MB':>10s}{'time ms':>10s}  bound")
-    print(head)
-    for name, s in result["stages"].items():
-        print(f"{name:10s}{s['tensor_flops'] / 1e9:12,.1f}{s['other_flops'] / 1e9:10,.1f}{s['bytes'] / 1e9:10,.2f}"
-              f"{s['weight_bytes'] / 1e9:11,.2f}{s['activation_bytes'] / 1e9:9,.2f}{s['kv_bytes'] / 1e9:9,.2f}"
-              f"{s['weight_memory'] / 1e9:14,.2f}{s['peak_activation_memory'] / 1e6:12,.1f}"
-              f"{s['kv_cache_memory'] / 1e6:10,.1f}{s.get('time_s', float('nan')) * 1e3:10,.3f}  {s.get('bound', '')}")
+    from ..results.tables import format_table
+
+    head = ["stage", "GFLOP", "other GF", "GB moved", "weights GB", "act GB", "KV GB", "weight mem GB", "peak act MB",
+            "KV mem MB", "time ms", "bound"]
+    rows = [[name, f"{s['tensor_flops'] / 1e9:,.1f}", f"{s['other_flops'] / 1e9:,.1f}", f"{s['bytes'] / 1e9:,.2f}",
+             f"{s['weight_bytes'] / 1e9:,.2f}", f"{s['activation_bytes'] / 1e9:,.2f}", f"{s['kv_bytes'] / 1e9:,.2f}",
+             f"{s['weight_memory'] / 1e9:,.2f}", f"{s['peak_activation_memory'] / 1e6:,.1f}",
+             f"{s['kv_cache_memory'] / 1e6:,.1f}", f"{s.get('time_s', float('nan')) * 1e3:,.3f}", s.get("bound", "")]
+            for name, s in result["stages"].items()]
+    print(format_table(head, rows, align="l" + "r" * 10 + "l"))  # columns sized to their values, never run together
     cap = result.get("capacity")
     if cap:
         print(f"TTFT {cap['ttft_s'] * 1e3:,.3f} ms, TPOT {cap['tpot_s'] * 1e3:,.4f} ms, "
@@ -149,7 +151,7 @@ def _print_tables(result: dict, per_module: bool) -> None:
 
 # ------------------------------------------------------------------------------------------------ run
 def run(args) -> int:
-    from ..analytic import Points, analyze, required_hardware, sweep_table, write_sweep
+    from ..analytic import Points, analyze, required_hardware
 
     mode = _choice(args.mode, MODES, "mode")
     attn = _choice(args.attn, ("eager", "sdpa", "flash"), "attn")
@@ -168,12 +170,13 @@ def run(args) -> int:
     settings = dict(min_crops=min_crops, max_crops=max_crops, dtype=dtype, attn=attn, logits=logits)
 
     many = any(len(v) > 1 for v in (crops or [0], images or [0], text, batch, steps))
-    if args.sweep:
-        pts = Points.grid(mode=mode, crops=crops, images=images, text_tokens=text, batch=batch,
-                          decode_steps=steps, **settings)
-        path = write_sweep(sweep_table(spec, pts, hw, with_capacity=True), args.sweep)
-        msg = {"points": pts.size, "path": str(path), "hardware": hw.name}
-        print(json.dumps(msg) if args.json else f"wrote {pts.size} points to {path}")
+    if args.sweep:  # streamed in chunks through a temporary file: memory bounded, no partial file on failure
+        from ..results.sweep_file import write_sweep_file
+
+        n, path = write_sweep_file(spec, hw, args.sweep, mode=mode, crops=crops, images=images, text_tokens=text,
+                                   batch=batch, decode_steps=steps, **settings)
+        msg = {"points": n, "path": str(path), "hardware": hw.name}
+        print(json.dumps(msg) if args.json else f"wrote {n} points to {path}")
         return 0
     if many:
         raise SpecError("several values given: add --sweep OUT.csv or --sweep OUT.json to evaluate the grid")
