@@ -164,19 +164,13 @@ def report(store, run_id: str, hardware, as_json: bool = False) -> int:
     if summary["done"]:
         print(f"pages/s {summary['pages_per_s']:.3f} (one page at a time, wall incl. preprocessing)   "
               f"tokens/page {summary['tokens_per_page']:.1f}   output tokens/s {summary['output_tokens_per_s'] or 0:.1f}")
-        print(f"\n{'stage':<24}{'n':>5}{'mean':>11}{'median':>11}{'p90':>11}{'std':>11}{'analytic':>11}")
-        for _, r in stages.iterrows():
-            if r["unit"] == "s":
-                cells = [f"{r[c] * 1e3:9.2f}ms" if r[c] == r[c] else f"{'-':>11}"
-                         for c in ("mean", "median", "p90", "std", "analytic_mean")]
-            elif r["unit"] == "tokens":
-                cells = [f"{r[c]:11.1f}" if r[c] == r[c] else f"{'-':>11}"
-                         for c in ("mean", "median", "p90", "std", "analytic_mean")]
-            else:
-                cells = [f"{r[c] / 1e9:9.2f} G" if r[c] == r[c] else f"{'-':>11}"
-                         for c in ("mean", "median", "p90", "std", "analytic_mean")]
-            stage = r["stage"] + (" FLOPs" if r["unit"] == "FLOP" else "")
-            print(f"{stage:<24}{r['n']:>5}" + "".join(cells))
+        from ..results.tables import format_table
+
+        cell = {"s": lambda v: f"{v * 1e3:,.2f}ms", "tokens": lambda v: f"{v:,.1f}", "FLOP": lambda v: f"{v / 1e9:,.2f} G"}
+        rows = [[r["stage"] + (" FLOPs" if r["unit"] == "FLOP" else ""), r["n"]]
+                + [cell.get(r["unit"], cell["FLOP"])(r[c]) if r[c] == r[c] else "-"
+                   for c in ("mean", "median", "p90", "std", "analytic_mean")] for _, r in stages.iterrows()]
+        print("\n" + format_table(["stage", "n", "mean", "median", "p90", "std", "analytic"], rows))
     if len(ops):
         print("\ntop operators per stage (self time, share of the stage):")
         for (stage, device), group in ops.groupby(["stage", "device"], sort=False):
