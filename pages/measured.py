@@ -44,7 +44,7 @@ with tabs[0]:
                                        resources.to_json(ds), resources.to_json(cal))
             frames.append((run, cmp, pts))
             if ds is None and cal is None:
-                notes.append(f"**{run['label']}** has no GPU ceilings (no matching GPU preset, no calibration): "
+                notes.append(f"**{ms.md(run['label'])}** has no GPU ceilings (no matching GPU preset, no calibration): "
                              "measured times are shown without an analytic time prediction.")
         for n in notes:
             st.caption(n)
@@ -88,7 +88,7 @@ with tabs[0]:
                         st.altair_chart(charts.lines(flops, x, ms.X_CHOICES[x], "FLOPs", "tensor FLOPs",
                                                      log_y=True), width="stretch")
         for run, _, pts in frames:
-            st.markdown(f"**{run['label']}** ({run_mode(run)}) — {run['n_done']} done, {run['n_oom']} oom, "
+            st.markdown(f"**{ms.md(run['label'])}** ({run_mode(run)}) — {run['n_done']} done, {run['n_oom']} oom, "
                         f"{run['n_error']} error")
             st.dataframe(ms.point_table(pts), hide_index=True, width="stretch", height=260,
                          column_config={"status": st.column_config.TextColumn("status", width="small")})
@@ -107,9 +107,9 @@ with tabs[2]:
     if upload is not None:
         try:
             run_id = store.import_bytes(upload.getvalue(), source=upload.name)
-            st.success(f"Imported {store.get_run(run_id)['label']}.")
+            st.success(f"Imported {ms.md(store.get_run(run_id)['label'])}.")
         except RunImportError as exc:
-            st.error(str(exc))
+            st.error(ms.md(exc, one_line=False))
     if all_runs:
         by_id = {r["id"]: r for r in all_runs}
         pick = st.selectbox("Export a run", list(by_id), format_func=lambda i: run_title(by_id[i]),

@@ -35,7 +35,7 @@ if use_sidebar:
     if not ms.is_gpu_run(run):
         st.warning(f"This run was measured on the CPU; its MFU against {settings.hardware.name} is only a "
                    "demonstration of the method.")
-st.caption(f"{run['label']}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
+st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
 if ds is None and cal is None:
     st.warning("This run has no GPU ceilings (no datasheet preset matches its device and it stored no "
                "calibration): turn on the sidebar's ceilings to compute MFU and MBU against them.")
@@ -73,7 +73,7 @@ with right:
     st.caption("Measured time next to the time the stage would take at the roofline limit.")
 
 st.markdown(summary_markdown(summarize(cmp if point is None else cmp[cmp["point"] == point]),
-                             title=f"Analytic vs measured: {run['name']}"))
+                             title=f"Analytic vs measured: {ms.md(run['name'])}"))
 with st.expander("Every point and stage"):
     st.dataframe(cmp, hide_index=True, width="stretch", height=320)
     st.download_button("Comparison (CSV)", cmp.to_csv(index=False), f"mfu_{run_id[:8]}.csv", "text/csv",

@@ -86,7 +86,7 @@ def render(store, runs: list[dict], settings) -> None:
     run_id = st.selectbox("Dataset run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="ds_run")
     run = by_id[run_id]
     flags = ms.flag_notes(run)
-    st.caption(f"{run['label']}: {', '.join([run_mode(run), *flags])}")
+    st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *flags])}")
     view = _view(str(store.path), run_id, resources.run_version(run))
     s = view.summary
     c = st.columns(5)
@@ -96,7 +96,7 @@ def render(store, runs: list[dict], settings) -> None:
     c[3].metric("Tokens / page", "n/a" if s["tokens_per_page"] is None else f"{s['tokens_per_page']:.0f}")
     c[4].metric("Output tokens / s", "n/a" if s["output_tokens_per_s"] is None else f"{s['output_tokens_per_s']:.3g}")
     for err in s["errors"][:10]:
-        st.caption(f"{err['label']}: {err['message']}")
+        st.caption(f"{ms.md(err['label'])}: {ms.md(err['message'])}")
     if not view.latency.empty:
         st.altair_chart(_histogram(view.latency))
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")

@@ -1,6 +1,8 @@
 """Reshaping measured runs (store.points / compare.compare_run frames) for tables and charts."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from dsocr_core.hardware import match_device_name
@@ -11,6 +13,20 @@ from .analytic import STAGE_NAMES
 TIME_STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "decode_step")
 X_CHOICES = {"sequence": "sequence length (prompt tokens)", "crop_count": "crop count (1 = global view only)",
              "batch": "batch size", "decode_steps": "decode steps", "text_tokens": "text tokens"}
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]+")
+
+
+def md(text: object, one_line: bool = True) -> str:
+    """`text` shown literally inside Markdown (st.markdown, captions, alerts): every Markdown character escaped,
+    control characters dropped, newlines as spaces unless one_line=False. Run names, labels and messages come
+    from imported files: a name like `![x](https://host/y.png)` must stay text, not become an image the browser
+    fetches."""
+    text = _CONTROL.sub(" ", str(text if text is not None else ""))
+    text = _MD_SPECIAL.sub(r"\\\1", text)
+    return re.sub(r"\s*\n\s*", " ", text) if one_line else text.replace("\n", "  \n")
 
 
 def run_title(run: dict) -> str:

@@ -4,7 +4,8 @@
   it. The session modes (reference | fast) share that entry's weights (`LoadedModel`). GPU work from any tab goes through `gpu_lock()` (one process-wide lock), so two browser tabs
   never run on the device at once; a page that finds it taken says so instead of waiting.
 * The run store is opened once per process; the bundled reference runs (data/reference/*.json) are imported
-  into it then (idempotent: an unchanged file is skipped).
+  into it then (idempotent: an unchanged file is skipped). A store that fails its integrity check is never
+  written to: every page says so, and the pages work on a temporary store holding the bundled runs.
 * Analytic frames go through `st.cache_data`, keyed by plain JSON text of the spec, hardware and request.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import streamlit as st
 from dsocr_core import analytic, tiling
 from dsocr_core.hardware import calibrate, match_device_name
 from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec
-from dsocr_core.results.store import RunImportError, RunStore, default_path
+from dsocr_core.results.store import RunImportError, RunStore, StoreError, default_path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = ROOT / "data" / "reference"
@@ -215,22 +216,47 @@ class StoreHandle:
     reference_dir: Path
     imported: list[str]
     import_error: str | None
+    store_error: str | None = None  # the configured store is unusable; `store` is then a temporary one
 
 
 @st.cache_resource(show_spinner="Opening the run store ...")
 def _open_store(path: str, reference_dir: str) -> StoreHandle:
-    store = RunStore(path)
+    store_error = None
+    try:
+        store = RunStore(path)  # StoreCorrupt when the file fails its integrity check (it is left untouched)
+    except StoreError as exc:
+        import tempfile
+
+        store_error = str(exc)
+        store = RunStore(Path(tempfile.mkdtemp(prefix="dsocr-store-")) / "runs.sqlite")
     error = None
     try:
         imported = store.import_dir(reference_dir)
     except RunImportError as exc:  # good files are imported all the same; the message lists the bad ones
         imported, error = [r["id"] for r in store.list_runs(kind="reference")], str(exc)
-    return StoreHandle(store, Path(reference_dir), imported, error)
+    return StoreHandle(store, Path(reference_dir), imported, error, store_error)
 
 
 def run_store() -> StoreHandle:
-    """$DSOCR_STORE (or data/runs.sqlite) with the bundled reference runs imported."""
-    return _open_store(str(default_path()), os.environ.get(REFERENCE_ENV) or str(REFERENCE_DIR))
+    """$DSOCR_STORE (or data/runs.sqlite) with the bundled reference runs imported. When that file is unusable,
+    a temporary store stands in and the page shows why (once per page run)."""
+    handle = _open_store(str(default_path()), os.environ.get(REFERENCE_ENV) or str(REFERENCE_DIR))
+    if handle.store_error:
+        _show_store_error(handle)
+    return handle
+
+
+def _show_store_error(handle: StoreHandle) -> None:
+    from streamlit.errors import StreamlitDuplicateElementKey
+
+    from .measured import md
+
+    try:  # app.py and the page both ask for the store: the keyed box appears once per run
+        box = st.container(key="dsocr_store_error")
+    except StreamlitDuplicateElementKey:
+        return
+    box.error(f"{md(handle.store_error)}\n\nThe pages show the bundled reference runs from a temporary store "
+              f"({md(handle.store.path)}); runs measured or imported now are **not kept** after a restart.")
 
 
 # ------------------------------------------------------------------------------------------- specs

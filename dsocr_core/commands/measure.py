@@ -55,12 +55,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import sys
+
     from tqdm import tqdm
 
-    from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..measure.sweep import run_sweep, sweep_workloads
-    from ..results.store import RunStore
-
+    from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
+    from ..results.schema import MAX_NAME_CHARS
+    from ..results.store import RunStore, StoreError
     from ..tiling import MODES
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -69,10 +71,21 @@ def run(args) -> int:
         raise UserError(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODES)}")
     if any(b < 1 for b in _ints(args.batch)) or any(t < 1 for t in _ints(args.text_tokens)):
         raise UserError("batch and text tokens must be at least 1")
+    if args.repeats < 1 or args.warmup < 0:
+        raise UserError("--repeats must be at least 1 and --warmup at least 0")
+    name = args.name or f"{args.kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
+    if len(name) > MAX_NAME_CHARS:
+        raise UserError(f"--name has {len(name)} characters, more than the limit of {MAX_NAME_CHARS}")
     workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
                                 _ints(args.decode_steps), dtype=args.dtype, attn=args.attn, logits=args.logits)
+    # the store and the run to resume are checked before the model loads: a corrupt store, an unknown id or a
+    # resume with other settings ends here, in one line, with nothing measured
+    store = RunStore(args.store)  # StoreCorrupt (a ValueError): one line, exit 2
+    run_id = _resume_target(store, args) if args.resume else None
     session = session_from_args(args)
-    meta = {}
+    if run_id is not None:
+        _check_resume_session(store, run_id, session)
+    meta = {"logits": args.logits}
     if args.calibrate:
         from ..hardware import calibrate
 
@@ -80,17 +93,31 @@ def run(args) -> int:
         hw = calibrate(str(session.device))
         meta["calibration"] = hw.model_dump(mode="json")
         print(f"  {hw.peak_tflops:.1f} TFLOP/s bf16 matmul, {hw.bandwidth_tbs:.3f} TB/s copy", flush=True)
-    store = RunStore(args.store)
+    sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
+                 kind=args.kind)
+    if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point
+        run_id = run_sweep(session, store, [], **sweep)
+    elif args.calibrate:
+        store.update_run(run_id, meta={"calibration": meta["calibration"]})
+    print(f"run {run_id}  ({'resumed' if args.resume else 'new'}; store {store.path}); resume it with "
+          f"--resume {run_id[:12]}", file=sys.stderr, flush=True)
     bar = tqdm(total=len(workloads), unit="point", dynamic_ncols=True)
 
     def progress(done, total, w, status):
         bar.set_postfix_str(f"{w.mode} {w.crops or ''} T{w.text_tokens} B{w.batch} K{w.decode_steps}: {status}")
         bar.update(done - bar.n)
 
-    name = args.name or f"{args.kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
     try:
-        run_id = run_sweep(session, store, workloads, run_id=args.resume, name=name, repeats=args.repeats,
-                           warmup=args.warmup, seed=args.weights_seed, progress=progress, meta=meta, kind=args.kind)
+        run_sweep(session, store, workloads, run_id=run_id, progress=progress, **sweep)
+    except KeyboardInterrupt:
+        bar.close()
+        try:
+            n = store.get_run(run_id)["n_points"]
+        except StoreError:
+            n = "its"
+        print(f"interrupted; {n} points of run {run_id} are stored in {store.path}. Resume with: "
+              f"--resume {run_id[:12]}", file=sys.stderr, flush=True)
+        raise
     finally:
         bar.close()
     run = store.get_run(run_id)
@@ -105,3 +132,39 @@ def run(args) -> int:
         args.summary.write_text(md)
         args.summary.with_suffix(".json").write_text(summary_json(summary))
     return 0
+
+
+def _resume_target(store, args) -> str:
+    """The full id of --resume (a unique prefix will do), refused unless it is a measured sweep recorded with the
+    same settings these arguments ask for (as `profile --resume` refuses)."""
+    from ..results.runs import settings_problems
+    from ..results.store import StoreError
+
+    try:
+        run_id = store.resolve_id(args.resume, kinds=("sweep", "reference"))
+        run = store.get_run(run_id)
+    except StoreError as exc:
+        raise UserError(f"--resume: {exc}") from None
+    if run.get("imported_from"):
+        raise UserError(f"--resume: run {run_id} was imported from {run['imported_from']}; measure a new run instead")
+    wanted = {"dtype": args.dtype, "attn": args.attn, "session_mode": getattr(args, "session_mode", "reference"),
+              "seed": args.weights_seed, "repeats": args.repeats, "warmup": args.warmup, "logits": args.logits,
+              "weights_source": "synthetic" if args.synthetic else "checkpoint"}
+    points = store.points(run_id)
+    problems = settings_problems(run, wanted, point_logits=points["logits"].dropna().unique())
+    if problems:
+        raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "
+                        "new run instead (leave out --resume)")
+    return run_id
+
+
+def _check_resume_session(store, run_id: str, session) -> None:
+    """The loaded weights and device must be those of the run too (checked once the model is loaded, before any
+    point is measured)."""
+    from ..results.runs import settings_problems
+
+    wanted = {"weights_detail": session.weights.get("detail"), "device_type": session.device.type}
+    problems = settings_problems(store.get_run(run_id), wanted)
+    if problems:
+        raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "
+                        "new run instead (leave out --resume)")
