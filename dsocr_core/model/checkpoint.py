@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from ..spec import ModelSpec
+from ..spec import ModelSpec, SpecError
 from .decoder import RMSNorm
 from .deepseek_ocr import DeepseekOCRForCausalLM
 from .sam import LayerNorm2d
@@ -28,6 +28,10 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 ALLOWED_EXTRA = frozenset({"model.vision_model.embeddings.position_ids"})
 LIST_LIMIT = 20  # names shown per kind of problem
+# LM sizes a config.json must state: without one the spec takes DeepSeek-OCR's default, and the error that follows
+# would speak of a consequence (the projector width, mis-shaped tensors) instead of the missing key
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+             "moe_intermediate_size", "n_routed_experts", "vocab_size")
 INIT_STD = 0.02
 CHUNK_ELEMENTS = 1 << 28  # tensors read per opening of a safetensors file while loading
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -166,14 +170,22 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
         raise CheckpointError(f"{folder} is not a folder; give the checkpoint folder")
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} has no config.json; is it a DeepSeek-OCR checkpoint folder?")
-    spec = ModelSpec.from_config_json(folder)  # SpecError with every problem
+    try:
+        spec = ModelSpec.from_config_json(folder)  # SpecError with every problem
+    except SpecError as exc:
+        _raise_with_missing_keys(folder, exc)
+        raise
     files, index = _weight_files(folder)
     listing = _read_listing(files)
     if index is not None:
         _check_index(index, listing, folder)
     model = meta_model(spec, attn_impl)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    _check_names(listing, expected, str(folder))
+    try:
+        _check_names(listing, expected, str(folder))
+    except CheckpointError as exc:
+        _raise_with_missing_keys(folder, exc)
+        raise
 
     state = {}
     for path, names in _read_plan(listing, expected, files):
@@ -289,11 +301,31 @@ def _check_names(found: Mapping[str, tuple], expected: Mapping[str, tuple[int, .
                  ("BF16", "F16", "F32", "F64", "BFLOAT16", "FLOAT16", "FLOAT32", "FLOAT64")]
     if not (missing or unexpected or misshaped or not_float):
         return
-    counts = [f"{len(v)} {k}" for k, v in (("missing", missing), ("unexpected", unexpected),
-                                            ("mis-shaped", misshaped), ("non-float", not_float)) if v]
-    lines = [f"{where} does not match the spec of its config.json: {', '.join(counts)} tensors"]
+    kinds = (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped), ("non-float", not_float))
+    counts = [f"{len(v)} {k}" for k, v in kinds if v]
+    # the first line is what a command line prints: it names the first tensor of each kind, with its shapes
+    first = "; ".join(f"{k} {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else "") for k, v in kinds if v)
+    lines = [f"{where} does not match the spec of its config.json: {', '.join(counts)} tensors: {first}"]
     for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped),
                          ("non-float", not_float)):
         if items:
             lines.append(f"  {label} ({len(items)}): {_names(items)}")
     raise CheckpointError("\n".join(lines))
+
+
+def _raise_with_missing_keys(folder: Path, exc: Exception) -> None:
+    """Re-raise `exc` (same class) led by the SIZE_KEYS its config.json lacks, when it lacks any: the key is
+    the cause, the mismatch only its consequence. Returns when nothing is missing."""
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(raw, dict):
+        return
+    lm = raw.get("language_config") if isinstance(raw.get("language_config"), dict) else {}
+    missing = [k for k in SIZE_KEYS if k not in raw and k not in lm]
+    if not missing:
+        return
+    defaults = ", ".join(f"{k}={ModelSpec.model_fields[k].default}" for k in missing)
+    raise type(exc)(f"{folder / 'config.json'} has no {', '.join(missing)} (top level or language_config), so "
+                    f"the default {defaults} was assumed and the checkpoint does not fit it: {exc}") from None
