@@ -19,7 +19,7 @@ class UserError(Exception):
     """A failure the user can fix (bad argument, missing file); printed as one line, exit status 2."""
 
 
-def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed", session_mode: bool = True) -> None:
+def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> None:
     """The options of every command that runs the model: where the weights come from, and how it runs.
     The weights seed lands in `args.weights_seed` whatever its flag is called."""
     src = p.add_mutually_exclusive_group(required=True)
@@ -27,21 +27,19 @@ def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed", ses
     src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
     p.add_argument(seed_flag, dest="weights_seed", type=int, default=0, metavar="N",
                    help="seed of --synthetic weights")
-    if session_mode:
-        p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
-                       help="reference: HF-like semantics; fast: static cache, grouped experts, CUDA graphs")
+    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
+                   help="reference: our PyTorch model as written; fast: static cache, grouped experts, CUDA graphs")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
 
 
 def session_from_args(args):
-    """The Session (or FastSession) the model options describe."""
-    from .fast.session import load_session
+    """The Session the model options describe."""
+    from .runtime.session import Session
 
-    return load_session(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                        session_mode=getattr(args, "session_mode", "reference"), device=args.device,
-                        dtype=args.dtype, attn=args.attn)
+    return Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
+                        session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
 
 
 def build_parser() -> argparse.ArgumentParser:

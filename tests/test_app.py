@@ -340,15 +340,15 @@ def test_measured_sweep_form_rejects_bad_lists(no_reference):
 
 
 def test_dataset_runs_section_reads_a_profiled_run(no_reference):
-    from dsocr_core.measure import dataset_run as profile_run, datasets as dataset
+    from dsocr_core.measure import dataset_run, datasets
     from dsocr_core.runtime.session import Session
 
     session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
     store = RunStore()
-    data = dataset.discover(sample_pages()[-1])  # the card page
-    settings = profile_run.ProfileSettings(mode="tiny", max_new_tokens=3)
-    run_id = profile_run.create_dataset_run(store, session, data, settings, {"n": 1})
-    profile_run.run_dataset(session, store, run_id, dataset.sample(data.pages, 1), settings)
+    data = datasets.discover(sample_pages()[-1])  # the card page
+    settings = dataset_run.ProfileSettings(mode="tiny", max_new_tokens=3)
+    run_id = dataset_run.create_dataset_run(store, session, data, settings, {"n": 1})
+    dataset_run.run_dataset(session, store, run_id, datasets.sample(data.pages, 1), settings)
     at = goto(make_app(), "measured")
     assert at.selectbox(key="ds_run").value == run_id
     metrics = {m.label: m.value for m in at.metric}

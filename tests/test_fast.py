@@ -3,12 +3,12 @@ the reference exactly; the fast kernels' building blocks must compute the refere
 import pytest
 import torch
 
-from dsocr_core.fast import FastEngine, FastSession, StaleCacheError, load_session
+from dsocr_core.fast import FastEngine, StaleCacheError
 from dsocr_core.fast.attention import decode_attention, sam_attention
-from dsocr_core.fast.engine import _cut_after_all_finished
 from dsocr_core.fast.moe import (experts_gather, experts_grouped, group_rows, group_rows_sorted, moe_forward,
                                   route, topk_argmax, with_shared)
 from dsocr_core.measure.token_parity import compare
+from dsocr_core.runtime.generate import cut_after_all_finished
 from dsocr_core.fast.vision import sam_block_args
 from dsocr_core.fast.weights import LMWeights, stack_experts
 from dsocr_core.model.checkpoint import synthetic_model
@@ -26,7 +26,7 @@ def sessions():
     model = synthetic_model(spec, seed=5, dtype="float32")
     ref = Session(model, spec, load_tokenizer(None), torch.device("cpu"), "float32",
                   {"source": "synthetic", "detail": "tiny seed 5", "synthetic": True})
-    return ref, FastSession.from_session(ref, bucket=32)
+    return ref, ref.with_mode("fast", bucket=32)
 
 
 def _close(a, b, tol=1e-5):
@@ -145,12 +145,14 @@ def test_fast_tokens_equal_reference(sessions, mode, grid, batch, steps):
 def test_generate_matches_reference_with_active_ngram_ban(sessions):
     ref, fast = sessions
     inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=2, seed=3)
-    free = fast.generate_one_shot(inputs, max_new_tokens=60, no_repeat_ngram_size=0)
+    free = fast.generate(inputs, max_new_tokens=60, no_repeat_ngram_size=0)
     want = ref.generate_one_shot(inputs, max_new_tokens=60, no_repeat_ngram_size=3)
-    got = fast.generate_one_shot(inputs, max_new_tokens=60, no_repeat_ngram_size=3)
+    got = fast.generate(inputs, max_new_tokens=60, no_repeat_ngram_size=3)
     assert got.generated_ids == want.generated_ids
     assert free.generated_ids != got.generated_ids  # the ban is active
-    assert got.path == "fast" and got.timings["tpot_s"] > 0 and got.timings["prefill"] > 0
+    assert got.path == "separated" and got.session_mode == "fast"
+    assert got.timings["tpot_s"] > 0 and got.timings["prefill"] > 0
+    assert want.path == "one-shot" and want.session_mode == "reference"  # one-shot is always the yardstick
     d = fast.describe()
     assert d["session_mode"] == "fast" and d["engine"]["cuda_graphs"] is False and d["engine"]["compile"] is False
 
@@ -169,18 +171,16 @@ def test_separated_path_verifies_and_old_handles_go_stale(sessions):
 def test_cache_grows_past_its_capacity(sessions):
     """A bare prefill leaves room for some tokens; decoding past it moves the cache, tokens unchanged."""
     ref, _ = sessions
-    eng = FastEngine(ref.model, bucket=16)
-    fast = FastSession.from_session(ref, bucket=16)
-    fast._engine = eng
+    fast = ref.with_mode("fast", bucket=16)
     inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=6)
-    pre = fast.prefill(inputs, max_new_tokens=2)
+    pre = fast.prefill(inputs, room=2)
     cap = pre.cache.state.capacity
     rpre = ref.prefill(inputs, logits="last")
     tok = rtok = pre.logits[:, -1].argmax(-1)
     rcache, cache = rpre.cache, pre.cache
     for _ in range(cap - inputs.seq_len + 20):
-        logits, cache = fast.decode_step(tok, cache)
-        rlogits, rcache = ref.decode_step(rtok, rcache)
+        logits = fast.decode_step(tok, cache)
+        rlogits = ref.decode_step(rtok, rcache)
         tok, rtok = logits.argmax(-1), rlogits.argmax(-1)
         assert torch.equal(tok, rtok)
     assert cache.state.capacity > cap and cache.length == rcache.length
@@ -189,28 +189,43 @@ def test_cache_grows_past_its_capacity(sessions):
 def test_steps_after_every_row_finished_are_dropped():
     eos = 1
     steps = [torch.tensor([5, 6]), torch.tensor([eos, 7]), torch.tensor([2, eos]), torch.tensor([2, 2])]
-    assert len(_cut_after_all_finished(steps, eos)) == 3
-    assert len(_cut_after_all_finished(steps[:2], eos)) == 2  # row 1 never finished: keep everything
+    assert len(cut_after_all_finished(steps, eos)) == 3
+    assert len(cut_after_all_finished(steps[:2], eos)) == 2  # row 1 never finished: keep everything
 
 
 def test_load_session_modes():
-    fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast",
+    fast = Session.load(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast",
                         engine_options={"bucket": 64})
-    assert isinstance(fast, FastSession) and fast.describe()["session_mode"] == "fast"
-    assert fast.engine.bucket == 64
-    assert type(load_session(synthetic="tiny", device="cpu", dtype="float32")) is Session
-    with pytest.raises(ValueError):
-        load_session(synthetic="tiny", device="cpu", session_mode="turbo")
+    assert fast.describe()["session_mode"] == "fast" and fast.session_mode == "fast"
+    assert fast.engine.bucket == 64 and fast.engine.mode == "fast"
+    ref = fast.with_mode("reference")
+    assert ref.model is fast.model and ref.lock is fast.lock and ref.engine.mode == "reference"
+    with pytest.raises(ValueError, match="session_mode"):
+        Session.load(synthetic="tiny", device="cpu", session_mode="turbo")
+    with pytest.raises(ValueError, match="reference engine takes no options"):
+        Session.load(synthetic="tiny", device="cpu", dtype="float32", engine_options={"bucket": 64}).engine
     with pytest.raises(ValueError):
         FastEngine(fast.model, moe="loop")
 
 
+def test_both_engines_share_one_cache_interface(sessions):
+    """length, history, bytes used and allocated mean the same in both engines' caches."""
+    inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=2)
+    for session in sessions:
+        pre = session.prefill(inputs, room=8)
+        cache = pre.cache
+        t = inputs.seq_len
+        assert cache.length == t and torch.equal(cache.history[:, :t], inputs.input_ids)
+        kv_row = 2 * session.spec.num_hidden_layers * session.spec.hidden_size * 4  # float32 keys + values
+        assert cache.bytes_used == t * kv_row
+        assert cache.bytes_allocated >= cache.bytes_used
+        session.decode_step(pre.logits[:, -1].argmax(-1), cache)
+        assert cache.length == t + 1 and cache.bytes_used == (t + 1) * kv_row
+
+
 def test_fast_separated_kv_length_is_its_own():
     """The verification reads the separated run's cache before the reference run reuses any buffers."""
-    from dsocr_core.fast.session import load_session
-    from dsocr_core.runtime.inputs import synthetic_inputs
-
-    fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
+    fast = Session.load(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
     inputs = fast.to_device(synthetic_inputs("tiny", (1, 1), 10, 1))
     sep = fast.generate_separated(inputs, max_new_tokens=6)
     v = sep.verification
@@ -220,14 +235,14 @@ def test_fast_separated_kv_length_is_its_own():
 def test_compiled_falls_back_and_says_why():
     """A function that cannot compile runs its fallback (SAM: folded attention instead of eager FlexAttention,
     which would materialise every score) and keeps the reason for describe()."""
-    from dsocr_core.fast.engine import _Compiled
+    from dsocr_core.fast.compiled import Compiled
     from dsocr_core.fast.vision import sam_block_eager, sam_block_fn
 
     def breaks(x):
         torch._dynamo.graph_break()
         return x + 1
 
-    f = _Compiled(breaks, None, dynamic=False, fallback=lambda x: x + 2)
+    f = Compiled(breaks, None, dynamic=False, fallback=lambda x: x + 2)
     assert torch.equal(f(torch.zeros(2)), torch.full((2,), 2.0)) and "graph_break" in f.error.replace(" ", "_")
     block = SamBlock(tiny_spec(), window=4)
     x = torch.randn(1, 8, 8, block.norm1.weight.shape[0])

@@ -11,8 +11,7 @@ agrees except at such rounding ties.
 import pytest
 import torch
 
-from dsocr_core.fast import FastSession
-from dsocr_core.measure.token_parity import compare
+from dsocr_core.measure.token_parity import compare, greedy_trace
 from dsocr_core.model.checkpoint import synthetic_model
 from dsocr_core.runtime.inputs import synthetic_inputs
 from dsocr_core.runtime.session import Session
@@ -28,7 +27,7 @@ def sessions():
     model = synthetic_model(spec, seed=0, dtype="bfloat16", device="cuda")
     ref = Session(model, spec, load_tokenizer(None), torch.device("cuda"), "bfloat16",
                   {"source": "synthetic", "detail": "full seed 0", "synthetic": True})
-    return ref, FastSession.from_session(ref)
+    return ref, ref.with_mode("fast")
 
 
 def _page(batch: int, seed: int):
@@ -51,21 +50,35 @@ def test_full_spec_greedy_tokens_match_up_to_rounding(sessions, batch, steps):
     assert tf["median_logit_abs_diff"] <= 0.05
 
 
-def test_fused_generation_equals_the_step_by_step_path(sessions):
-    """The fused path's generation (ban, choice and position on the device, two steps per graph launch, graphs
-    captured on first use inside this very call) gives the tokens of decode_step + next_tokens on the same
-    engine kernels, and leaves the device position at the cache length."""
+def test_fused_generation_is_what_its_own_logits_choose(sessions):
+    """The fused batch-1 generation (ban, choice and position update on the device, two steps per graph launch,
+    graphs captured during this very call), checked with teacher-forced evidence on its own 300 tokens:
+    1. the fused kernels, fed those tokens one step at a time with the choice made on the host (next_tokens),
+       choose every one of them again: the device-side ban, choice and position update agree with the host's;
+    2. the unfused path (compiled torch pieces) fed the same tokens agrees at every step but where the top two
+       scores lie within the two paths' logit difference on that history (a bf16 rounding tie; on an H200 with
+       page seed 31: one step, 80, whose fused and reference margins are exactly 0);
+    3. the device position equals the cache length afterwards.
+    Comparing the two free-running generations instead would fail on such a tie at any step (it did, at 40 and
+    80 of 300), and would prove nothing about either path."""
     ref, _ = sessions
     page = _page(1, 31)
-    fused = FastSession.from_session(ref)  # fresh engine: every step graph is captured during the generation
-    plain = FastSession.from_session(ref, fused=False)
-    a = fused.generate_one_shot(page, max_new_tokens=300, no_repeat_ngram_size=20)  # crosses a bucket edge
-    b = plain.generate_one_shot(page, max_new_tokens=300, no_repeat_ngram_size=20)
+    fused = ref.with_mode("fast")  # fresh engine: every step graph is captured during the generation
+    plain = ref.with_mode("fast", fused=False)
+    gen = fused.generate(page, max_new_tokens=300, no_repeat_ngram_size=20)  # crosses a bucket edge
     st = fused.engine._states[1]
     assert int(st.pos) == st.cache.length
-    agree = next((i for i, (x, y) in enumerate(zip(a.generated_ids[0], b.generated_ids[0])) if x != y), None)
-    # the unfused batch-1 path rounds differently (compiled pieces), so allow a late rounding flip only
-    assert agree is None or agree >= 64, agree
+    tokens = gen.generated_ids[0]
+    forced = torch.tensor([tokens], device="cuda")
+    own = greedy_trace(fused, page, len(tokens), 20, force=forced)
+    assert own["tokens"][0].tolist() == tokens
+    other = greedy_trace(plain, page, len(tokens), 20, force=forced)
+    parted = (other["tokens"][0] != own["tokens"][0]).nonzero()[:, 0].tolist()
+    for step in parted:
+        diff = float((other["logits"][step] - own["logits"][step]).abs().max())
+        margins = float(own["margins"][0, step]), float(other["margins"][0, step])
+        assert max(margins) <= 2 * diff, (step, margins, diff)
+    assert len(parted) <= 0.02 * len(tokens), parted
 
 
 def test_fast_engine_uses_graphs_and_compiles_without_errors(sessions):

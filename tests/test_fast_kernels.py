@@ -1,7 +1,7 @@
 """The fused batch-1 decode kernels (dsocr_core/fast/decode_kernels.py) on the CPU, through Triton's interpreter
 (TRITON_INTERPRET=1, set before Triton is imported, hence a subprocess): one decode step equals the engine's
 torch step, greedy generation with an active n-gram ban equals the torch path token for token, and the ban kernel
-bans exactly what generation.ban_repeated_ngrams bans. On a GPU the same kernels run compiled
+bans exactly what generate.ban_repeated_ngrams bans. On a GPU the same kernels run compiled
 (tests/test_fast_gpu.py, benchmarks/session_speed.py)."""
 import importlib.util
 import json
@@ -18,7 +18,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 SCRIPT = r"""
 import json
 import torch
-from dsocr_core.fast import FastSession
 from dsocr_core.fast import decode_kernels as dk
 from dsocr_core.runtime.generate import ban_repeated_ngrams
 from dsocr_core.model.checkpoint import synthetic_model
@@ -44,15 +43,15 @@ model = synthetic_model(spec, seed=5, dtype="float32")
 ref = Session(model, spec, load_tokenizer(None), torch.device("cpu"), "float32",
               {"source": "synthetic", "detail": "tiny seed 5", "synthetic": True})
 few = {"lm_head": (4096, 64, 4)}  # few programs: the interpreter runs them one by one
-plain = FastSession.from_session(ref, bucket=32, fused=False)
-fused = FastSession.from_session(ref, bucket=32, fused=True, fused_blocks=few)
+plain = ref.with_mode("fast", bucket=32, fused=False)
+fused = ref.with_mode("fast", bucket=32, fused=True, fused_blocks=few)
 inputs = synthetic_inputs("gundam", (2, 1), text_tokens=10, batch=1, seed=3)
-p1, p2 = plain.prefill(inputs, max_new_tokens=4), fused.prefill(inputs, max_new_tokens=4)
+p1, p2 = plain.prefill(inputs, room=4), fused.prefill(inputs, room=4)
 tok = p1.logits[:, -1].argmax(-1)
 diffs = []
 for _ in range(2):
-    l1, _c = plain.decode_step(tok, p1.cache)
-    l2, _c = fused.decode_step(tok, p2.cache)
+    l1 = plain.decode_step(tok, p1.cache)
+    l2 = fused.decode_step(tok, p2.cache)
     diffs.append(float((l1 - l2).abs().max()))
     tok = l1.argmax(-1)
 out["step_max_abs_diff"] = max(diffs)
@@ -62,12 +61,13 @@ with torch.no_grad():
     keep = model.lm_head.weight[[500, 900, 1300]].clone()
     model.lm_head.weight.zero_()
     model.lm_head.weight[[500, 900, 1300]] = keep * 20
-plain = FastSession.from_session(ref, bucket=32, fused=False)
-fused = FastSession.from_session(ref, bucket=32, fused=True, fused_blocks=few)
+plain = ref.with_mode("fast", bucket=32, fused=False)
+fused = ref.with_mode("fast", bucket=32, fused=True, fused_blocks=few)
 small = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=3)
-out["free"] = plain.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=0).generated_ids
-out["plain"] = plain.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
-out["fused"] = fused.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
+out["free"] = plain.generate(small, max_new_tokens=24, no_repeat_ngram_size=0).generated_ids
+out["plain"] = plain.generate(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
+out["fused"] = fused.generate(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
+out["reference"] = ref.generate(small, max_new_tokens=24, no_repeat_ngram_size=2).generated_ids
 
 # the same generation under a GPU's first-call semantics (graphs.Captured: a warm-up run, then a replay of the
 # captured graph unless the work advances its own state), which the CPU path (no graphs) never exercises
@@ -89,8 +89,8 @@ class GpuLikeCaptured:
 
 
 engine_module.Captured = GpuLikeCaptured
-graphed = FastSession.from_session(ref, bucket=32, fused=True, fused_blocks=few)
-res = graphed.generate_one_shot(small, max_new_tokens=24, no_repeat_ngram_size=2)
+graphed = ref.with_mode("fast", bucket=32, fused=True, fused_blocks=few)
+res = graphed.generate(small, max_new_tokens=24, no_repeat_ngram_size=2)
 out["fused_graph_like"] = res.generated_ids
 st = graphed.engine._states[1]
 out["graph_like_pos"], out["graph_like_length"] = int(st.pos), st.cache.length
@@ -119,7 +119,7 @@ def test_fused_step_equals_the_torch_step(result):
 
 
 def test_fused_generation_equals_torch_generation_with_an_active_ban(result):
-    assert result["fused"] == result["plain"]
+    assert result["fused"] == result["plain"] == result["reference"]
     assert result["plain"] != result["free"]  # the ban changed the tokens, so it was exercised
 
 

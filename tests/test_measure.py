@@ -111,9 +111,9 @@ def test_measure_cli_rejects_bad_grids(args, tmp_path, capsys):
 
 
 def test_fast_mode_sweep_is_labelled_and_counts_reference_flops(tmp_path):
-    from dsocr_core.fast.session import load_session
+    from dsocr_core.runtime.session import Session
 
-    fast = load_session(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
+    fast = Session.load(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
     store = RunStore(tmp_path / "runs.sqlite")
     run_id = run_sweep(fast, store, sweep_workloads(["tiny"], [(1, 1)], [10], [1], [3], dtype="float32"),
                        repeats=1)

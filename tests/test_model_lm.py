@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsocr_core.model import KVCache, flop_counter, generate_greedy, meta_model, synthetic_model
+from dsocr_core.model import KVCache, flop_counter, meta_model, synthetic_model
 from dsocr_core.model.decoder import MoE, RMSNorm, meta_routing, rope_cos_sin
 from dsocr_core.spec import ModelSpec, tiny_spec
 
@@ -65,7 +65,7 @@ def test_logits_last_and_cache_shapes(tiny):
     assert isinstance(cache, KVCache) and len(cache) == s.num_hidden_layers and cache.length == 7
     for i in range(s.num_hidden_layers):
         assert cache.keys[i].shape == cache.values[i].shape == (3, s.num_attention_heads, 7, s.head_dim)
-    assert cache.nbytes == 2 * s.num_hidden_layers * 3 * 7 * s.hidden_size * 4
+    assert cache.bytes_used == cache.bytes_allocated == 2 * s.num_hidden_layers * 3 * 7 * s.hidden_size * 4
 
 
 def test_batch_rows_are_independent(tiny):
@@ -166,7 +166,13 @@ def test_eager_mask_offset_matches_reference():
 def test_tiny_bf16_generates_varied_tokens():
     model = synthetic_model(tiny_spec(), seed=0, dtype="bfloat16")
     prompt = torch.tensor([[0, 128825, 400, 401, 402, 128826]])
-    out = generate_greedy(model, prompt, max_new_tokens=24)
+    from types import SimpleNamespace
+
+    from dsocr_core.runtime.engine import OneShotEngine
+    from dsocr_core.runtime.generate import Greedy
+
+    text_only = SimpleNamespace(input_ids=prompt, images=None, images_seq_mask=None, images_spatial_crop=None)
+    out = torch.stack(list(Greedy(OneShotEngine(model), text_only, 24, 0, stop_at_eos=False)), 1)
     assert out.shape == (1, 24)
     assert len(set(out[0].tolist())) > 5
     with torch.inference_mode():

@@ -8,8 +8,10 @@ import pytest
 from dsocr_core.cli import main
 from dsocr_core.measure.datasets import discover, sample
 from dsocr_core.model.checkpoint import save_checkpoint, synthetic_model
-from dsocr_core.measure.dataset_run import (FlopCache, ProfileSettings, check_resume, create_dataset_run,
-                                    decode_flops_total, generate_timed, run_dataset)
+from dsocr_core.measure.dataset_run import FlopCache, ProfileSettings, check_resume, create_dataset_run, run_dataset
+from dsocr_core.measure.stage_stats import timed_generation
+from dsocr_core.runtime.flops import decode_flops_total
+from dsocr_core.runtime.generate import trim_at_eos
 from dsocr_core.grounding.samples import sample_pages
 from dsocr_core.runtime.session import Session
 from dsocr_core.spec import tiny_spec
@@ -48,14 +50,14 @@ def new_run(store, session, dataset, settings=FAST, sampling=None):
     return create_dataset_run(store, session, dataset, settings, sampling or {"n": None, "epochs": 1})
 
 
-def test_generate_timed_follows_the_one_shot_tokens(session):
+def test_timed_generation_follows_the_one_shot_tokens(session):
     inputs = session.prepare(SAMPLES["card"], "<image>\nFree OCR.", mode="tiny")
     ref = session.generate_one_shot(inputs, max_new_tokens=6)
-    trace = generate_timed(session, inputs, 6)
-    assert trace.generated == ref.generated_ids[0]
-    assert len(trace.decode_steps_s) == 5  # the first token comes from the prefill
-    assert trace.kv_length == inputs.seq_len + 5 and trace.kv_bytes > 0
-    assert all(trace.stage_s[s] > 0 for s in ("sam", "clip", "projector", "prefill", "decode"))
+    run = timed_generation(session, inputs, 6)
+    assert trim_at_eos(run.tokens[0].tolist(), session.spec.eos_token_id) == ref.generated_ids[0]
+    assert len(run.steps) == 5  # the first token comes from the prefill
+    assert run.kv_length == inputs.seq_len + 5 and run.kv_bytes > 0
+    assert all(run.totals[s] > 0 for s in ("sam", "clip", "projector", "prefill", "decode"))
 
 
 def test_run_stores_every_page_and_records_corrupt_ones(tmp_path, session, pages_dir):
@@ -162,7 +164,7 @@ def test_oom_is_recorded_and_a_failed_flop_pass_keeps_the_timings(tmp_path, sess
     ds = discover(pages_dir)
     good = [p for p in ds.pages if p.name in ("card.png", "small.png")]
     run_id = new_run(store, session, ds)
-    real = pr.generate_timed
+    real = pr.timed_generation
 
     def flaky(session_, inputs, max_new_tokens, **kw):
         if inputs.image_size == (640, 832) and max_new_tokens > 2:  # small.png's timed run, not its warm-up
@@ -172,7 +174,7 @@ def test_oom_is_recorded_and_a_failed_flop_pass_keeps_the_timings(tmp_path, sess
     def no_flops(*args, **kwargs):
         raise RuntimeError("counter broke")
 
-    monkeypatch.setattr(pr, "generate_timed", flaky)
+    monkeypatch.setattr(pr, "timed_generation", flaky)
     monkeypatch.setattr(session, "count_stage_flops", no_flops)
     counts = run_dataset(session, store, run_id, sample(good, order="fixed"), FAST)
     assert counts["done"] == 1 and counts["oom"] == 1

@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--pages", type=Path, required=True,
                    help="folder of page images/PDFs (recursive), a text file listing paths (relative to the "
                         "list's folder), or one image or PDF")
-    add_model_options(p, seed_flag="--weights-seed", session_mode=False)  # --seed is the sampling seed
+    add_model_options(p, seed_flag="--weights-seed")  # --seed is the sampling seed
     p.add_argument("--sample", type=int, metavar="N", help="pages per epoch (default: all)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")

@@ -460,7 +460,7 @@ class FusedDecode:
         br, bkq, wq = blk["qkv"]
         br = min(br, d // 2)
         for i, lw in enumerate(w.layers):
-            kc, vc = st.cache.keys(i), st.cache.values(i)
+            kc, vc = st.cache.layer_keys(i), st.cache.layer_values(i)
             _qkv_rope[(3 * cfg.heads * (d // 2) // br,)](
                 x, lw.ln1, lw.wqkv, cos_t, sin_t, st.pos, self.q, kc, vc, st.token, w.embed, kc.stride(1),
                 kc.stride(2), vc.stride(1), vc.stride(2), cfg.eps, H=hd, D=d, BR=br, BK=min(bkq, kh), EMBED=i == 0,

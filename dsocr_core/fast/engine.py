@@ -8,10 +8,11 @@ What it does differently from the reference path (each point is explained in doc
   sort-free grouping otherwise and in prefill; the shared expert runs as two extra experts;
 * decode attention over the cache by a Triton split-KV kernel (torch formulations on a CPU);
 * logits for the last position only;
-* at batch 1 (with Triton) the whole step is decode_kernels.FusedDecode: 73 fused Triton kernels in one graph,
-  launched with programmatic dependent launch on Hopper (`pdl`), with the n-gram ban, the greedy choice and
-  the position update on the device during generation, two steps per graph launch (`graph_steps`; `fused=False`
-  turns it off);
+* at batch 1 (with Triton) the whole step is decode_kernels.FusedDecode in one graph: 5 fused Triton kernels
+  for the dense layer and 6 per MoE layer (72 with the lm_head for the 12 layers; 74 in generation, where the
+  n-gram ban and the greedy choice run on the device too and the choice advances the position), launched with
+  programmatic dependent launch on Hopper (`pdl`), two steps per graph launch in generation (`graph_steps`;
+  `fused=False` turns it off);
 * each decode step (all 12 layers + final norm + lm_head) is captured in a CUDA graph per (batch, bucket); the
   static-shape pieces between the attention and expert kernels (norms, q/k/v, RoPE, cache write, o_proj,
   router, top-k, combine, lm_head) are compiled with torch.compile when `compile` is on;
@@ -23,104 +24,41 @@ What it does differently from the reference path (each point is explained in doc
   only when only the last logits are wanted.
 
 On a CPU everything runs eagerly (no graphs, no compile): the same functions, so CPU tests check the tokens.
-Outside the fused path the n-gram ban and greedy choice are `generation.next_tokens`, applied after each step's
-graph on a history buffer.
+Outside the fused path the n-gram ban and greedy choice are `generate.next_tokens`, applied after each step's
+graph on the state's history buffer. The engine implements the interface of runtime/engine.py.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..runtime.generate import next_tokens
 from ..model.decoder import rope_cos_sin
+from ..runtime.generate import next_tokens
 from ..runtime.timing import StageTimer
-from .decode_kernels import FusedDecode
 from .attention import SAM_ATTENTION, decode_attention
+from .compiled import COMPILE_OPTIONS, Compiled
+from .decode_kernels import FusedDecode
 from .graphs import Captured
-from .lm import LMConfig, make_decode_fns, make_prefill_layer, rms_norm
+from .lm import LMConfig, make_decode_fns, make_prefill_layer
+from .prefill import prefill_entry, prefill_key
+from .state import DecodeState, FastCache
 from .static_cache import StaticKVCache, round_up
 from .triton_kernels import HAS_TRITON
-from ..model.deepseek_ocr import view_list
-from .vision import (clip_layer_fn, embed_with_images, run_clip, run_projector, run_sam, sam_block_eager,
-                     sam_block_fn, view_groups, Positions)
+from .vision import Positions, clip_layer_fn, sam_block_eager, sam_block_fn
 from .weights import LMWeights
 
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
-COMPILE_OPTIONS = {"coordinate_descent_tuning": True}  # tunes the GEMV/attention reductions' block sizes
 # compiled SAM blocks and CLIP layers specialise on shapes (2 block kinds x 2 view sizes x each tile count in use;
 # CLIP: each view-group layout); each function's compiles count against this one limit, shared by all engines
 SAM_RECOMPILE_LIMIT = 64
 
 
-class StaleCacheError(RuntimeError):
-    """A cache handle from an earlier prefill: its static cache has been overwritten since."""
-
-
-@dataclass
-class DecodeState:
-    """Static buffers of one batch size: the cache, the step's inputs/outputs and the graphs that use them."""
-
-    batch: int
-    cache: StaticKVCache
-    token: torch.Tensor  # [B] long, the step's input token
-    pos: torch.Tensor  # [1] long, the step's position (= tokens already cached)
-    logits: torch.Tensor  # [B, V] float32, the step's output
-    history: torch.Tensor  # [B, capacity] long, prompt + generated ids (for the n-gram ban)
-    moe_impl: str
-    fused: Any = None  # decode_kernels.FusedDecode at batch 1 with Triton, else None
-    serial: int = 0  # bumped by every prefill; older cache handles become stale
-    graphs: dict[tuple, Captured] = field(default_factory=dict)  # decode step per (bucket length, kind)
-    prefills: dict[tuple, dict] = field(default_factory=dict)  # prefill stages per input shape
-
-    @property
-    def capacity(self) -> int:
-        return self.cache.capacity
-
-
-@dataclass
-class FastCache:
-    """What prefill() hands out: the state plus the prefill it belongs to (like the reference's KVCache)."""
-
-    state: DecodeState
-    serial: int
-
-    def check(self) -> DecodeState:
-        if self.serial != self.state.serial:
-            raise StaleCacheError("this cache belongs to an earlier prefill; its static buffers have been reused")
-        return self.state
-
-    @property
-    def length(self) -> int:
-        return self.check().cache.length  # a stale handle must not report another prefill's length
-
-    @property
-    def nbytes(self) -> int:
-        return self.state.cache.filled_bytes()
-
-
-class _Compiled:
-    """A torch.compile'd function that falls back to an eager one (`fallback`, default the same function) and
-    says why, if compiling fails. dynamic=False: every new shape compiles anew (no symbolic sizes)."""
-
-    def __init__(self, eager, options: dict | None, dynamic: bool | None = None, fallback=None):
-        self.eager = fallback or eager
-        self.compiled = torch.compile(eager, fullgraph=True, dynamic=dynamic, options=options)
-        self.error: str | None = None
-
-    def __call__(self, *args, **kwargs):
-        if self.error is None:
-            try:
-                return self.compiled(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - fall back, keep the reason for describe()
-                self.error = f"{type(exc).__name__}: {exc}"[:800]
-        return self.eager(*args, **kwargs)
-
-
 class FastEngine:
+    mode = "fast"
+    eos_check_interval = 32  # the only host syncs of a generation: look for EOS every 32 tokens
+
     def __init__(self, model, *, compile: bool | None = None, graphs: bool | None = None, moe: str = "auto",
                  attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_attention: str = "auto",
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
@@ -204,7 +142,7 @@ class FastEngine:
         return "triton" if self.triton and rows <= self.gather_max_rows else "grouped"
 
     def _compiled(self, fn, options=None):
-        return _Compiled(fn, options) if self.compile else fn
+        return Compiled(fn, options) if self.compile else fn
 
     def fns(self, moe_impl: str) -> dict[str, Any]:
         """The decode step's pieces for one MoE kind (compiled when `compile` is on)."""
@@ -225,7 +163,7 @@ class FastEngine:
             topk, grouping = ("argmax", "onehot") if compiled else ("torch", "sort")
             lm, lm_last = (make_prefill_layer(self.cfg, topk, grouping, last_only) for last_only in (False, True))
             if compiled:
-                lm, lm_last = _Compiled(lm, None), _Compiled(lm_last, None)
+                lm, lm_last = Compiled(lm, None), Compiled(lm_last, None)
             if vis:  # static shapes: one compile per (view size, window, view count); see SAM_RECOMPILE_LIMIT
                 limit = torch._dynamo.config.recompile_limit
                 torch._dynamo.config.recompile_limit = max(limit, SAM_RECOMPILE_LIMIT)
@@ -233,9 +171,9 @@ class FastEngine:
                 # FlexAttention's score_mod cannot take symbolic sizes (the window width it divides by), and
                 # static shapes give Inductor better kernels; eagerly flex would materialise every score, so
                 # a failed compile falls back to the folded attention
-                "sam_block": _Compiled(sam_block_fn, None, dynamic=False, fallback=sam_block_eager) if vis
+                "sam_block": Compiled(sam_block_fn, None, dynamic=False, fallback=sam_block_eager) if vis
                 else sam_block_fn,
-                "clip_layer": _Compiled(clip_layer_fn, None, dynamic=False) if vis else clip_layer_fn,
+                "clip_layer": Compiled(clip_layer_fn, None, dynamic=False) if vis else clip_layer_fn,
                 "lm_layer": lm,
                 "lm_last_layer": lm_last,  # the final layer when only the last position's logits are wanted
             }
@@ -298,109 +236,82 @@ class FastEngine:
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
-    def prefill(self, inputs, upto: int | None = None, logits: str = "last", max_new_tokens: int | None = None,
-                timer: StageTimer | None = None) -> tuple[torch.Tensor, FastCache]:
+    def prefill(self, inputs, *, logits: str = "last", upto: int | None = None, timer: StageTimer | None = None,
+                room: int = 0) -> tuple[torch.Tensor, FastCache]:
         """Vision + LM over the prompt (its first `upto` tokens). Returns float32 logits [B, T_logits, V]
-        ('last': T_logits = 1) and a cache handle. Stages timed: sam, clip, projector, prefill."""
+        ('last': T_logits = 1; the stage's output buffer, valid until the next prefill of this shape) and a cache
+        handle with room for `room` decode steps (DEFAULT_NEW_TOKENS when 0; grown on demand). Stages timed:
+        sam, clip, projector, prefill."""
         if logits not in ("all", "last"):
             raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
         timer = timer or StageTimer(self.device)
-        ids = inputs.input_ids if upto is None else inputs.input_ids[:, :upto]
+        prompt = inputs.input_ids
+        ids = prompt if upto is None else prompt[:, :upto]
         b, t = ids.shape
-        st = self.state(b, t + (DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens))
+        st = self.state(b, prompt.shape[1] + (room or DEFAULT_NEW_TOKENS) + 1)
         st.serial += 1
-        images = list(inputs.images) if inputs.images and t > 1 else []
-        if images:
-            grids = [tuple(int(v) for v in g) for g in inputs.images_spatial_crop.reshape(-1, 2).tolist()]
-            views = view_list(images, grids)
-            mask = inputs.images_seq_mask[:, :t]
-            slots = mask.reshape(-1).nonzero()[:, 0]  # flat positions of the image slots (one host sync)
-            _check_slots(mask, views, grids, 4 * self.spec.sam_patch)
-            key = (t, logits, tuple(grids), tuple(tuple(v.shape) for v in views), int(slots.numel()))
-        else:
-            grids, views, slots = [], [], None
-            key = (t, logits)
+        st.primed = None
+        key, feed = prefill_key(self, inputs, t, logits)
         entry = st.prefills.get(key)
         if entry is None:
-            entry = self._prefill_entry(st, ids, views, grids, slots, logits)
-            st.prefills[key] = entry
+            entry = st.prefills[key] = prefill_entry(self, st, ids, feed, logits)
         bufs = entry["bufs"]
         bufs["ids"].copy_(ids)
-        if images:
-            bufs["slots"].copy_(slots)
-            for buf, v in zip(bufs["views"], views):
+        if feed["views"]:
+            bufs["slots"].copy_(feed["slots"])
+            for buf, v in zip(bufs["views"], feed["views"]):
                 buf.copy_(v)
         outs = entry["outs"]
         for name, run in entry["stages"]:
             with timer.stage(name, track_memory=True):
                 outs[name] = run()
         st.cache.length = t
-        st.history[:, :t].copy_(ids)
+        st.history[:, :prompt.shape[1]].copy_(prompt)  # the whole prompt: a redecode feeds its last token
         return outs["prefill"], FastCache(st, st.serial)
-
-    def _prefill_entry(self, st: DecodeState, ids, views, grids, slots, logits: str) -> dict:
-        """Static input buffers and the four stage runners (captured as graphs sharing one pool on a GPU)."""
-        bufs = {"ids": torch.empty_like(ids)}
-        outs: dict[str, Any] = {}
-        stages = []
-        pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        model = self.model
-
-        def cap(fn):
-            return Captured(fn, self.graphs, pool)
-
-        if views:
-            bufs["views"] = [torch.empty_like(v) for v in views]
-            bufs["slots"] = torch.empty_like(slots)
-            groups = view_groups(views)
-            pf = self.prefill_fns()
-            def sam():
-                with _cudnn_benchmark(self.cudnn_benchmark):
-                    return run_sam(model, bufs["views"], groups, self.sam_attention, pf["sam_block"],
-                                   self.positions)
-
-            stages += [
-                ("sam", cap(sam)),
-                ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], self.clip_packed,
-                                                     self.positions))),
-                ("projector", cap(lambda: run_projector(model, bufs["views"], groups, grids, outs["sam"],
-                                                        outs["clip"]))),
-            ]
-
-        def lm():
-            x = embed_with_images(model, bufs["ids"], bufs.get("slots"), outs.get("projector"))
-            return self._lm_prefill(st, x, logits)
-
-        stages.append(("prefill", cap(lm)))
-        return {"bufs": bufs, "outs": outs, "stages": stages}
-
-    def _lm_prefill(self, st: DecodeState, x: torch.Tensor, logits: str) -> torch.Tensor:
-        t = x.shape[1]
-        cos, sin = self.cos_t[:t], self.sin_t[:t]
-        fns = self.prefill_fns()
-        last = len(self.w.layers) - 1
-        for i, lw in enumerate(self.w.layers):
-            layer = fns["lm_last_layer" if i == last and logits != "all" else "lm_layer"]
-            x = layer(x, cos, sin, st.cache.keys(i, t), st.cache.values(i, t), lw.ln1, lw.wqkv, lw.wo, lw.ln2,
-                      lw.w13, lw.w2, lw.gate)
-        return F.linear(rms_norm(x if logits == "all" else x[:, -1:], self.w.norm, self.cfg.eps),
-                        self.w.lm_head).float()
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
-    def decode_step(self, cache: FastCache, token: torch.Tensor | None = None) -> torch.Tensor:
-        """One step for every row: `token` [B] (None: the state's token buffer as is) at position cache.length.
-        Returns the state's logits buffer [B, V] float32 (overwritten by the next step)."""
+    def decode_step(self, token: torch.Tensor, cache: FastCache) -> torch.Tensor:
+        """One step for every row: `token` [B] at position cache.length. Returns the state's logits buffer
+        [B, V] float32 (overwritten by the next step)."""
         st = cache.check()
         n = st.cache.length
         if n >= st.capacity:
             st = self._grow(st, n + DEFAULT_NEW_TOKENS)
-        if token is not None:
-            st.token.copy_(token.reshape(-1))
+        st.token.copy_(token.reshape(-1))
         st.pos.fill_(n)
+        st.primed = None
         self._replay(st, n, choose=False)
         st.cache.length = n + 1
         return st.logits
+
+    @torch.no_grad()
+    def greedy(self, cache: FastCache, token: torch.Tensor, limit: int, ngram: int,
+               finished: torch.Tensor) -> torch.Tensor:
+        """Decode steps from `token` (chosen last, at position cache.length), choosing like next_tokens.
+        Fused batch-1 path: the ban, the choice and the position update run in the step's graph and up to
+        `graph_steps` steps share one launch (never across a bucket edge); rows are not marked finished there
+        (one row: the generator cuts after its EOS). Otherwise one step, the choice on the host."""
+        st = cache.check()
+        n = st.cache.length  # position of `token`
+        if st.fused is None:
+            logits = self.decode_step(token, cache)
+            chosen = next_tokens(logits, st.history[:, :n + 1], ngram, finished, self.spec.pad_token_id)
+            finished |= chosen == self.spec.eos_token_id
+            st.history[:, n + 1].copy_(chosen)
+            return chosen[:, None]
+        k = min(self.graph_steps, limit)
+        if round_up(n + k, self.bucket) != round_up(n + 1, self.bucket):
+            k = 1
+        if n + k + 1 > st.capacity:
+            st = self._grow(st, n + k + 1 + DEFAULT_NEW_TOKENS)
+        if st.primed != n:  # else the previous launch's last kernel left token, history and position in place
+            st.token.copy_(token.reshape(-1))
+            st.history[:, n].copy_(token.reshape(-1))
+            st.pos.fill_(n)
+        self._replay(st, n, choose=True, ngram=ngram, steps=k)
+        st.cache.length = st.primed = n + k
+        return st.history[:, n + 1:n + 1 + k]
 
     def _replay(self, st: DecodeState, n: int, choose: bool, ngram: int = 0, steps: int = 1) -> None:
         """Run (capturing on first use) the step graph of the bucket holding positions n .. n+steps-1.
@@ -429,7 +340,7 @@ class FastEngine:
             torch._dynamo.maybe_mark_dynamic(st.token, 0)
         x = fns["embed"](st.token, self.w.embed)
         for i, lw in enumerate(self.w.layers):
-            keys, values = st.cache.keys(i), st.cache.values(i)  # whole capacity: static shapes
+            keys, values = st.cache.layer_keys(i), st.cache.layer_values(i)  # whole capacity: static shapes
             if self.compile:
                 for t in (keys, values):
                     torch._dynamo.maybe_mark_dynamic(t, 2)  # capacity differs between states
@@ -461,76 +372,12 @@ class FastEngine:
             return decode_attention_splitkv(q, keys, values, pos)
         return decode_attention(q, keys, values, pos, self.attention)
 
-    # ------------------------------------------------------------------ generation
-    @torch.no_grad()
-    def generate(self, inputs, max_new_tokens: int, no_repeat_ngram_size: int = 20,
-                 timer: StageTimer | None = None, check_every: int = 32) -> list[torch.Tensor]:
-        """Greedy generation with the vendor's n-gram ban: prefill, then decode steps. Returns one [B] tensor
-        per step (finished rows emit the pad id). Stops once every row has emitted EOS; that is checked every
-        `check_every` steps (the only host syncs), and the extra steps only add pad tokens, which the caller
-        trims like the reference does."""
-        timer = timer or StageTimer(self.device)
-        b, t = inputs.input_ids.shape
-        s = self.spec
-        step_logits, cache = self.prefill(inputs, max_new_tokens=max_new_tokens, timer=timer)
-        st = cache.state
-        if st.fused is not None:
-            return self._generate_fused(st, cache, step_logits, t, max_new_tokens, no_repeat_ngram_size, timer,
-                                        check_every)
-        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
-        generated: list[torch.Tensor] = []
-        token = next_tokens(step_logits[:, -1], st.history[:, :t], no_repeat_ngram_size, finished, s.pad_token_id)
-        for step in range(max_new_tokens):
-            st = cache.check()
-            st.history[:, t + step].copy_(token)
-            generated.append(token)
-            finished |= token == s.eos_token_id
-            if step == max_new_tokens - 1:
-                break
-            if check_every and (step + 1) % check_every == 0 and bool(finished.all()):
-                break
-            with timer.stage("decode"):
-                logits = self.decode_step(cache, token)
-                token = next_tokens(logits, st.history[:, : t + step + 1], no_repeat_ngram_size, finished,
-                                    s.pad_token_id)
-        return _cut_after_all_finished(generated, s.eos_token_id)
-
-    def _generate_fused(self, st: DecodeState, cache: FastCache, step_logits, t: int, max_new_tokens: int,
-                        ngram: int, timer: StageTimer, check_every: int) -> list[torch.Tensor]:
-        """Batch-1 generation where each step's graph also bans n-grams and picks the token on the device
-        (decode_kernels): the host only replays (each step's last kernel advances the position on the
-        device). Same choices as next_tokens."""
-        s = self.spec
-        done = torch.zeros(1, dtype=torch.bool, device=self.device)
-        token = next_tokens(step_logits[:, -1], st.history[:, :t], ngram, done, s.pad_token_id)
-        st.history[:, t].copy_(token)
-        st.token.copy_(token)
-        st.pos.fill_(t)  # position of the first token fed; each step's graph advances it
-        steps, next_check = 1, check_every
-        while steps < max_new_tokens:
-            if check_every and steps >= next_check:
-                next_check += check_every
-                if bool((st.history[0, t:t + steps] == s.eos_token_id).any()):
-                    break
-            n = t + steps - 1  # position of the token fed in this step
-            # several steps per graph launch (fewer launch gaps), but never across a bucket edge or the end
-            k = min(self.graph_steps, max_new_tokens - steps)
-            if round_up(n + k, self.bucket) != round_up(n + 1, self.bucket):
-                k = 1
-            cache.check()
-            with timer.stage("decode", count=k):  # one entry per launch, holding k steps
-                self._replay(st, n, choose=True, ngram=ngram, steps=k)
-            st.cache.length = n + k
-            steps += k
-        tokens = st.history[:, t:t + steps].clone()
-        return _cut_after_all_finished(list(tokens.unbind(1)), s.eos_token_id)
-
     # ------------------------------------------------------------------ reporting
     def describe(self) -> dict:
         errors = {}
         for impl, fns in [*self._fns.items(), ("prefill", self._prefill_fns or {})]:
             for name, f in fns.items():
-                if isinstance(f, _Compiled) and f.error:
+                if isinstance(f, Compiled) and f.error:
                     errors[f"{impl}.{name}"] = f.error
         capture_errors = {}
         for b, st in self._states.items():
@@ -552,48 +399,6 @@ class FastEngine:
             "sam_attention": self.sam_attention, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
-            "kv_cache_bytes": {b: st.cache.nbytes for b, st in self._states.items()},
+            "kv_cache_bytes": {b: st.cache.bytes_allocated for b, st in self._states.items()},
             "compile_errors": errors, "capture_errors": capture_errors,
         }
-
-
-def _cut_after_all_finished(generated: list[torch.Tensor], eos: int) -> list[torch.Tensor]:
-    """Drop the steps after the one where the last row emitted EOS (what the reference loop never runs)."""
-    if not generated:
-        return generated
-    tokens = torch.stack(generated, 1)  # [B, n]
-    hit = (tokens == eos)
-    if not bool(hit.any(1).all()):
-        return generated
-    last = int(hit.float().argmax(1).max())  # step where the slowest row finished
-    return generated[: last + 1]
-
-
-def _check_slots(mask: torch.Tensor, views: list[torch.Tensor], grids: list[tuple[int, int]], px: int) -> None:
-    """The reference raises when a row's image-slot count differs from its image's; so do we (host values)."""
-    counts = mask.sum(1).tolist()
-    it = iter(views)
-    for row, (tw, th) in enumerate(grids):
-        g = next(it).shape[-1] // px  # features per side: pixels / (patch * 4)
-        n = g * (g + 1) + 1
-        if (tw, th) != (1, 1):
-            tile = next(it).shape[-1] // px
-            n += (th * tile) * (tw * tile + 1)
-        if counts[row] != n:
-            raise ValueError(f"row {row}: images_seq_mask has {counts[row]} image slots but the image gives {n}")
-
-
-class _cudnn_benchmark:
-    """Let cuDNN time its convolution algorithms for each new shape (a warm-up run does it, outside any graph
-    capture); restores the global flag afterwards."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.old = torch.backends.cudnn.benchmark
-        if self.on:
-            torch.backends.cudnn.benchmark = True
-
-    def __exit__(self, *exc):
-        torch.backends.cudnn.benchmark = self.old

@@ -31,11 +31,11 @@ class StaticKVCache:
     def capacity(self) -> int:
         return self.k[0].shape[2]
 
-    def keys(self, layer: int, upto: int | None = None) -> torch.Tensor:
+    def layer_keys(self, layer: int, upto: int | None = None) -> torch.Tensor:
         """[B, heads, upto, d] view of layer `layer`'s keys (the whole capacity when upto is None)."""
         return self.k[layer] if upto is None else self.k[layer][:, :, :upto]
 
-    def values(self, layer: int, upto: int | None = None) -> torch.Tensor:
+    def layer_values(self, layer: int, upto: int | None = None) -> torch.Tensor:
         return self.v[layer] if upto is None else self.v[layer][:, :, :upto]
 
     def copy_from(self, other: "StaticKVCache", length: int) -> None:
@@ -44,12 +44,14 @@ class StaticKVCache:
         self.length = length
 
     @property
-    def nbytes(self) -> int:
-        """Bytes allocated (the whole capacity, not just the filled part)."""
+    def bytes_allocated(self) -> int:
+        """Bytes held: the whole capacity, not just the filled part."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def filled_bytes(self) -> int:
-        return self.nbytes * self.length // self.capacity
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the filled positions' keys and values."""
+        return self.bytes_allocated * self.length // self.capacity
 
     def __len__(self) -> int:
         return len(self.k)

@@ -49,10 +49,10 @@ class ProfiledStageTimer(StageTimer):
     """StageTimer whose stages are also torch.profiler ranges (`dsocr::<stage>`), opened inside the timed span."""
 
     @contextmanager
-    def stage(self, name: str, track_memory: bool = False):
-        with super().stage(name, track_memory):
+    def stage(self, name: str, track_memory: bool = False, count: int = 1):
+        with super().stage(name, track_memory, count) as mark:
             with record_function(RANGE_PREFIX + name):
-                yield
+                yield mark
 
 
 def _own(name: str) -> bool:
@@ -199,16 +199,16 @@ def profile_operators(session, samples: Sequence, settings, n_pages: int = 2,
                       max_new_tokens: int = DEFAULT_TRACE_TOKENS, out_dir: str | Path | None = None,
                       record_shapes: bool = False) -> OperatorProfile:
     """torch.profiler over the first `n_pages` readable samples (each warmed up first, outside the profiler),
-    generating `max_new_tokens` tokens per page with the run's settings (profile_run.ProfileSettings).
+    generating `max_new_tokens` tokens per page with the run's settings (dataset_run.ProfileSettings).
     With `out_dir`, writes operators.csv, operator_stages.csv and trace.json (Chrome trace) there.
     Raises ValueError when no sample is readable."""
     from .datasets import load_page
     from ..runtime.inputs import ImageError
-    from .dataset_run import generate_timed
+    from .stage_stats import timed_generation
 
     if n_pages < 1 or max_new_tokens < 1:
         raise ValueError("n_pages and max_new_tokens must be at least 1")
-    gen = dict(no_repeat_ngram_size=settings.no_repeat_ngram_size, logits=settings.logits)
+    gen = dict(no_repeat_ngram_size=settings.no_repeat_ngram_size, logits=settings.logits, memory="loop")
     chosen = []
     seen = set()
     for s in samples:
@@ -225,7 +225,7 @@ def profile_operators(session, samples: Sequence, settings, n_pages: int = 2,
         with session.lock:  # warm-up for this page's shapes, not profiled
             inputs = session.prepare(image, settings.prompt, mode=settings.mode, min_crops=settings.min_crops,
                                      max_crops=settings.max_crops)
-            generate_timed(session, inputs, min(2, max_new_tokens), **gen)
+            timed_generation(session, inputs, min(2, max_new_tokens), **gen)
     if not chosen:
         raise ValueError("no readable page to profile")
     activities = [ProfilerActivity.CPU]
@@ -238,7 +238,7 @@ def profile_operators(session, samples: Sequence, settings, n_pages: int = 2,
                     image = load_page(s.page, settings.dpi)
                     inputs = session.prepare(image, settings.prompt, mode=settings.mode,
                                              min_crops=settings.min_crops, max_crops=settings.max_crops)
-                generate_timed(session, inputs, max_new_tokens, timer=ProfiledStageTimer(session.device), **gen)
+                timed_generation(session, inputs, max_new_tokens, timer=ProfiledStageTimer(session.device), **gen)
     ops, stages = group_events(prof.events())
     result = OperatorProfile(ops, stages, [s.page.label for s in chosen], str(session.device), max_new_tokens)
     if out_dir is not None:

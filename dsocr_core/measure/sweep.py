@@ -12,17 +12,16 @@ import gc
 import itertools
 import traceback
 from dataclasses import dataclass
-from statistics import median
 from typing import Callable, Iterable
 
 import torch
 
+from ..results.store import RunStore, point_key
 from ..runtime.inputs import synthetic_for_workload
-from ..runtime.session import VISION_STAGES, Session
+from ..runtime.session import Session
 from ..spec import Workload
-from ..results.store import RunStore, point_key, stage_stats
 from ..tiling import HF_CROP_RANGE, MODES, candidate_grids
-from ..runtime.timing import StageTimer
+from .stage_stats import assemble_stages, counted_flops, timed_generation
 
 Progress = Callable[[int, int, Workload, str], None]  # (points handled, total, workload, status)
 
@@ -77,86 +76,23 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _timed_run(session: Session, inputs, workload: Workload) -> tuple[dict[str, float], list[float], dict, object]:
-    timer = StageTimer(session.device)
-    pre = session.prefill(inputs, logits=workload.logits, timer=timer)
-    cache = pre.cache
-    if workload.decode_steps:
-        _, _ = session.decode(workload.decode_steps, pre, timer=timer)
-    marks = timer.finish()
-    totals: dict[str, float] = {}
-    for name, seconds in marks:
-        totals[name] = totals.get(name, 0.0) + seconds
-    steps = [s for name, s in marks if name == "decode"]
-    return totals, steps, dict(timer.peak_memory), cache
-
-
-def count_decode_flops(session: Session, inputs, workload: Workload) -> tuple[int, int]:
-    """(FLOPs of K decode steps from the prompt, FLOPs of the mean step), counted at the first and the last
-    step. Decode FLOPs are affine in the context length (attention grows by a constant per token), so the sum
-    over K steps is exactly K * (first + last) / 2."""
-    from ..runtime.flops import count_flops
-
-    k = workload.decode_steps
-    if k == 0:
-        return 0, 0
-    pre = session.prefill(inputs, logits="last")
-    token, cache = pre.logits[:, -1].argmax(-1), pre.cache
-    (logits, cache), first, _ = count_flops(lambda: session.decode_step(token, cache), session.model)
-    token = logits.argmax(-1)
-    last = first
-    for step in range(1, k):
-        if step == k - 1:
-            (logits, cache), last, _ = count_flops(lambda: session.decode_step(token, cache), session.model)
-        else:
-            logits, cache = session.decode_step(token, cache)
-        token = logits.argmax(-1)
-    return k * (first + last) // 2, (first + last) // 2
-
-
 def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup: int = 1,
                   seed: int = 0, count_flops: bool = True) -> PointResult:
-    """Time one workload (medians over `repeats` after `warmup`), then count its FLOPs in a separate pass."""
+    """Time one workload (medians over `repeats` after `warmup`), then count its FLOPs in a separate pass.
+    Each run is the greedy generator through the session's engine: the prefill, the first token and
+    `decode_steps` decode steps, whatever tokens come (no stop at EOS, no n-gram ban: the cost of the shape)."""
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
     inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
+    run = dict(no_repeat_ngram_size=0, logits=workload.logits, stop_at_eos=False, memory="none")
     for _ in range(warmup):
-        warm = workload.model_copy(update={"decode_steps": min(workload.decode_steps, 2)})
-        _timed_run(session, inputs, warm)
-    runs, peaks, cache = [], {}, None
-    for _ in range(repeats):
-        totals, steps, peak, cache = _timed_run(session, inputs, workload)
-        runs.append((totals, steps))
-        for k, v in peak.items():
-            peaks[k] = max(peaks.get(k, 0), v)
-    kv_bytes = int(cache.nbytes)
-    del cache
-    stages: dict[str, dict] = {}
-    for stage in (*VISION_STAGES, "prefill"):
-        stages[stage] = stage_stats([t.get(stage, 0.0) for t, _ in runs])
-    stages["vision"] = stage_stats([sum(t.get(s, 0.0) for s in VISION_STAGES) for t, _ in runs])
-    if workload.decode_steps:
-        stages["decode"] = stage_stats([t.get("decode", 0.0) for t, _ in runs])
-        # per-step time: the median step of each repeat, then stats over repeats
-        stages["decode_step"] = stage_stats([median(s) for _, s in runs])
-        stages["decode_step"]["times_s"] = runs[len(runs) // 2][1]
-    for stage, peak in peaks.items():
-        if stage in stages:
-            stages[stage]["peak_memory_bytes"] = peak
-    if count_flops:
-        # FLOPs are the model's work, counted on the reference path whatever mode was timed
-        reference = session.reference() if hasattr(session, "reference") else session
-        flops = reference.count_stage_flops(inputs, logits=workload.logits, decode_steps=0)
-        for stage in (*VISION_STAGES, "prefill"):
-            stages[stage]["flops"] = flops[stage]["flops"]
-        stages["vision"]["flops"] = sum(flops[s]["flops"] for s in VISION_STAGES)
-        if workload.decode_steps:
-            total, mean_step = count_decode_flops(reference, inputs, workload)
-            stages["decode"]["flops"] = total
-            stages["decode_step"]["flops"] = mean_step
+        timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
+    runs = [timed_generation(session, inputs, workload.decode_steps + 1, **run) for _ in range(repeats)]
+    flops = counted_flops(session, inputs, workload.logits) if count_flops else None
+    stages = assemble_stages(runs, flops, decode_step_over="repeats")
     resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
                 "text_tokens": inputs.text_tokens}
-    return PointResult(stages, kv_bytes, resolved)
+    return PointResult(stages, runs[-1].kv_bytes, resolved)
 
 
 def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_id: str | None = None,

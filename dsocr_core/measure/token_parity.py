@@ -1,6 +1,6 @@
 """Token parity between the reference and the fast path, with the evidence needed when they differ.
 
-`greedy_trace` runs one greedy generation through any (prefill, decode_step) pair and keeps, per step, the
+`greedy_trace` runs one greedy generation through any session's prefill and decode_step and keeps, per step, the
 chosen token and the gap between the best and second-best score after the n-gram ban (the logit margin).
 `compare` runs it for both sessions and reports the first divergence with both margins: a divergence at a step
 whose margin is at the bf16 rounding level is a rounding flip, not a bug.
@@ -19,7 +19,7 @@ def greedy_trace(session, inputs, steps: int, no_repeat_ngram_size: int = 20, lo
     With `force` [B, steps] (teacher forcing) the forced tokens are fed back instead of the chosen ones;
     `tokens` still holds this session's own choice at every step."""
     b, t = inputs.input_ids.shape
-    pre = session.prefill(inputs, logits=logits, **({"max_new_tokens": steps} if _takes_max_new(session) else {}))
+    pre = session.prefill(inputs, logits=logits, room=steps)
     cache, step_logits = pre.cache, pre.logits[:, -1]
     history = inputs.input_ids
     finished = torch.zeros(b, dtype=torch.bool, device=history.device)
@@ -36,14 +36,9 @@ def greedy_trace(session, inputs, steps: int, no_repeat_ngram_size: int = 20, lo
             token = force[:, step].to(token.device)
         history = torch.cat([history, token[:, None]], 1)
         if step + 1 < steps:
-            step_logits, cache = session.decode_step(token, cache)
+            step_logits = session.decode_step(token, cache)
     return {"tokens": torch.stack(tokens, 1).cpu(), "margins": torch.stack(margins, 1).cpu(),
             "logits": logits_kept}
-
-
-def _takes_max_new(session) -> bool:
-    import inspect
-    return "max_new_tokens" in inspect.signature(session.prefill).parameters
 
 
 def compare(reference, fast, inputs, steps: int, no_repeat_ngram_size: int = 20, teacher_forced: bool = True,

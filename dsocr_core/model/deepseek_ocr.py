@@ -230,23 +230,3 @@ def _grids(images_spatial_crop, rows: int) -> list[tuple[int, int]]:
     if any(tw < 1 or th < 1 for tw, th in grids):
         raise ValueError(f"crop grids must be positive, got {grids}")
     return grids
-
-
-@torch.inference_mode()
-def generate_greedy(model: DeepseekOCRForCausalLM, input_ids: torch.Tensor, max_new_tokens: int,
-                    eos_token_id: int | None = None, **image_inputs) -> torch.Tensor:
-    """Plain greedy decoding (no n-gram ban): new tokens [B, n], n <= max_new_tokens. For tests and demos;
-    the session owns the real generation loop."""
-    logits, cache = model(input_ids, logits="last", **image_inputs)
-    out = []
-    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-    for step in range(max_new_tokens):
-        token = logits[:, -1].argmax(-1)
-        out.append(token)
-        if eos_token_id is not None:
-            done |= token == eos_token_id
-            if bool(done.all()):
-                break
-        if step + 1 < max_new_tokens:
-            logits, cache = model(token[:, None], cache=cache, logits="last")
-    return torch.stack(out, dim=1) if out else input_ids.new_zeros(input_ids.shape[0], 0)

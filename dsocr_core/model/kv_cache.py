@@ -33,8 +33,14 @@ class KVCache:
         return self.keys[layer], self.values[layer]
 
     @property
-    def nbytes(self) -> int:
+    def bytes_used(self) -> int:
+        """Bytes of the cached keys and values (every position holds data)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes held for the cache: the same as used, since each step reallocates to the exact length."""
+        return self.bytes_used
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -1,6 +1,6 @@
 """FLOP counting with torch.utils.flop_counter, kept apart from timing (counting slows every op down).
 
-Counting goes through `model.flops.flop_counter()`, which adds the formula torch lacks for CPU SDPA.
+Counting goes through `model.flop_formulas.flop_counter()`, which adds the formula torch lacks for CPU SDPA.
 """
 from __future__ import annotations
 
@@ -57,3 +57,50 @@ def flops_at(per_module: dict[str, int], path: str) -> int:
         return per_module[path]
     prefix = path + "."
     return sum(v for k, v in per_module.items() if k.startswith(prefix) and "." not in k[len(prefix):])
+
+
+VISION_STAGES = ("sam", "clip", "projector")
+
+
+@torch.no_grad()
+def count_stage_flops(model: torch.nn.Module, inputs, logits: str = "all", decode_steps: int = 1) -> dict:
+    """FLOPs of sam, clip, projector, prefill and `decode_steps` decode steps of the reference model, each counted
+    by FlopCounterMode in its own pass (never while timing). FLOPs are the model's work whatever engine is timed:
+    a fast engine's extra work (padding, fused recomputation) is not model work. Returns {stage: {"flops",
+    "modules"}}, and for decode also "per_step"."""
+    m = model.model
+    out: dict[str, dict] = {}
+    counters: dict[str, list] = {}
+
+    def stage(name: str):
+        # a fresh counter per entry: a FlopCounterMode clears its counts when entered again
+        counters.setdefault(name, []).append(model_counter(model))
+        return counters[name][-1]
+
+    embeds = m.vision_embeddings(inputs.images, inputs.images_spatial_crop, stage=stage)
+    for name in VISION_STAGES:
+        total, mods = module_flops(counters.get(name, []), model)
+        out[name] = {"flops": total, "modules": mods}
+    x = m.embed(inputs.input_ids, inputs.images_seq_mask, embeds)
+    (logits_out, cache), total, mods = count_flops(lambda: model.forward_lm(x, cache=None, logits=logits), model)
+    out["prefill"] = {"flops": total, "modules": mods}
+    token = logits_out[:, -1].argmax(-1)
+    step_flops, step_mods = [], {}
+    for _ in range(decode_steps):
+        (step_logits, cache), total, mods = count_flops(
+            lambda: model(input_ids=token.view(-1, 1), cache=cache, logits="last"), model)
+        token = step_logits[:, -1].argmax(-1)
+        step_flops.append(total)
+        for k, v in mods.items():
+            step_mods[k] = step_mods.get(k, 0) + v
+    out["decode"] = {"flops": sum(step_flops), "per_step": step_flops, "modules": step_mods}
+    return out
+
+
+def decode_flops_total(first: int, second: int, steps: int) -> int:
+    """FLOPs of `steps` decode steps from a prompt whose first two steps cost `first` and `second`. A step's
+    FLOPs are affine in the context length (attention grows by a constant per cached token; the top-k experts do
+    the same work whatever they are), so the sum is exact: steps * first + (second - first) * steps(steps-1)/2."""
+    if steps <= 0:
+        return 0
+    return int(steps * first + (second - first) * steps * (steps - 1) // 2)

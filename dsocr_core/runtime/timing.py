@@ -41,6 +41,7 @@ class StageTimer:
     device: torch.device
     marks: list[_Mark] = field(default_factory=list)
     peak_memory: dict[str, int] = field(default_factory=dict)
+    current: str | None = None  # the stage being timed (innermost), for hooks that attribute work to a stage
 
     @property
     def cuda(self) -> bool:
@@ -48,7 +49,8 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str, track_memory: bool = False, count: int = 1):
-        """Time one entry of `name`; `count`: how many items (decode steps) it holds, for per_item()."""
+        """Time one entry of `name`; `count`: how many items (decode steps) it holds, for per_item(). Yields the
+        entry, whose `count` may be set inside the block (when the items are known only after the work)."""
         if self.cuda and track_memory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -59,9 +61,11 @@ class StageTimer:
             else:
                 start = time.perf_counter()
             mark = _Mark(name, start, count=count)
+            outer, self.current = self.current, name
             try:
-                yield
+                yield mark
             finally:
+                self.current = outer
                 if self.cuda:
                     mark.end = torch.cuda.Event(enable_timing=True)
                     mark.end.record()

@@ -1,0 +1,91 @@
+"""One assembly of a measured point's stage results, for sweeps (several repeats of one workload) and dataset
+runs (one generation per page): timed greedy generations in, {stage: statistics, FLOPs, peak memory} out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Literal
+
+import torch
+
+from ..results.store import stage_stats
+from ..runtime.flops import VISION_STAGES, decode_flops_total
+from ..runtime.generate import Greedy, MemoryTracking
+from ..runtime.timing import StageTimer
+
+TIMED_STAGES = (*VISION_STAGES, "prefill")
+
+
+@dataclass
+class TimedRun:
+    """One timed greedy generation: stage totals (seconds), decode seconds per step, peak memory per stage,
+    the generated tokens [B, n] and the cache it left."""
+
+    totals: dict[str, float]
+    steps: list[float]
+    peaks: dict[str, int]
+    tokens: torch.Tensor
+    kv_bytes: int
+    kv_length: int
+    extra: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def timed_generation(session, inputs, max_new_tokens: int, no_repeat_ngram_size: int = 20, logits: str = "all",
+                     stop_at_eos: bool = True, memory: MemoryTracking = "step",
+                     timer: StageTimer | None = None) -> TimedRun:
+    """A greedy generation through the session's engine, every stage timed (the one generator)."""
+    timer = timer or StageTimer(session.device)
+    gen = Greedy(session.engine, inputs, max_new_tokens, no_repeat_ngram_size, timer=timer, logits=logits,
+                 stop_at_eos=stop_at_eos, memory=memory)
+    tokens = gen.run()
+    out = TimedRun(timer.totals(), timer.per_item("decode"), dict(timer.peak_memory), torch.stack(tokens, 1),
+                   int(gen.cache.bytes_used), int(gen.cache.length))
+    del gen
+    return out
+
+
+def counted_flops(session, inputs, logits: str) -> dict[str, int]:
+    """{sam, clip, projector, prefill, decode_first, decode_second}: the model's FLOPs in a separate counting
+    pass (two decode steps; longer decodes follow exactly from them, see flops.decode_flops_total)."""
+    out = session.count_stage_flops(inputs, logits=logits, decode_steps=2)
+    first, second = (int(x) for x in out["decode"]["per_step"])
+    return {**{s: int(out[s]["flops"]) for s in TIMED_STAGES}, "decode_first": first, "decode_second": second}
+
+
+def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,
+                    decode_step_over: Literal["repeats", "steps"]) -> dict[str, dict]:
+    """Stage results of one point. `decode_step_over` "repeats": decode_step statistics over each run's median
+    step (a sweep's repeats; `times_s` keeps the middle run's steps); "steps": over the steps of the (one) run
+    (a dataset page). Peak memory: the largest over runs; FLOPs: per stage, decode summed over its steps and
+    decode_step the mean step."""
+    stages: dict[str, dict] = {}
+    for s in TIMED_STAGES:
+        stages[s] = stage_stats([r.totals.get(s, 0.0) for r in runs])
+    stages["vision"] = stage_stats([sum(r.totals.get(s, 0.0) for s in VISION_STAGES) for r in runs])
+    k = len(runs[0].steps)
+    if k:
+        stages["decode"] = stage_stats([r.totals.get("decode", 0.0) for r in runs])
+        if decode_step_over == "repeats":
+            stages["decode_step"] = stage_stats([median(r.steps) for r in runs])
+            stages["decode_step"]["times_s"] = runs[len(runs) // 2].steps
+        else:
+            stages["decode_step"] = stage_stats([s for r in runs for s in r.steps])
+    peaks: dict[str, int] = {}
+    for r in runs:
+        for s, v in r.peaks.items():
+            peaks[s] = max(peaks.get(s, 0), v)
+    for s, v in peaks.items():
+        if s in stages:
+            stages[s]["peak_memory_bytes"] = v
+    if any(s in peaks for s in VISION_STAGES):
+        stages["vision"]["peak_memory_bytes"] = max(peaks.get(s, 0) for s in VISION_STAGES)
+    if flops is not None:
+        for s in TIMED_STAGES:
+            stages[s]["flops"] = flops[s]
+        stages["vision"]["flops"] = sum(flops[s] for s in VISION_STAGES)
+        if k:
+            total = decode_flops_total(flops["decode_first"], flops["decode_second"], k)
+            stages["decode"]["flops"] = total
+            stages["decode_step"]["flops"] = total // k
+    return stages
