@@ -75,6 +75,7 @@ with right:
 st.markdown(summary_markdown(summarize(cmp if point is None else cmp[cmp["point"] == point]),
                              title=f"Analytic vs measured: {ms.md(run['name'])}"))
 with st.expander("Every point and stage"):
-    st.dataframe(cmp, hide_index=True, width="stretch", height=320)
-    st.download_button("Comparison (CSV)", cmp.to_csv(index=False), f"mfu_{run_id[:8]}.csv", "text/csv",
+    table = cmp.assign(session_mode=run.get("session_mode"))  # the export names the mode it was measured in
+    st.dataframe(table, hide_index=True, width="stretch", height=320)
+    st.download_button("Comparison (CSV)", table.to_csv(index=False), f"mfu_{run_id[:8]}.csv", "text/csv",
                        key="mfu_dl")

@@ -528,6 +528,8 @@ def test_stored_runs_show_their_session_mode(no_reference):
     goto(at, "mfu")
     assert at.selectbox(key="mfu_run").value == fast_id
     assert any("fast session mode" in c for c in texts(at, "caption"))
+    every = [f.value for f in at.dataframe if "session_mode" in f.value.columns][0]  # what the CSV download holds
+    assert set(every["session_mode"]) == {"fast"}
 
 
 def test_dataset_run_started_from_the_page_records_the_session_mode(no_reference, tmp_path):
