@@ -185,8 +185,8 @@ def test_export_json_then_import_into_fresh_store_gives_identical_points(store, 
 def test_import_dir_imports_reference_runs(store, tmp_path):
     ref = tmp_path / "reference"
     rid = _sweep(store)
-    store.put_point(rid, {"mode": "base"}, stages={"prefill": {"median_s": 0.1}})
-    store.export_run(rid, ref / "h200.json")
+    store.put_point(rid, Workload(mode="base"), stages={"prefill": {"median_s": 0.1}})  # a whole workload: imports
+    store.export_run(rid, ref / "h200.json")  # refuse finished sweep points the analytic join cannot evaluate
     (ref / "broken.json").write_text("{not json")
     fresh = RunStore(tmp_path / "fresh.sqlite")
     with pytest.raises(RunImportError, match="broken.json") as info:

@@ -150,6 +150,7 @@ def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> 
     export = _validate_export(doc, source)
     run = export.run
     try:
+        _check_meta(run.meta)
         row = _run_row(run.id, run.kind, run.name, run.created_at, run.notes, run.environment, run.weights,
                        run.dtype, run.attn, run.session_mode, run.meta, extra_flags=run.flags, source=source)
     except (ValueError, TypeError) as exc:
@@ -161,6 +162,8 @@ def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> 
             key = point_key(p.workload)
             resolved = {k: v for k, v in p.resolved.items() if v is not None}
             prow = _point_row(p.workload, p.status, p.message, p.kv_bytes, resolved, p.extra)
+            if run.kind in ("sweep", "reference") and p.status == "done":
+                _check_measured_point(prow)
             srows = _stage_rows({name: {**s.model_dump(exclude={"extra"}), **s.extra}
                                  for name, s in p.stages.items()})
         except (ValueError, TypeError, OverflowError, RecursionError) as exc:
@@ -327,3 +330,38 @@ def _check_shape(doc: Any, source: str) -> None:
                 stack.append((v, depth + 1, f"{where}.{k[:40]}" if where else k[:40]))
         elif isinstance(value, list):
             stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _check_measured_point(prow: dict) -> None:
+    """A finished point of a measured sweep must name a workload the analytic model can evaluate (the pages
+    join every such point to it); raise ValueError otherwise."""
+    from ..spec import Workload
+
+    needed = ("mode", "text_tokens", "batch", "decode_steps", "dtype", "attn", "logits")
+    absent = [k for k in needed if prow.get(k) is None]
+    gundam = prow.get("mode") in ("gundam", "gundam-m")
+    if gundam and (prow.get("grid_w") is None or prow.get("grid_h") is None):
+        absent.append("crops")
+    if absent:
+        raise ValueError(f"a finished measured point needs {', '.join(absent)} in its workload")
+    try:
+        Workload(mode=prow["mode"], crops=(prow["grid_w"], prow["grid_h"]) if gundam else None,
+                 **{k: prow[k] for k in needed[1:]})
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise ValueError(f"not a valid workload: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+
+
+def _check_meta(meta: dict) -> None:
+    """The model spec and calibration a run carries in its meta are read back by the pages: they must be valid."""
+    from ..spec import Hardware, ModelSpec
+
+    for key, model in (("spec", ModelSpec), ("calibration", Hardware)):
+        if meta.get(key) is None:
+            continue
+        try:
+            model.model_validate(meta[key])
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            raise ValueError(f"meta.{key} is not a valid {model.__name__}: "
+                             f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}") from None
