@@ -1,8 +1,9 @@
 """Cached wrappers of dsocr_core for the pages.
 
 * The model is ONE `st.cache_resource` entry (max_entries=1): choosing another model in the sidebar replaces
-  it. The session modes (reference | fast) share that entry's weights (`LoadedModel`). GPU work from any tab goes through `gpu_lock()` (one process-wide lock), so two browser tabs
-  never run on the device at once; a page that finds it taken says so instead of waiting.
+  it. The session modes (reference | fast) share that entry's weights (`LoadedModel`). GPU work from any tab
+  goes through `gpu_lock()` (one process-wide lock), so two browser tabs never run on the device at once; a
+  page that finds it taken says so instead of waiting.
 * The run store is opened once per process; the bundled reference runs (data/reference/*.json) are imported
   into it then (idempotent: an unchanged file is skipped). A store that fails its integrity check is never
   written to: every page says so, and the pages work on a temporary store holding the bundled runs.
