@@ -15,7 +15,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.measure.token_parity import compare  # noqa: E402
-from dsocr_core.fast.session import FastSession  # noqa: E402
 from dsocr_core.grounding.samples import sample_pages  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 
@@ -30,7 +29,7 @@ def main() -> int:
     args = ap.parse_args()
     ref = Session.load(synthetic=args.synthetic, device=args.device,
                        dtype="bfloat16" if args.device == "cuda" else "float32")
-    fast = FastSession.from_session(ref)
+    fast = ref.with_mode("fast")
     page = next(p for p in sample_pages() if p.stem == args.page)
     inputs = ref.prepare(page, mode="gundam")
     out = compare(ref, fast, inputs, args.steps)

@@ -23,7 +23,6 @@ from dsocr_core.results.analytic_join import compare_run, summarize, summary_jso
 from dsocr_core.hardware import calibrate  # noqa: E402
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads, vendor_grids  # noqa: E402
 from dsocr_core.grounding.samples import sample_pages  # noqa: E402
-from dsocr_core.fast.session import load_session  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 from dsocr_core.results.store import RunStore  # noqa: E402
 
@@ -42,10 +41,9 @@ def page_2x2() -> Path:
 def generation_report(session: Session, tokens: int) -> dict:
     page = page_2x2()
     inputs = session.prepare(page, mode="gundam")
-    reference = session.reference() if hasattr(session, "reference") else session  # the HF-like yardstick
-    reference.generate_one_shot(inputs, max_new_tokens=4)  # warm-up
+    session.generate_one_shot(inputs, max_new_tokens=4)  # warm-up; one-shot is the HF-like yardstick in any mode
     session.generate_separated(inputs, max_new_tokens=4)
-    one = reference.generate_one_shot(inputs, max_new_tokens=tokens)
+    one = session.generate_one_shot(inputs, max_new_tokens=tokens)
     sep = session.generate_separated(inputs, max_new_tokens=tokens, reference=one)
     flops = session.count_stage_flops(inputs, logits="all", decode_steps=1)
     keep = ("sam", "clip", "projector", "prefill", "decode", "ttft_s", "tpot_s", "total_s", "peak_memory")
@@ -68,7 +66,7 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    session = load_session(synthetic="full", device="cuda", dtype="bfloat16", attn="sdpa",
+    session = Session.load(synthetic="full", device="cuda", dtype="bfloat16", attn="sdpa",
                            session_mode=args.session_mode)
     print(f"model ready in {time.time() - t0:.0f} s: {session.describe()}", flush=True)
     if not args.skip_generate:

@@ -26,17 +26,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsocr_core.analytic import capacity_summary, decode_step_totals, expected_experts, stage_totals  # noqa: E402
+from dsocr_core.analytic import capacity_summary, decode_floor, prefill_roofline  # noqa: E402
 from dsocr_core.measure.environment import capture_environment  # noqa: E402
-from dsocr_core.fast import FastSession  # noqa: E402
 from dsocr_core.measure.token_parity import compare  # noqa: E402
-from dsocr_core.hardware import (PRESETS, match_device_name, measure_copy_bandwidth,  # noqa: E402
-                                 measure_matmul_flops)
+from dsocr_core.hardware import PRESETS, calibrate, match_device_name  # noqa: E402
 from dsocr_core.model.checkpoint import synthetic_model  # noqa: E402
 from dsocr_core.model.kv_cache import KVCache  # noqa: E402
 from dsocr_core.runtime.inputs import PreparedInputs, synthetic_inputs  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec  # noqa: E402
+from dsocr_core.runtime.generate import Greedy  # noqa: E402
 from dsocr_core.runtime.timing import StageTimer  # noqa: E402
 from dsocr_core.runtime.tokenizer import load_tokenizer  # noqa: E402
 
@@ -94,52 +93,12 @@ def med(xs) -> float:
 
 
 def ceilings(device) -> dict:
-    """Measured copy bandwidth and bf16 matmul rate, and the datasheet preset for this GPU."""
+    """Ceilings measured here (the core's calibration: bf16 matmul, device copy) and this GPU's datasheet preset."""
     if device.type == "cuda":
-        bw = measure_copy_bandwidth(1 << 31, str(device), warmup=3, repeats=20)
-        fl = measure_matmul_flops(8192, str(device), warmup=3, repeats=10)
-        name = torch.cuda.get_device_name(device)
-        mem = torch.cuda.get_device_properties(device).total_memory / 1e9
+        cal = calibrate(str(device), matmul_size=8192, copy_bytes=1 << 31, warmup=3, repeats=20)
     else:
-        bw = measure_copy_bandwidth(1 << 26, "cpu", warmup=1, repeats=3)
-        fl = measure_matmul_flops(512, "cpu", warmup=1, repeats=3)
-        name, mem = "CPU", 64.0
-    cal = Hardware(name=name, peak_tflops=fl / 1e12, bandwidth_tbs=bw / 1e12, memory_gb=mem, calibrated=True,
-                   source="measured by benchmarks/session_speed.py")
-    return {"calibrated": cal, "datasheet": match_device_name(name)}
-
-
-# ----------------------------------------------------------------------------------------------------- floors
-def decode_floor(spec, batch: int, contexts: list[int], hw: Hardware, touched: float | None = None) -> dict:
-    """Mean over the given contexts of one decode step's bytes that must move (touched weights + KV cache read
-    and written) and FLOPs; memory floor = bytes / bandwidth; roofline = max(memory floor, FLOPs / peak).
-    `touched`: measured distinct routed experts per MoE layer, replacing the analytic uniform-routing estimate."""
-    w = Workload(mode="gundam", crops=(2, 2), batch=batch, logits="last")
-    byts, flops = [], []
-    one_expert = 3 * spec.hidden_size * spec.moe_intermediate_size * 2  # bf16
-    expected = float(expected_experts(spec.n_routed_experts, spec.num_experts_per_tok, batch))
-    for c in (contexts[0], contexts[-1]):  # every count is affine in the context: mean = mean of the ends
-        d = decode_step_totals(spec, w, c, hw)
-        weights = d["weight_bytes"]
-        if touched is not None:
-            weights += len(spec.moe_layers) * (touched - expected) * one_expert
-        byts.append(weights + d["kv_read_bytes"] + d["kv_write_bytes"])
-        flops.append(d["flops"])
-    b, f = sum(byts) / 2, sum(flops) / 2
-    mem, comp = b / hw.bandwidth, f / hw.peak_flops
-    return {"bytes": b, "flops": f, "memory_floor_s": mem, "compute_floor_s": comp, "roofline_s": max(mem, comp),
-            "expected_experts": expected, "touched_experts": touched}
-
-
-def prefill_roofline(spec, grid, hw: Hardware, logits: str) -> dict:
-    st = stage_totals(spec, Workload(mode="gundam", crops=grid, text_tokens=10, logits=logits), hw)
-    flops = st["vision"]["flops"] + st["prefill"]["flops"]
-    byts = st["vision"]["bytes"] + st["prefill"]["bytes"]
-    min_bytes = st["vision"]["weight_bytes"] + st["prefill"]["weight_bytes"] + st["prefill"]["kv_bytes"]
-    return {"flops": flops, "bytes": byts, "min_bytes": min_bytes,
-            "roofline_s": max(flops / hw.peak_flops, byts / hw.bandwidth),  # the analytic model's bytes (eager ops)
-            "compute_floor_s": max(flops / hw.peak_flops, min_bytes / hw.bandwidth),  # weights + KV only
-            "per_row_s": st["vision"]["time_s"] + st["prefill"]["time_s"]}
+        cal = calibrate("cpu", matmul_size=512, copy_bytes=1 << 26, warmup=1, repeats=3)
+    return {"calibrated": cal, "datasheet": match_device_name(cal.name)}
 
 
 # ----------------------------------------------------------------------------------------------------- parts
@@ -160,7 +119,7 @@ def reference_decode_times(ref: Session, cache: KVCache, token: torch.Tensor, st
         for _ in range(steps):
             timer = StageTimer(device)
             with timer.stage("decode"):
-                logits, cache = ref.decode_step(token, cache)
+                logits = ref.decode_step(token, cache)
                 token = logits.argmax(-1)
             times.append(timer.finish()[0][1])
     finally:
@@ -169,11 +128,13 @@ def reference_decode_times(ref: Session, cache: KVCache, token: torch.Tensor, st
     return times, (sum(distinct) / len(distinct) if distinct else None)
 
 
-def fast_generate_times(fast: FastSession, inputs, steps: int, ngram: int) -> dict:
-    """engine.generate (prefill + `steps` tokens with the n-gram ban); per-step CUDA-event times, and the
-    decode loop's span (first step's start to last step's end, the gaps between steps included)."""
+def fast_generate_times(fast: Session, inputs, steps: int, ngram: int) -> dict:
+    """The generator through the fast engine (prefill + `steps` tokens with the n-gram ban, no EOS checks);
+    per-step CUDA-event times, and the decode loop's span (first step's start to last step's end, the gaps
+    between steps included)."""
     timer = StageTimer(fast.device)
-    t = wall(lambda: fast.engine.generate(inputs, steps, ngram, timer=timer, check_every=0), fast.device)
+    gen = Greedy(fast.engine, inputs, steps, ngram, timer=timer, stop_at_eos=False, memory="none")
+    t = wall(lambda: gen.run(), fast.device)
     marks = timer.finish()
     launches = [s for name, s in marks if name == "decode"]  # an entry (one launch) may hold several tokens
     pre = sum(s for name, s in marks if name != "decode")
@@ -185,8 +146,8 @@ def kv_from_fast(cache, length: int) -> KVCache:
     kv = KVCache()
     st = cache.state
     for i in range(len(st.cache)):
-        kv.keys.append(st.cache.keys(i, length).clone())
-        kv.values.append(st.cache.values(i, length).clone())
+        kv.keys.append(st.cache.layer_keys(i, length).clone())
+        kv.values.append(st.cache.layer_values(i, length).clone())
     return kv
 
 
@@ -250,7 +211,7 @@ def main() -> None:
     tok = load_tokenizer(None)
     weights = {"source": "synthetic", "detail": "seed 0 (random weights)", "synthetic": True}
     ref = Session(model, spec, tok, device, dname, weights)
-    fast = FastSession.from_session(ref, **json.loads(args.engine))
+    fast = ref.with_mode("fast", **json.loads(args.engine))
     _ = fast.engine
     out["build_s"] = time.perf_counter() - t0
     say(f"model built in {out['build_s']:.1f} s ({'tiny' if quick else 'full'} spec, {dname}); fast layout copies "
@@ -355,15 +316,15 @@ def decode_section(out, ref, fast, page, spec, cal, ds, device, dtype, args, t_p
         step = sum(r["span_s"] for r in runs) / tokens
         contexts = list(range(t_prompt + 1, t_prompt + n))
         # pure graph replays, no n-gram ban (what a serving stack's step costs)
-        pre_res = fast.prefill(inputs, max_new_tokens=n + 8)
+        pre_res = fast.prefill(inputs, room=n + 8)
         token = pre_res.logits[:, -1].argmax(-1)
         cache = pre_res.cache
         for _ in range(3):
-            fast.engine.decode_step(cache, token)
+            fast.engine.decode_step(token, cache)
         timer = StageTimer(device)
         for _ in range(min(n, 64)):
             with timer.stage("step"):
-                fast.engine.decode_step(cache, token)
+                fast.engine.decode_step(token, cache)
         replay = med([s for _, s in timer.finish()])
         row = {"batch": b, "steps": tokens, "step_s_mean": step, "launches": len(steps),
                "launch_s_median": med(steps), "tokens_per_launch": tokens / len(steps),
@@ -482,7 +443,7 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches
     folder.mkdir(parents=True, exist_ok=True)
     summary_rows = {}
     if prefill:
-        eng = FastSession.from_session(ref, graphs=False, **engine_opts)
+        eng = ref.with_mode("fast", graphs=False, **engine_opts)
         for _ in range(3):
             eng.prefill(page)
         sync(device)
@@ -498,24 +459,24 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches
     for b in batches:
         inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, page.images[0][1].dtype)
         for graphs in (False, True):
-            fs = FastSession.from_session(ref, graphs=graphs, **engine_opts)
-            pre = fs.prefill(inputs, max_new_tokens=64)
+            fs = ref.with_mode("fast", graphs=graphs, **engine_opts)
+            pre = fs.prefill(inputs, room=64)
             token, cache = pre.logits[:, -1].argmax(-1), pre.cache
             for _ in range(8):
-                fs.engine.decode_step(cache, token)
+                fs.engine.decode_step(token, cache)
             sync(device)
             if graphs:
                 timer = StageTimer(device)
                 for _ in range(20):
                     with timer.stage("s"):
-                        fs.engine.decode_step(cache, token)
+                        fs.engine.decode_step(token, cache)
                 replay = med([x for _, x in timer.finish()])
                 summary_rows[f"decode_b{b}"]["graph_replay_us"] = replay * 1e6
                 say(f"decode b{b} graph replay {replay * 1e6:.0f} us")
             else:
                 with tprofile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                     for _ in range(10):
-                        fs.engine.decode_step(cache, token)
+                        fs.engine.decode_step(token, cache)
                     sync(device)
                 table, tot = _kernel_table(prof, 10)
                 (folder / f"profile_decode_b{b}.txt").write_text(table)
@@ -564,16 +525,16 @@ def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int,
             continue
         fast = None
         try:
-            fast = FastSession.from_session(ref, **opts)
+            fast = ref.with_mode("fast", **opts)
             row = {"options": opts}
             if name not in PREFILL_ONLY:
                 for _ in range(2):
-                    pre = fast.prefill(page, max_new_tokens=steps + 8)
+                    pre = fast.prefill(page, room=steps + 8)
                     token, cache = pre.logits[:, -1].argmax(-1), pre.cache
                     timer = StageTimer(device)
                     for _ in range(steps):
                         with timer.stage("step"):
-                            fast.engine.decode_step(cache, token)
+                            fast.engine.decode_step(token, cache)
                 times = [s for _, s in timer.finish()]
                 row["decode_step_s_median"] = med(times)
                 row["decode_vs_floor"] = row["decode_step_s_median"] / floor

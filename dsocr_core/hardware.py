@@ -100,6 +100,15 @@ def get_hardware(name: str) -> Hardware:
     return hw
 
 
+def run_ceilings(run: dict) -> tuple[Hardware | None, Hardware | None]:
+    """(datasheet, calibrated) ceilings of a stored run: the preset matching its GPU name and the calibration
+    stored in its meta (measured in the same run), each None when unknown (e.g. a CPU run)."""
+    env = run.get("environment") or {}
+    datasheet = match_device_name(env["gpu_name"]) if env.get("gpu_name") else None
+    cal = (run.get("meta") or {}).get("calibration")
+    return datasheet, (Hardware(**cal) if cal else None)
+
+
 # --------------------------------------------------------------------------------------------- calibration
 class CalibrationError(SpecError):
     """Calibration cannot run here (no CUDA device, bad sizes)."""

@@ -10,13 +10,15 @@ from .capacity import capacity, required_hardware
 from .lm import expected_experts
 from .params import activated_params, param_breakdown, param_counts, stage_params, total_params
 from .points import Points
-from .roofline import attainable_flops, bound, roofline_time
+from .floors import decode_floor, prefill_roofline
+from .roofline import attainable_flops, bound_of, roofline_time
 from .stages import METRICS, STAGES, all_rows, evaluate, flat
 from .sweep import sweep_columns, sweep_table, write_sweep
 
 __all__ = [
     "analyze", "capacity_summary", "decode_step_table", "decode_step_totals", "module_table", "stage_totals",
     "tokens_summary", "capacity", "required_hardware", "expected_experts", "activated_params", "param_breakdown",
-    "param_counts", "stage_params", "total_params", "Points", "attainable_flops", "bound", "roofline_time",
+    "param_counts", "stage_params", "total_params", "Points", "attainable_flops", "bound_of", "roofline_time",
+    "decode_floor", "prefill_roofline",
     "METRICS", "STAGES", "all_rows", "evaluate", "flat", "sweep_columns", "sweep_table", "write_sweep",
 ]

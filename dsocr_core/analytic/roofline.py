@@ -1,6 +1,7 @@
-"""Roofline helpers on a Hardware: time, bound and attainable FLOP/s for arrays of FLOPs and bytes.
+"""The roofline: time, bound and attainable FLOP/s for arrays of FLOPs and bytes on a Hardware.
 
-Rows and stages time themselves through cost.Row.times; these helpers serve charts and capacity planning.
+`bound_of` is the one place a bound is decided: rows and stages time themselves through cost.Row.times and name
+their bound with it. `roofline_time` and `attainable_flops` serve floors, charts and capacity planning.
 """
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ def roofline_time(flops, nbytes, hw: Hardware):
     return compute, memory, np.maximum(compute, memory)
 
 
-def bound(flops, nbytes, hw: Hardware):
-    """'compute' where FLOPs/bytes reaches the ridge point, else 'memory'; 'none' where both are zero."""
-    compute, memory, time = roofline_time(flops, nbytes, hw)
-    return np.where(time <= 0, "none", np.where(compute >= memory, "compute", "memory"))
+_BOUND_NAMES = np.array(["memory", "compute", "none"])
+
+
+def bound_of(compute_s, memory_s, time_s):
+    """'compute' where the compute time reaches the memory time, else 'memory'; 'none' where there is no work.
+    Arrays in, an array of names out (a scalar for scalars)."""
+    idx = (np.asarray(compute_s) >= np.asarray(memory_s)).astype(np.int8)
+    idx = np.where(np.asarray(time_s) <= 0, 2, idx)
+    names = _BOUND_NAMES[idx]
+    return str(names) if names.ndim == 0 else names
+
 
 
 def attainable_flops(intensity, hw: Hardware):

@@ -23,6 +23,7 @@ from .cost import ADDITIVE, Cost, Row, affine_sum
 from .lm import lm_rows
 from .params import param_counts
 from .points import Points
+from .roofline import bound_of
 from .vision import view_rows
 
 STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "total")
@@ -108,16 +109,6 @@ def all_rows(spec: ModelSpec, pts: Points) -> list[Row]:
     return vision_rows(spec, pts) + prefill_rows(spec, pts) + decode_rows(spec, pts)
 
 
-_BOUND_NAMES = np.array(["memory", "compute", "none"])
-
-
-def _bound(compute, memory, time):
-    """'compute' or 'memory' per point, 'none' where the stage does nothing."""
-    idx = (np.asarray(compute) >= memory).astype(np.int8)
-    idx[np.asarray(time) <= 0] = 2
-    return _BOUND_NAMES[idx]
-
-
 def _finish(acc: dict, hw) -> dict:
     """Derived metrics of one stage from its raw sums."""
     out = {
@@ -136,7 +127,7 @@ def _finish(acc: dict, hw) -> dict:
     out["intensity"] = out["flops"] / np.maximum(out["bytes"], 1.0)  # FLOPs per byte (0 when nothing moves)
     if hw is not None:
         out["compute_s"], out["memory_s"], out["time_s"] = acc["compute_s"], acc["memory_s"], acc["time_s"]
-        out["bound"] = _bound(out["compute_s"], out["memory_s"], out["time_s"])
+        out["bound"] = bound_of(out["compute_s"], out["memory_s"], out["time_s"])
     return out
 
 

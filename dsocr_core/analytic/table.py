@@ -8,6 +8,7 @@ import pandas as pd
 
 from ..spec import Hardware
 from .cost import Row
+from .roofline import bound_of
 
 STAGE_ORDER = {"sam": 0, "clip": 1, "projector": 2, "prefill": 3, "decode": 4}
 _BLOCK = re.compile(r"\.(?:blocks|layers)\.(\d+)(?:\.|$)")
@@ -43,8 +44,7 @@ def rows_table(rows: list[Row], hw: Hardware | None = None, point: int = 0) -> p
         rec["intensity"] = rec["flops"] / rec["bytes"] if rec["bytes"] else 0.0  # FLOPs per byte
         if hw is not None:
             cs, ms, ts = (val(x) for x in row.times(hw.peak_flops, hw.bandwidth))
-            rec.update(compute_s=cs, memory_s=ms, time_s=ts,
-                       bound="none" if ts <= 0 else ("compute" if cs >= ms else "memory"))
+            rec.update(compute_s=cs, memory_s=ms, time_s=ts, bound=bound_of(cs, ms, ts))
         for path in row.paths:
             records.append({"stage": row.stage, "module": path, "kind": row.kind,
                             "_key": (STAGE_ORDER[row.stage], _order(path), rank), **rec})

@@ -12,22 +12,12 @@ import math
 import pandas as pd
 
 from ..analytic import stage_totals
-from ..hardware import match_device_name
+from ..hardware import run_ceilings
 from ..spec import Hardware, ModelSpec, Workload
 from .store import RunStore
 
 FLAG_THRESHOLD = 0.10  # differences above 10% are flagged
 COMPARED_STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "decode_step")
-
-
-def run_hardware(run: dict) -> tuple[Hardware | None, Hardware | None]:
-    """(datasheet, calibrated) ceilings of a run: the preset matching its GPU name and the calibration stored
-    in its meta (measured in the same run), each None when unknown (e.g. a CPU run)."""
-    env = run.get("environment") or {}
-    datasheet = match_device_name(env.get("gpu_name") or "") if env.get("gpu_name") else None
-    cal = (run.get("meta") or {}).get("calibration")
-    calibrated = Hardware(**cal) if cal else None
-    return datasheet, calibrated
 
 
 def point_workload(row: pd.Series) -> Workload:
@@ -62,7 +52,7 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     run = store.get_run(run_id)
     stored_spec = (run.get("meta") or {}).get("spec")
     spec = spec or (ModelSpec(**stored_spec) if stored_spec else ModelSpec())
-    ds_default, cal_default = run_hardware(run)
+    ds_default, cal_default = run_ceilings(run)
     datasheet, calibrated = datasheet or ds_default, calibrated or cal_default
     pts = store.points(run_id)
     pts = pts[(pts.status == "done") & pts.stage.isin(COMPARED_STAGES)]

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from ..hardware import run_ceilings
 from ..spec import Hardware, ModelSpec
 from .store import RunStore
 
@@ -109,7 +110,7 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
     frame = frame[list(PAGE_COLUMNS)].reset_index(drop=True)
     if analytic:
         spec = run_spec(run)
-        hw = hardware if hardware is not None else run_hardware(run)
+        hw = hardware if hardware is not None else run_ceilings(run)[0]  # the datasheet preset
         frame = pd.concat([frame, analytic_columns(frame, spec, hw, run.get("dtype") or "bfloat16",
                                                    run.get("attn") or "sdpa",
                                                    (run["meta"].get("settings") or {}).get("logits", "all"))], axis=1)
@@ -122,14 +123,6 @@ def run_spec(run: dict) -> ModelSpec:
     """The model spec a run was measured with (from its meta; the full DeepSeek-OCR spec when absent)."""
     data = (run.get("meta") or {}).get("spec")
     return ModelSpec(**data) if data else ModelSpec()
-
-
-def run_hardware(run: dict) -> Hardware | None:
-    """The hardware preset matching the run's GPU, or None (CPU run, or a GPU without a preset)."""
-    from ..hardware import match_device_name
-
-    name = (run.get("environment") or {}).get("gpu_name")
-    return match_device_name(name) if name else None
 
 
 def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | None = None,
