@@ -2,7 +2,6 @@
 the same id); crafted files are a clear RunImportError with the store unchanged; run names are shown as text."""
 from __future__ import annotations
 
-import copy
 import json
 import os
 

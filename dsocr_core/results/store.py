@@ -23,13 +23,21 @@ import pandas as pd
 from pydantic import BaseModel
 
 from . import transfer
-from .schema import (  # noqa: F401  (re-exported: callers import these from dsocr_core.results.store)
+from .schema import (
     CSV_COLUMNS, CSV_RUN_COLUMNS, DEFAULT_PATH, ENV_VAR, FINISHED, FLAG_LABELS, FLAGS, FORMAT, FORMAT_VERSION, KINDS,
     POINT_COLUMNS, POINT_FRAME_COLUMNS, SCHEMA_VERSION, STAGE_NUMBERS, STAGES, STATUSES, WEIGHT_SOURCES,
-    AmbiguousRunId, RunImportError, RunNotFound, StoreCorrupt, StoreError, _DDL, _POINT_TEXT, _STAGE_INTS, _dumps, _fetch_run, _insert_run, _now,
-    _plain, _point_row, _run_row, _stage_order, _stage_rows, _upsert_point, compute_flags, default_path, labels,
-    point_key, stage_stats,
+    AmbiguousRunId, RunImportError, RunNotFound, StoreCorrupt, StoreError, _DDL, _POINT_TEXT, _STAGE_INTS, _dumps,
+    _fetch_run, _insert_run, _now, _plain, _point_row, _run_row, _stage_order, _stage_rows, _upsert_point,
+    compute_flags, default_path, labels, point_key, stage_stats,
 )
+
+# callers import all of these from here (schema.py and transfer.py are this module's parts)
+__all__ = [
+    "CSV_COLUMNS", "CSV_RUN_COLUMNS", "DEFAULT_PATH", "ENV_VAR", "FINISHED", "FLAG_LABELS", "FLAGS", "FORMAT",
+    "FORMAT_VERSION", "KINDS", "POINT_COLUMNS", "POINT_FRAME_COLUMNS", "SCHEMA_VERSION", "STAGE_NUMBERS", "STAGES",
+    "STATUSES", "WEIGHT_SOURCES", "AmbiguousRunId", "RunImportError", "RunNotFound", "RunStore", "StoreCorrupt",
+    "StoreError", "compute_flags", "default_path", "labels", "point_key", "stage_stats",
+]
 
 
 class RunStore:

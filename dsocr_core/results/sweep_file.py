@@ -27,9 +27,10 @@ DISK_MARGIN = 1.1  # the size estimate from the first chunk, plus 10%
 
 def grid_chunks(*, mode: str = "gundam", crops: Sequence | None = None, images: Sequence | None = None,
                 text_tokens: Sequence[int] = (10,), batch: Sequence[int] = (1,), decode_steps: Sequence[int] = (0,),
-                chunk_points: int = CHUNK_POINTS, **settings) -> tuple[int, Iterator[Points]]:
-    """(number of points, iterator of Points of at most `chunk_points` each) for the cartesian grid that
-    Points.grid builds at once. Every axis is validated before the first chunk is made."""
+                chunk_points: int | None = None, **settings) -> tuple[int, Iterator[Points]]:
+    """(number of points, iterator of Points of at most `chunk_points` (default CHUNK_POINTS) each) for the
+    cartesian grid that Points.grid builds at once. Every axis is validated before the first chunk is made."""
+    chunk_points = CHUNK_POINTS if chunk_points is None else chunk_points
     if chunk_points < 1:
         raise ValueError("chunk_points must be at least 1")
     pairs = crops if crops is not None else images
@@ -63,7 +64,7 @@ def grid_chunks(*, mode: str = "gundam", crops: Sequence | None = None, images: 
 
 
 def write_sweep_file(spec: ModelSpec, hardware: Hardware | None, path: str | Path, *, with_capacity: bool = True,
-                     chunk_points: int = CHUNK_POINTS, **grid) -> tuple[int, Path]:
+                     chunk_points: int | None = None, **grid) -> tuple[int, Path]:
     """Evaluate the grid (keywords of grid_chunks) chunk by chunk into `path` (.csv, or .json as a list of
     records: the same text analytic.write_sweep gives for the whole table). Returns (points, path)."""
     path = Path(path)
