@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.measure.token_parity import greedy_trace  # noqa: E402
-from dsocr_core.runtime.generate import ban_repeated_ngrams, first_divergence  # noqa: E402
+from dsocr_core.runtime.generate import ban_repeated_ngrams  # noqa: E402
+from dsocr_core.runtime.tokens import first_divergence  # noqa: E402
 from dsocr_core.runtime.inputs import synthetic_inputs  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 

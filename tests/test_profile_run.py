@@ -11,7 +11,7 @@ from dsocr_core.model.checkpoint import save_checkpoint, synthetic_model
 from dsocr_core.measure.dataset_run import FlopCache, ProfileSettings, check_resume, create_dataset_run, run_dataset
 from dsocr_core.measure.stage_stats import timed_generation
 from dsocr_core.runtime.flops import decode_flops_total
-from dsocr_core.runtime.generate import trim_at_eos
+from dsocr_core.runtime.tokens import trim_at_eos
 from dsocr_core.grounding.samples import sample_pages
 from dsocr_core.runtime.session import Session
 from dsocr_core.spec import tiny_spec

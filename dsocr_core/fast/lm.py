@@ -89,13 +89,6 @@ def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort
     return layer
 
 
-def prefill_layer(x: torch.Tensor, lw, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-                  values: torch.Tensor, cfg: LMConfig) -> torch.Tensor:
-    """make_prefill_layer's function applied with a LayerWeights (eager)."""
-    return make_prefill_layer(cfg)(x, cos, sin, keys, values, lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2,
-                                   lw.gate)
-
-
 def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch") -> dict:
     """The pieces of one decode step (batch B, one token per row), each a function of tensors only, with
     static shapes (the attention over the cache, whose length changes, runs between them):

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..runtime.tokens import first_difference
 from .parse import PAGE_SPLIT, Block, ParseResult, iou, parse
 
 
@@ -32,9 +33,8 @@ def first_divergence(a: Sequence, b: Sequence, context: int = 20) -> Divergence 
         raise TypeError("compare two strings or two id sequences")
     a = a if isinstance(a, str) else [int(x) for x in a]
     b = b if isinstance(b, str) else [int(x) for x in b]
-    n = min(len(a), len(b))
-    i = next((k for k in range(n) if a[k] != b[k]), n)
-    if i == n and len(a) == len(b):
+    i = first_difference(a, b)
+    if i is None:
         return None
     lo = max(0, i - context)
     d = Divergence(i, a[i] if i < len(a) else None, b[i] if i < len(b) else None,

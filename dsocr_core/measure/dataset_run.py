@@ -37,7 +37,7 @@ from statistics import median
 from typing import Callable, Literal, Sequence
 
 from ..results.store import RunStore, point_key
-from ..runtime.generate import trim_at_eos
+from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
 from ..runtime.session import Session
 from ..runtime.timing import synchronize

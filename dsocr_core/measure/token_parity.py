@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.generate import ban_repeated_ngrams, next_tokens
+from ..runtime.tokens import first_difference
 
 
 @torch.no_grad()
@@ -55,12 +56,12 @@ def compare(reference, fast, inputs, steps: int, no_repeat_ngram_size: int = 20,
            "first_divergence": None,
            "min_margin_reference": float(ref["margins"].min()),
            "reference_tokens": ref["tokens"].tolist(), "fast_tokens": fst["tokens"].tolist()}
-    diff = (ref["tokens"] != fst["tokens"])
     upto = steps
     if not equal:
-        rows, cols = diff.nonzero(as_tuple=True)
-        first = int(cols.min())
-        row = int(rows[cols == first][0])
+        # the earliest step at which any row parts (rows part independently; later steps follow from it)
+        parts = [(i, r) for r, (x, y) in enumerate(zip(out["reference_tokens"], out["fast_tokens"]))
+                 if (i := first_difference(x, y)) is not None]
+        first, row = min(parts)
         upto = first
         out["first_divergence"] = {
             "row": row, "step": first, "reference_token": int(ref["tokens"][row, first]),

@@ -9,7 +9,7 @@ the host after each step or fused into the step's kernels, and must choose exact
 """
 from __future__ import annotations
 
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Literal
 
 import torch
 
@@ -143,28 +143,3 @@ def cut_after_all_finished(generated: list[torch.Tensor], eos: int) -> list[torc
         return generated
     last = int(hit.float().argmax(1).max())  # step where the slowest row finished
     return generated[: last + 1]
-
-
-def trim_at_eos(row: Sequence[int], eos: int) -> list[int]:
-    """A row's tokens up to and including its first EOS."""
-    row = list(row)
-    return row[: row.index(eos) + 1] if eos in row else row
-
-
-def first_difference(a: Sequence, b: Sequence) -> int | None:
-    """First index where two sequences differ (a shorter one differs where it ends), or None when equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def first_divergence(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict | None:
-    """First (row, index) where two batches of token rows differ, with both tokens there; None when equal."""
-    for r, (x, y) in enumerate(zip(a, b)):
-        i = first_difference(x, y)
-        if i is not None:
-            return {"row": r, "index": i, "a": x[i] if i < len(x) else None, "b": y[i] if i < len(y) else None}
-    if len(a) != len(b):
-        return {"row": min(len(a), len(b)), "index": 0, "a": None, "b": None}
-    return None

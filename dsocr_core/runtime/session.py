@@ -21,7 +21,8 @@ import torch
 from ..spec import ModelSpec
 from .engine import SESSION_MODES, OneShotEngine, build_engine
 from .flops import VISION_STAGES, count_stage_flops
-from .generate import FirstToken, Greedy, trim_at_eos
+from .generate import FirstToken, Greedy
+from .tokens import trim_at_eos
 from .timing import StageTimer
 from .verify import CallRecorder, verification
 

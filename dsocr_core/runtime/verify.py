@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .generate import first_divergence
+from .tokens import first_divergence
 
 PREFILL_STAGES = ("sam", "clip", "projector", "prefill")
 
