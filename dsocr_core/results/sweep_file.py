@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -21,7 +21,7 @@ from ..analytic import Points, sweep_columns
 from ..analytic.points import MAX_POINTS
 from ..spec import Hardware, ModelSpec, SpecError
 
-CHUNK_POINTS = 50_000  # about 70 MB of columns per chunk with capacity columns (157 columns x 8 bytes)
+CHUNK_POINTS = 20_000  # 157 columns x 8 bytes = 25 MB of arrays per chunk, ~100 MB of JSON text
 DISK_MARGIN = 1.1  # the size estimate from the first chunk, plus 10%
 
 
@@ -73,10 +73,9 @@ def write_sweep_file(spec: ModelSpec, hardware: Hardware | None, path: str | Pat
         raise SpecError(f"sweep output must end in .csv or .json, got {path.name!r}")
     total, chunks = grid_chunks(chunk_points=chunk_points, **grid)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    tmp = Path(tmp_name)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")  # same folder: rename is atomic
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
+        with open(tmp, "x", encoding="utf-8", newline="") as out:  # the umask's permissions, like a plain write
             for i, pts in enumerate(chunks):
                 frame = pd.DataFrame(sweep_columns(spec, pts, hardware, with_capacity))
                 if suffix == ".csv":
@@ -85,7 +84,7 @@ def write_sweep_file(spec: ModelSpec, hardware: Hardware | None, path: str | Pat
                     text = ("[" if i == 0 else ",") + frame.to_json(orient="records")[1:-1]
                 del frame
                 if i == 0:
-                    _check_room(len(text.encode("utf-8")) * total / pts.size, path, total)
+                    _check_room(len(text) * total / pts.size, path, total)  # ASCII: characters = bytes
                 out.write(text)
             if suffix == ".json":
                 out.write("]")
