@@ -1,5 +1,6 @@
-"""Fused batch-1 decode: one decoder layer in six Triton kernels, so the whole step is 73 kernels (one CUDA graph)
-reading each weight once, most of them at 2.5-3.6 TB/s.
+"""Fused batch-1 decode: a decoder layer in six Triton kernels (five for the dense first layer, which has no
+router), so the whole step is 72 kernels with the lm_head, 74 in generation with the n-gram ban and the choice (one
+CUDA graph), reading each weight once, most of them at 2.5-3.6 TB/s.
 
 Why: at batch 1 a decode step is a chain of GEMVs over 1.15 GB of weights; a profile of the compiled step
 (docs/fast-mode.md) showed ~25 kernels per layer, most of them small, and the GEMVs Inductor generated ran at
