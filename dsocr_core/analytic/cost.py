@@ -98,6 +98,7 @@ class Row:
     cost: Cost  # one module, all its calls combined
     parts: tuple[Cost, ...] = ()  # per-call costs timed separately (vision: global views, tile views)
     steps: tuple[Cost, Cost, object] | None = None  # decode: (first step, last step, number of steps)
+    ctx: tuple[dict, ...] = ()  # kernel shapes of each part (or of the call): what analytic/predict.py times
 
     @property
     def count(self) -> int:

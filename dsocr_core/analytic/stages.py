@@ -23,6 +23,7 @@ from .cost import ADDITIVE, Cost, Row, affine_sum
 from .lm import lm_rows
 from .params import param_counts
 from .points import Points
+from .predict import PREDICTED, predictor_for
 from .roofline import bound_of
 from .vision import view_rows
 
@@ -47,10 +48,14 @@ def vision_rows(spec: ModelSpec, pts: Points) -> list[Row]:
     glob = _view_rows(spec, info.base_size, dt)
     tile = _view_rows(spec, info.tile_size, dt) if info.crop_mode else [(s, k, p, Cost()) for s, k, p, _ in glob]
     rows = []
+    calls_t = (tiles > 0).astype(float)
+    base = dict(spec=spec, phase="vision", dt=dt, dtype=pts.dtype, batch=b)
+    ctx = (dict(base, side=info.base_size, views=b, calls=1.0),
+           dict(base, side=info.tile_size if info.crop_mode else info.base_size, views=tiles, calls=calls_t))
     for (stage, kind, paths, g), (_, _, _, t) in zip(glob, tile):
         part_g = g.scaled(b, 1.0)  # one call over the batch's global views
-        part_t = t.scaled(tiles, (tiles > 0).astype(float))  # one call over all tiles, if any
-        rows.append(Row(stage, kind, paths, part_g.then(part_t), parts=(part_g, part_t)))
+        part_t = t.scaled(tiles, calls_t)  # one call over all tiles, if any
+        rows.append(Row(stage, kind, paths, part_g.then(part_t), parts=(part_g, part_t), ctx=ctx))
     rows.append(layout_row(spec, pts))
     return rows
 
@@ -66,15 +71,19 @@ def layout_row(spec: ModelSpec, pts: Points) -> Row:
                 act_write=b * pts.image_slots * h * dt,  # laid-out slots
                 peak_activation=b * (feats + pts.image_slots) * h * dt,
                 weight_memory=2 * h * dt)
-    return Row("projector", "projector.layout", ("model.image_newline",), cost)
+    return Row("projector", "projector.layout", ("model.image_newline",), cost,
+               ctx=(dict(spec=spec, phase="layout", images=b, dt=dt, dtype=pts.dtype),))
 
 
 def prefill_rows(spec: ModelSpec, pts: Points) -> list[Row]:
     b = pts.batch.astype(float)
     seq = pts.sequence.astype(float)
     logit_rows = b * seq if pts.logits == "all" else b  # fp32 logits for every position, or the last one only
-    return [Row(stage, kind, paths, cost)
-            for stage, kind, paths, cost in lm_rows(spec, b, seq, 0.0, pts.image_slots.astype(float), logit_rows,
+    img = pts.image_slots.astype(float)
+    ctx = (dict(spec=spec, phase="prefill", b=b, sq=seq, n=0.0, img=img, logit_rows=logit_rows, attn=pts.attn,
+                dt=pts.dtype_bytes, dtype=pts.dtype),)
+    return [Row(stage, kind, paths, cost, ctx=ctx)
+            for stage, kind, paths, cost in lm_rows(spec, b, seq, 0.0, img, logit_rows,
                                                      pts.attn, pts.dtype_bytes, param_counts(spec), "prefill")]
 
 
@@ -82,7 +91,9 @@ def decode_step_rows(spec: ModelSpec, pts: Points, context, stage: str = "decode
     """One decode step (one new token per row) with `context` tokens already cached per row."""
     b = pts.batch.astype(float)
     n = np.broadcast_to(np.asarray(context, dtype=float), b.shape)
-    return [Row(st, kind, paths, cost)
+    ctx = (dict(spec=spec, phase="decode", b=b, sq=1.0, n=n, img=0.0, logit_rows=b, attn=pts.attn,
+                dt=pts.dtype_bytes, dtype=pts.dtype),)
+    return [Row(st, kind, paths, cost, ctx=ctx)
             for st, kind, paths, cost in lm_rows(spec, b, 1.0, n, 0.0, b, pts.attn, pts.dtype_bytes,
                                                   param_counts(spec), stage)]
 
@@ -101,7 +112,7 @@ def decode_rows(spec: ModelSpec, pts: Points) -> list[Row]:
         c.peak_activation = np.where(live, l.cost.peak_activation, 0.0)  # largest at the longest context
         c.kv_memory = np.where(live, l.cost.kv_memory, 0.0)  # cache after the last step
         c.weight_memory = l.cost.weight_memory
-        rows.append(Row("decode", f.kind, f.paths, c, steps=(f.cost, l.cost, steps)))
+        rows.append(Row("decode", f.kind, f.paths, c, steps=(f.cost, l.cost, steps), ctx=(f.ctx[0], l.ctx[0])))
     return rows
 
 
@@ -128,6 +139,9 @@ def _finish(acc: dict, hw) -> dict:
     if hw is not None:
         out["compute_s"], out["memory_s"], out["time_s"] = acc["compute_s"], acc["memory_s"], acc["time_s"]
         out["bound"] = bound_of(out["compute_s"], out["memory_s"], out["time_s"])
+    for k in PREDICTED:
+        if k in acc:
+            out[k] = acc[k]
     return out
 
 
@@ -136,7 +150,9 @@ _SUMS = ADDITIVE + ("weight_memory", "kv_memory", "compute_s", "memory_s", "time
 
 def _accumulate(rows: list[Row], stages: tuple[str, ...], shape: tuple, hw=None) -> dict[str, dict]:
     """Raw per-stage sums of rows: counts add (x module count), peaks take the max, KV caches of layers add."""
-    acc = {s: {k: np.zeros(shape) for k in _SUMS + ("peak_activation",)} for s in stages}
+    pred = predictor_for(hw)  # the time model, when the hardware carries a calibration profile
+    keys = _SUMS + ("peak_activation",) + (PREDICTED if pred is not None else ())
+    acc = {s: {k: np.zeros(shape) for k in keys} for s in stages}
     for row in rows:
         a, c, n = acc[row.stage], row.cost, row.count
         for k in ADDITIVE + ("weight_memory", "kv_memory"):
@@ -146,6 +162,9 @@ def _accumulate(rows: list[Row], stages: tuple[str, ...], shape: tuple, hw=None)
             cs, ms, ts = row.times(hw.peak_flops, hw.bandwidth)
             a["compute_s"], a["memory_s"], a["time_s"] = (a["compute_s"] + n * cs, a["memory_s"] + n * ms,
                                                           a["time_s"] + n * ts)
+        if pred is not None:
+            for k, v in pred.row(row, (hw.peak_flops, hw.bandwidth, ts)).items():
+                a[k] = a[k] + n * v
     return acc
 
 

@@ -1,0 +1,260 @@
+"""Predicted time: the roofline plus what the kernels that really run cost beyond it, from a calibration profile.
+
+For one call of an analytic row (rows carry their kernel shapes in `Row.ctx`), kernels.plan() lists the kernels
+the session mode runs and splits the row's FLOPs and bytes over them. With P and W the profile's ceilings:
+
+    roofline  R = max(F / P, B / W)                                     (the row's roofline on the profile)
+    kernel    K = sum_k [ max(F'_k / P, B'_k / W) / eff_k - max(F_k / P, B_k / W) ]
+    launch    L = launches x per-launch device cost (graph gap in the fast mode, eager gap in the reference)
+    device    D = R + K + L
+    host      H = eager host ops x host_op_s + syncs x sync_s + graph replays x graph_launch_s
+    time      t = max(D, H) = D + max(H - D, 0)
+
+eff_k is the profile's efficiency of kernel k at its shape (log-space interpolation, clamped at the edges);
+(F_k, B_k) its share of the row's work, (F'_k, B'_k) the work the engine really does (= the share with
+work="analytic"). The shares partition the row, so with every efficiency 1, every launch cost 0 and
+work="analytic" the prediction is the roofline exactly; with work="engine" it is the roofline plus the engine's
+uncounted work (the reference cache's concatenation) minus the traffic the fast engine does not do (SAM's dense
+mask, fused elementwise ops). Decode rows sum the steps: the roofline in closed form (cost.sum_of_max), the rest by
+Simpson's rule over the first, middle and last step (every count is affine in the context; efficiencies vary
+smoothly with it). Everything is numpy over sweep points; nothing loops over points.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ConfigDict, Field
+
+from ..spec import Hardware, SpecError
+from .cost import Cost, Row
+from .kernels import Call, Kernel, plan
+
+PREDICTED = ("predicted_s", "predicted_roofline_s", "predicted_kernel_s", "predicted_launch_s", "predicted_host_s")
+SESSION_MODES = ("reference", "fast")
+WORK_MODES = ("engine", "analytic")
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    """What a prediction needs besides the workload: a profile, the session mode, the work convention."""
+
+    profile: Any  # calibration.profile.Profile
+    session_mode: str = "reference"
+    work: str = "engine"
+    notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
+
+    def __post_init__(self):
+        if self.session_mode not in SESSION_MODES:
+            raise SpecError(f"session mode must be one of {', '.join(SESSION_MODES)}, got {self.session_mode!r}")
+        if self.work not in WORK_MODES:
+            raise SpecError(f"work must be one of {', '.join(WORK_MODES)}, got {self.work!r}")
+
+    def summary(self) -> dict:
+        """What every export says about the prediction (the profile's label travels with it)."""
+        return {**self.profile.summary(), "session_mode": self.session_mode, "work": self.work,
+                "notes": sorted(self.notes)}
+
+
+class ProfiledHardware(Hardware):
+    """A Hardware (the roofline's ceilings) that also carries a Prediction: every function that takes a
+    Hardware (evaluate, sweep_columns, capacity, the chunked sweep writer) then adds predicted columns."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    prediction: Any = Field(default=None, exclude=True)
+
+
+def with_profile(hw: Hardware, profile, session_mode: str = "reference", work: str = "engine") -> ProfiledHardware:
+    """`hw` plus a prediction from `profile` in `session_mode`."""
+    return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, session_mode, work))
+
+
+def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:
+    """A Hardware whose ceilings are the profile's (its roofline is the one the time model adds to)."""
+    mem = memory_gb or profile.device.get("memory_gb") or 1.0
+    return Hardware(name=profile.device_name, peak_tflops=profile.peak_flops / 1e12,
+                    bandwidth_tbs=profile.bandwidth / 1e12, memory_gb=float(mem),
+                    source=f"ceilings of the calibration profile: {profile.raw['ceilings']['source']}",
+                    calibrated=not profile.derived)
+
+
+def predictor_for(hw) -> "Predictor | None":
+    pred = getattr(hw, "prediction", None)
+    return None if pred is None else Predictor(pred)
+
+
+# table kind in a plan -> the profile tables to try, in order, and how to read the kernel's coordinates there
+def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
+    same = None
+    if name == "gemm":
+        return [(f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
+    if name == "gemm.float32":
+        return [("gemm.float32", same), ("gemm.bfloat16", same)]
+    if name == "grouped_gemm":
+        to_gemm = lambda c: dict(m=c["tokens"], n=c["n"], k=c["k"])  # noqa: E731
+        return [(f"grouped_gemm.{dtype}", same), ("grouped_gemm.bfloat16", same), (f"gemm.{dtype}", to_gemm),
+                ("gemm.bfloat16", to_gemm)]
+    if name.startswith("attention."):
+        parts = name.split(".")
+        causal = len(parts) == 3
+        out = [(name, same)]
+        if parts[1] != "sdpa":
+            out.append(("attention.sdpa" + (".causal" if causal else ""), same))
+        if causal:  # a non-causal table at q = k = s (the causal kernel skips about half of that work)
+            square = lambda c: dict(bh=c["bh"], q=c["s"], k=c["s"], d=c["d"])  # noqa: E731
+            out += [(f"attention.{parts[1]}", square), ("attention.sdpa", square)]
+        return out
+    if name.startswith("memory."):
+        return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
+    raise SpecError(f"unknown kernel table {name!r}")
+
+
+class Predictor:
+    """Predicted time of analytic rows under one Prediction (see the module docstring)."""
+
+    def __init__(self, prediction: Prediction):
+        p = prediction.profile
+        self.prediction = prediction
+        self.profile = p
+        self.mode = prediction.session_mode
+        self.engine_work = prediction.work == "engine"
+        self.P, self.W = p.peak_flops, p.bandwidth
+        launch = p.launch
+        self.graphs = self.mode == "fast" and p.device.get("kind") == "cuda"  # graphs and Triton need a GPU
+        self.per_launch = launch["graph_kernel_s"] if self.graphs else launch["eager_kernel_s"]
+        self.host_op_s, self.sync_s = launch["host_op_s"], launch["sync_s"]
+        self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
+        self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._batches: dict[int, tuple] = {}
+
+    # ----------------------------------------------------------------------------------------- one kernel
+    def _table(self, name: str, dtype: str):
+        key = (name, dtype)
+        if key not in self._resolved:
+            for i, (cand, conv) in enumerate(_candidates(name, dtype)):
+                table = self.profile.table(cand)
+                if table is not None:
+                    if i:
+                        self.prediction.notes.add(f"{name} ({dtype}) timed with table {cand}: the profile has "
+                                                  f"no {_candidates(name, dtype)[0][0]}")
+                    self._resolved[key] = (table, conv)
+                    break
+            else:
+                raise SpecError(f"the calibration profile has no table for {name} ({dtype}); re-run calibrate")
+        return self._resolved[key]
+
+    def efficiency(self, k: Kernel, dtype: str):
+        table, conv = self._table(k.table, dtype)
+        coords = k.coords if conv is None else conv(k.coords)
+        return table.lookup(**coords)
+
+    def _excess(self, k: Kernel, dtype: str):
+        share = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)
+        if self.engine_work:
+            rf = k.flops if k.real_flops is None else k.real_flops
+            rb = k.nbytes if k.real_bytes is None else k.real_bytes
+            real = np.maximum(np.asarray(rf, dtype=float) / self.P, np.asarray(rb, dtype=float) / self.W)
+        else:
+            real = share
+        return real / self.efficiency(k, dtype) - share
+
+    # ----------------------------------------------------------------------------------------- one call
+    def _call(self, kind: str, cost: Cost, ctx: dict, fused: bool):
+        """(roofline, kernel excess, launch, host) seconds of one call of one module."""
+        pl = plan(Call(kind, cost, ctx, self.mode, fused))
+        dtype = ctx.get("dtype", "bfloat16")
+        flops, nbytes = cost.flops, cost.bytes
+        roof = np.maximum(np.asarray(flops, dtype=float) / self.P, np.asarray(nbytes, dtype=float) / self.W)
+        excess, launches, host_ops = 0.0, 0.0, 0.0
+        used_f, used_b = 0.0, 0.0
+        for k in pl.kernels:
+            used_f, used_b = used_f + k.flops, used_b + k.nbytes
+            excess = excess + self._excess(k, dtype)
+            launches = launches + k.launches
+            host_ops = host_ops + (k.host_ops if k.host_ops is not None else (0.0 if self.graphs else k.launches))
+        rest_f = np.maximum(flops - used_f, 0.0)
+        rest_b = np.maximum(nbytes - used_b, 0.0)
+        per = np.maximum(pl.rest_launches, 1.0)
+        rb = rest_b if pl.rest_real_bytes is None else pl.rest_real_bytes
+        rest = Kernel(pl.rest_table, dict(bytes=np.asarray(rb if self.engine_work else rest_b) / per), rest_f,
+                      rest_b, pl.rest_launches, real_bytes=pl.rest_real_bytes)
+        excess = excess + self._excess(rest, dtype)
+        launches = launches + pl.rest_launches
+        host_ops = host_ops + (0.0 if self.graphs else pl.rest_launches) + pl.host_ops
+        launch = launches * self.per_launch
+        host = host_ops * self.host_op_s + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
+        return roof, excess, launch, host
+
+    def call(self, kind: str, cost: Cost, ctx: dict):
+        """One call; in the fast mode a decode step at batch 1 is the fused step, other batches are not."""
+        if not (self.graphs and ctx.get("phase") == "decode"):
+            return self._call(kind, cost, ctx, False)
+        one = np.asarray(ctx["b"]) == 1
+        if np.all(one):
+            return self._call(kind, cost, ctx, True)
+        if not np.any(one):
+            return self._call(kind, cost, ctx, False)
+        fused, plain = self._call(kind, cost, ctx, True), self._call(kind, cost, ctx, False)
+        return tuple(np.where(one, f, u) for f, u in zip(fused, plain))
+
+    # ----------------------------------------------------------------------------------------- one row
+    def _by_batch(self, kind: str, cost: Cost, ctx: dict):
+        """call() of a decode row whose cost depends on the batch only (not the context): evaluated once per
+        distinct batch size and spread back (same formulas, far fewer array elements)."""
+        b = np.asarray(ctx["b"])
+        key = id(ctx)
+        if key not in self._batches:
+            _, first, inv = np.unique(b.reshape(-1), return_index=True, return_inverse=True)
+            self._batches[key] = (ctx, first, inv.reshape(b.shape))  # ctx kept alive: its id stays unique
+        _, first, inv = self._batches[key]
+        take = lambda v: np.asarray(v).reshape(-1)[first] if np.ndim(v) else v  # noqa: E731
+        small = Cost(tensor_flops=take(np.broadcast_to(cost.flops, b.shape)),
+                     act_read=take(np.broadcast_to(cost.bytes, b.shape)))
+        sctx = {k: (take(np.broadcast_to(v, b.shape)) if isinstance(v, np.ndarray) else v) for k, v in ctx.items()}
+        return tuple(np.asarray(x)[inv] if np.ndim(x) else x for x in self.call(kind, small, sctx))
+
+    def row(self, row: Row, roofline: tuple | None = None) -> dict[str, Any]:
+        """Predicted seconds of ONE module of the row (all its calls, or all its decode steps), by component.
+        `roofline`: (peak FLOP/s, bandwidth, row.times(...)[2]) already computed, reused when the ceilings are
+        the profile's."""
+        if not row.ctx:
+            raise SpecError(f"row {row.kind} carries no kernel shapes; build rows with analytic.stages")
+        if roofline is not None and roofline[0] == self.P and roofline[1] == self.W:
+            roof_sum = roofline[2]
+        else:
+            roof_sum = None
+        if row.steps is not None:
+            first, last, n = row.steps
+            c0, c1 = row.ctx
+            n = np.asarray(n, dtype=float)
+            roof = roof_sum if roof_sum is not None else row.times(self.P, self.W)[2]  # exact over the steps
+            if _same(first, last):  # the context does not change this row's work: one step is every step
+                r, e, lt, h = self._by_batch(row.kind, first, c0)
+                kernel, launch, host = n * e, n * lt, n * np.maximum(h - (r + e + lt), 0.0)
+            else:
+                mid = Cost(tensor_flops=(first.flops + last.flops) / 2, act_read=(first.bytes + last.bytes) / 2)
+                nodes = [self.call(row.kind, first, c0),
+                         self.call(row.kind, mid, dict(c0, n=(c0["n"] + c1["n"]) / 2)),
+                         self.call(row.kind, last, c1)]
+                simpson = lambda xs: n * (xs[0] + 4 * xs[1] + xs[2]) / 6  # noqa: E731
+                kernel = simpson([e for _, e, _, _ in nodes])
+                launch = simpson([lt for _, _, lt, _ in nodes])
+                host = simpson([np.maximum(h - (r + e + lt), 0.0) for r, e, lt, h in nodes])
+        else:
+            parts = row.parts or (row.cost,)
+            roof = kernel = launch = host = 0.0
+            for part, ctx in zip(parts, row.ctx):
+                r, e, lt, h = self.call(row.kind, part, ctx)
+                roof, kernel, launch = roof + r, kernel + e, launch + lt
+                host = host + np.maximum(h - (r + e + lt), 0.0)
+            if roof_sum is not None:
+                roof = roof_sum
+        total = roof + kernel + launch + host
+        return {"predicted_s": total, "predicted_roofline_s": roof, "predicted_kernel_s": kernel,
+                "predicted_launch_s": launch, "predicted_host_s": host}
+
+
+def _same(a: Cost, b: Cost) -> bool:
+    """Two steps with identical work (FLOPs and bytes at every point)."""
+    return bool(np.array_equal(a.flops, b.flops) and np.array_equal(a.bytes, b.bytes))

@@ -1,0 +1,438 @@
+"""The calibration profile: kernel efficiency tables of one GPU (or CPU), as a versioned JSON file.
+
+A profile holds what the kernel microbenchmarks (microbench.py) measured, and nothing else: no constant fitted to
+this model's stage times. Every table is a grid over a kernel's shape (GEMM M x N x K, bytes of a memory-bound
+kernel, attention heads x query x key x head dim, tokens per expert of a grouped GEMM) whose values are
+EFFICIENCIES: the kernel's own roofline time on the profile's ceilings divided by its measured work time
+
+    efficiency = max(F / peak_flops, B / bandwidth) / t_work,     t_work = t_measured - launches x launch gap
+
+with F and B from `entry_work` (one formula per table kind, shared with the time model). So a kernel of that
+shape takes `roofline / efficiency` plus its launches x the per-launch cost (the `launch` block). Values are
+looked up by `Table.lookup`: multilinear interpolation of log(efficiency) over log(shape), clamped at the edges.
+
+File layout (format_version 1):
+
+    {"format": "dsocr-calibration-profile", "format_version": 1, "created": ISO date,
+     "device": {"name", "kind": "cuda"|"cpu", "sm_count", "memory_gb", "l2_bytes"},
+     "environment": {...}, "versions": {"torch", "cuda", "triton", "dsocr_core", ...},
+     "ceilings": {"flops_per_s", "bytes_per_s", "source"},
+     "launch": {"graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s"},
+     "tables": {name: {"axes": {axis: [values]}, "efficiency": nested list, "measured": nested list, "meta"}},
+     "calibration": {"quick", "budget_s", "elapsed_s", "complete", "skipped", ...},
+     "derived": false, "derivation": null | {"source", "target", "ratios", "method"}}
+
+Loading is strict: a file that is not JSON, is truncated, has another format or version, misses a field, has an
+unknown one, or holds a table whose values do not match its axes raises ProfileError naming the problem.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..spec import DTYPE_BYTES, SpecError
+
+FORMAT = "dsocr-calibration-profile"
+FORMAT_VERSION = 1
+LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s")
+SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
+EFFICIENCY_RANGE = (1e-9, 1e3)  # stored efficiencies are clipped into this range (finite logs)
+
+# table kind -> its axes, in order
+KIND_AXES = {
+    "gemm": ("m", "n", "k"),
+    "memory": ("bytes",),
+    "attention": ("bh", "q", "k", "d"),
+    "attention_causal": ("bh", "s", "d"),
+    "grouped_gemm": ("tokens", "n", "k"),
+}
+MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv")
+ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash")
+
+
+class ProfileError(SpecError):
+    """A calibration profile that cannot be used (unreadable, malformed, another format version)."""
+
+
+def table_kind(name: str) -> str:
+    """The kind of a table from its name: gemm.<dtype>, memory.<kind>, attention.<impl>[.causal],
+    grouped_gemm.<dtype>. Raises ProfileError for any other name."""
+    parts = name.split(".")
+    if len(parts) == 2 and parts[0] in ("gemm", "grouped_gemm") and parts[1] in DTYPE_BYTES:
+        return parts[0]
+    if len(parts) == 2 and parts[0] == "memory" and parts[1] in MEMORY_KINDS:
+        return "memory"
+    if parts[0] == "attention" and len(parts) in (2, 3) and parts[1] in ATTENTION_IMPLS:
+        if len(parts) == 2:
+            return "attention"
+        if parts[2] == "causal":
+            return "attention_causal"
+    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, "
+                       f"memory.<{'|'.join(MEMORY_KINDS)}> or attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
+
+
+def entry_work(name: str, coords: dict[str, Any], meta: dict | None = None) -> tuple[Any, Any]:
+    """(FLOPs, bytes) of one benchmarked kernel of table `name` at shape `coords` (arrays broadcast). The same
+    conventions as the analytic rows: attention FLOPs are counted non-causally (4 x bh x q x k x d, the
+    FlopCounterMode convention, plus the softmax), eager attention moves its materialised scores."""
+    meta = meta or {}
+    kind = table_kind(name)
+    s = DTYPE_BYTES.get(meta.get("dtype", name.split(".")[-1] if kind in ("gemm", "grouped_gemm") else "bfloat16"), 2)
+    c = {k: np.asarray(v, dtype=float) for k, v in coords.items()}
+    if kind == "gemm":
+        m, n, k = c["m"], c["n"], c["k"]
+        return 2 * m * n * k, (m * k + k * n + m * n) * s
+    if kind == "memory":
+        return np.zeros_like(c["bytes"]), c["bytes"]
+    if kind == "grouped_gemm":
+        e = float(meta.get("experts", 64))
+        t, n, k = c["tokens"], c["n"], c["k"]
+        return 2 * e * t * n * k, e * (t * k + k * n + t * n) * s
+    bh, d = c["bh"], c["d"]
+    q, kk = (c["s"], c["s"]) if kind == "attention_causal" else (c["q"], c["k"])
+    scores = bh * q * kk
+    flops = 4 * scores * d + SOFTMAX_FLOPS * scores
+    nbytes = 2 * bh * (q + kk) * d * s  # q, k, v read; output written
+    impl = name.split(".")[1]
+    if impl == "eager":  # scores written and read by each eager op (analytic/lm.py's byte model)
+        masked = 1.0 if kind == "attention_causal" else 0.0
+        nbytes = nbytes + 2 * scores * ((3 + masked) * s + 8)
+    elif impl == "sdpa_bias":
+        nbytes = nbytes + scores * s  # the dense additive mask is read
+    return flops, nbytes
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A grid of efficiencies over a kernel's shape, looked up in log space."""
+
+    name: str
+    axes: tuple[str, ...]
+    grid: tuple[np.ndarray, ...]
+    efficiency: np.ndarray
+    measured: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_log_grid", tuple(np.log(g) for g in self.grid))
+        object.__setattr__(self, "_log_eff", np.log(np.clip(self.efficiency, *EFFICIENCY_RANGE)))
+
+    @property
+    def kind(self) -> str:
+        return table_kind(self.name)
+
+    def lookup(self, **coords) -> np.ndarray:
+        """Efficiency at the given shape (one array or number per axis; they broadcast). Multilinear
+        interpolation of log(efficiency) over log(coordinate); outside the grid the edge value holds."""
+        missing = [a for a in self.axes if a not in coords]
+        if missing:
+            raise ProfileError(f"table {self.name}: no value for axis {', '.join(missing)}")
+        base, vary = [], []  # lower grid index per axis; (axis position, weight of the upper index) where it varies
+        for j, (a, lg, g) in enumerate(zip(self.axes, self._log_grid, self.grid)):
+            if lg.size == 1:
+                base.append(0)
+                continue
+            x = np.log(np.clip(np.asarray(coords[a], dtype=float), g[0], g[-1]))
+            i = np.clip(np.searchsorted(lg, x, side="right") - 1, 0, lg.size - 2)
+            w = np.clip((x - lg[i]) / (lg[i + 1] - lg[i]), 0.0, 1.0)
+            base.append(i)
+            if not (np.ndim(w) == 0 and w == 0.0):  # a scalar on a grid line needs no upper corner
+                vary.append((j, w))
+        out = 0.0
+        for corner in range(1 << len(vary)):
+            pick, weight = list(base), 1.0
+            for bit, (j, w) in enumerate(vary):
+                up = (corner >> bit) & 1
+                pick[j] = pick[j] + up
+                weight = weight * (w if up else 1.0 - w)
+            out = out + weight * self._log_eff[tuple(pick)]
+        out = np.exp(out)
+        shape = np.broadcast_shapes(*(np.shape(coords[a]) for a in self.axes))
+        return out if np.shape(out) == shape else np.broadcast_to(out, shape)
+
+    def to_dict(self) -> dict:
+        return {"axes": {a: [float(v) for v in g] for a, g in zip(self.axes, self.grid)},
+                "efficiency": self.efficiency.tolist(), "measured": self.measured.tolist(), "meta": dict(self.meta)}
+
+
+# ------------------------------------------------------------------------------------------- strict schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Device(_Strict):
+    name: str
+    kind: Literal["cuda", "cpu"]
+    sm_count: int | None = None
+    memory_gb: float | None = None
+    l2_bytes: int | None = None
+
+
+class _Ceilings(_Strict):
+    flops_per_s: float
+    bytes_per_s: float
+    source: str
+
+
+class _Launch(_Strict):
+    graph_kernel_s: float
+    eager_kernel_s: float
+    host_op_s: float
+    sync_s: float
+    graph_launch_s: float
+
+
+class _Table(_Strict):
+    axes: dict[str, list[float]]
+    efficiency: list
+    measured: list | None = None
+    meta: dict[str, Any] = {}
+
+
+class _Derivation(_Strict):
+    source: dict[str, Any]
+    target: dict[str, Any]
+    ratios: dict[str, float | None]
+    method: str
+
+
+class _Profile(_Strict):
+    format: str
+    format_version: int
+    created: str
+    device: _Device
+    environment: dict[str, Any]
+    versions: dict[str, Any]
+    ceilings: _Ceilings
+    launch: _Launch
+    tables: dict[str, _Table]
+    calibration: dict[str, Any]
+    derived: bool
+    derivation: _Derivation | None = None
+
+
+def _table_from(name: str, t: _Table) -> Table:
+    kind = table_kind(name)
+    want = KIND_AXES[kind]
+    if tuple(t.axes) != want:
+        raise ProfileError(f"table {name}: axes {list(t.axes)} but a {kind} table has {list(want)}")
+    grid = []
+    for a, values in t.axes.items():
+        g = np.asarray(values, dtype=float)
+        if g.ndim != 1 or g.size == 0 or not np.all(np.isfinite(g)) or np.any(g <= 0) or np.any(np.diff(g) <= 0):
+            raise ProfileError(f"table {name}: axis {a!r} must be positive, finite and strictly increasing")
+        grid.append(g)
+    shape = tuple(g.size for g in grid)
+    try:
+        eff = np.asarray(t.efficiency, dtype=float)
+    except (TypeError, ValueError):
+        raise ProfileError(f"table {name}: efficiency is not a rectangular array of numbers") from None
+    if eff.shape != shape:
+        raise ProfileError(f"table {name}: efficiency has shape {list(eff.shape)} but the axes give {list(shape)}")
+    if not np.all(np.isfinite(eff)) or np.any(eff <= 0):
+        raise ProfileError(f"table {name}: efficiencies must be finite and positive")
+    measured = np.ones(shape, dtype=bool) if t.measured is None else np.asarray(t.measured, dtype=bool)
+    if measured.shape != shape:
+        raise ProfileError(f"table {name}: measured has shape {list(measured.shape)}, expected {list(shape)}")
+    return Table(name, want, tuple(grid), eff, measured, dict(t.meta))
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """A validated calibration profile (see the module docstring)."""
+
+    raw: dict
+    tables: dict[str, Table]
+    path: str | None = None
+
+    @property
+    def device_name(self) -> str:
+        return self.raw["device"]["name"]
+
+    @property
+    def device(self) -> dict:
+        return self.raw["device"]
+
+    @property
+    def peak_flops(self) -> float:
+        return float(self.raw["ceilings"]["flops_per_s"])
+
+    @property
+    def bandwidth(self) -> float:
+        return float(self.raw["ceilings"]["bytes_per_s"])
+
+    @property
+    def launch(self) -> dict[str, float]:
+        return {k: float(self.raw["launch"][k]) for k in LAUNCH_KEYS}
+
+    @property
+    def derived(self) -> bool:
+        return bool(self.raw["derived"])
+
+    @property
+    def derivation(self) -> dict | None:
+        return self.raw.get("derivation")
+
+    @property
+    def created(self) -> str:
+        return self.raw["created"]
+
+    def table(self, name: str) -> Table | None:
+        return self.tables.get(name)
+
+    def label(self) -> str:
+        """One line naming the device and whether the profile was measured or derived (shown with every
+        prediction and written into every export)."""
+        created = self.created[:10]
+        if not self.derived:
+            quick = " quick" if self.raw["calibration"].get("quick") else ""
+            return f"{self.device_name} profile, measured{quick} {created}"
+        d = self.derivation or {}
+        src = d.get("source", {}).get("device", "?")
+        r = d.get("ratios", {})
+        ratios = ", ".join(f"{k} x{v:.3g}" for k, v in r.items() if isinstance(v, (int, float)))
+        return f"{self.device_name} profile DERIVED from {src} ({ratios}), not measured"
+
+    def summary(self) -> dict:
+        """The facts an export carries about the profile that produced its predictions."""
+        return {"label": self.label(), "device": self.device_name, "created": self.created,
+                "derived": self.derived, "derivation": self.derivation, "path": self.path,
+                "format_version": self.raw["format_version"]}
+
+    def to_dict(self) -> dict:
+        out = dict(self.raw)
+        out["tables"] = {n: t.to_dict() for n, t in self.tables.items()}
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON (through a temporary file, so a failure leaves no partial profile)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.part")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+
+def _pydantic_problem(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    where = ".".join(str(p) for p in e["loc"]) or "top level"
+    kind = e.get("type", "")
+    if kind == "missing":
+        return f"missing field {where!r}"
+    if kind == "extra_forbidden":
+        return f"unknown field {where!r}"
+    return f"field {where!r}: {e['msg']}"
+
+
+def profile_from_dict(data: Any, source: str = "profile") -> Profile:
+    """Validate a parsed profile. Raises ProfileError naming the first problem."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
+    fmt, version = data.get("format"), data.get("format_version")
+    if fmt != FORMAT:
+        raise ProfileError(f"{source}: not a calibration profile (format {fmt!r}, expected {FORMAT!r})")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise ProfileError(f"{source}: profile format_version {version!r} is not supported (this tool reads "
+                           f"version {FORMAT_VERSION}); re-run `python -m dsocr_core calibrate`")
+    try:
+        model = _Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(f"{source}: invalid profile: {_pydantic_problem(exc)}") from None
+    for key in ("flops_per_s", "bytes_per_s"):
+        v = getattr(model.ceilings, key)
+        if not (math.isfinite(v) and v > 0):
+            raise ProfileError(f"{source}: ceilings.{key} must be a positive number, got {v}")
+    for key in LAUNCH_KEYS:
+        v = getattr(model.launch, key)
+        if not (math.isfinite(v) and v >= 0):
+            raise ProfileError(f"{source}: launch.{key} must be a non-negative number, got {v}")
+    if model.derived != (model.derivation is not None):
+        raise ProfileError(f"{source}: 'derived' is {model.derived} but 'derivation' is "
+                           f"{'absent' if model.derivation is None else 'present'}")
+    if not any(n.startswith("gemm.") for n in model.tables):
+        raise ProfileError(f"{source}: the profile has no GEMM table")
+    tables = {}
+    for name, t in model.tables.items():
+        try:
+            tables[name] = _table_from(name, t)
+        except ProfileError as exc:
+            raise ProfileError(f"{source}: {exc}") from None
+    raw = model.model_dump(mode="json")
+    raw["tables"] = {}  # the Table objects hold them
+    return Profile(raw, tables, source if source != "profile" else None)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file. Raises ProfileError (a missing file, a truncated or malformed file,
+    another format version: the message names the problem)."""
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"no calibration profile at {path}")
+    if path.is_dir():
+        raise ProfileError(f"{path} is a folder, not a calibration profile")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path} is not a text (JSON) file") from None
+    if not text.strip():
+        raise ProfileError(f"{path} is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        end = exc.pos >= len(text.rstrip())
+        why = "truncated (the JSON ends early)" if end else f"not valid JSON ({exc.msg} at line {exc.lineno})"
+        raise ProfileError(f"{path} is {why}") from None
+    prof = profile_from_dict(data, str(path))
+    return Profile(prof.raw, prof.tables, str(path))
+
+
+def build_profile(*, device: dict, environment: dict, versions: dict, ceilings: dict, launch: dict,
+                  tables: dict[str, dict], calibration: dict, created: str, derived: bool = False,
+                  derivation: dict | None = None) -> Profile:
+    """A profile from its parts, validated as a file would be."""
+    data = {"format": FORMAT, "format_version": FORMAT_VERSION, "created": created, "device": device,
+            "environment": environment, "versions": versions, "ceilings": ceilings, "launch": launch,
+            "tables": tables, "calibration": calibration, "derived": derived, "derivation": derivation}
+    return profile_from_dict(json.loads(json.dumps(data, default=_jsonable)))
+
+
+def _jsonable(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return str(v)
+
+
+def uniform_profile(peak_flops: float, bandwidth: float, efficiency: float = 1.0, launch: float = 0.0,
+                    name: str = "uniform", kind: str = "cpu") -> Profile:
+    """A profile with every table at one efficiency and every launch cost equal to `launch` (tests, and the
+    'roofline' reading of the time model: efficiency 1 and no launch cost give the roofline exactly). `kind`
+    "cuda" gives the fast mode its CUDA graphs and fused batch-1 decode step, "cpu" runs it eagerly."""
+    e = float(efficiency)
+    tables = {}
+    for dt in DTYPE_BYTES:
+        tables[f"gemm.{dt}"] = {"axes": {"m": [1.0], "n": [1.0], "k": [1.0]}, "efficiency": [[[e]]]}
+        tables[f"grouped_gemm.{dt}"] = {"axes": {"tokens": [1.0], "n": [1.0], "k": [1.0]}, "efficiency": [[[e]]],
+                                        "meta": {"experts": 64}}
+    for kind in MEMORY_KINDS:
+        tables[f"memory.{kind}"] = {"axes": {"bytes": [1.0]}, "efficiency": [e]}
+    for impl in ATTENTION_IMPLS:
+        tables[f"attention.{impl}"] = {"axes": {"bh": [1.0], "q": [1.0], "k": [1.0], "d": [1.0]},
+                                       "efficiency": [[[[e]]]]}
+        if impl != "sdpa_bias":
+            tables[f"attention.{impl}.causal"] = {"axes": {"bh": [1.0], "s": [1.0], "d": [1.0]},
+                                                  "efficiency": [[[e]]]}
+    return build_profile(device={"name": name, "kind": kind}, environment={}, versions={},
+                         ceilings={"flops_per_s": peak_flops, "bytes_per_s": bandwidth, "source": "given"},
+                         launch={k: launch for k in LAUNCH_KEYS}, tables=tables,
+                         calibration={"quick": False, "synthetic": True}, created="1970-01-01T00:00:00+00:00")
