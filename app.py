@@ -8,7 +8,8 @@ import streamlit as st
 import ui
 from ui import resources, sidebar
 
-st.set_page_config(page_title="DeepSeek-OCR cost dashboard", page_icon=":material/description:", layout="wide")
+# The icon ships with the app: a Material icon as page_icon makes the browser fetch it from a font CDN.
+st.set_page_config(page_title="DeepSeek-OCR cost dashboard", page_icon=str(resources.PAGE_ICON), layout="wide")
 
 PAGES = [
     st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
@@ -19,6 +20,7 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
+resources.warm_up()  # imports torch in the background once per process: pages without a model never wait for it
 resources.run_store()  # opens the store and imports the bundled reference runs once per process
 settings = sidebar.render()
 with ui.app_context(settings):

@@ -69,9 +69,11 @@ with left:
     st.caption("x: analytic FLOPs per analytic byte; y: analytic FLOPs per measured second.")
 with right:
     limits = ms.limit_long(cmp, point)
-    st.altair_chart(charts.bars(limits, "stage", "value", "time", "ms", "time"), width="stretch")
-    st.caption("Measured time next to the time the stage would take at the roofline limit.")
+    st.altair_chart(charts.bars(limits, "stage", "value", "time", "ms", "time", log_y=True), width="stretch")
+    st.caption("Measured time next to the time the stage would take at the roofline limit; log scale, so the "
+               "short vision stages stay visible beside decode.")
 
+# the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
 st.markdown(summary_markdown(summarize(cmp if point is None else cmp[cmp["point"] == point]),
                              title=f"Analytic vs measured: {ms.md(run['name'])}"))
 with st.expander("Every point and stage"):

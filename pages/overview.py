@@ -9,7 +9,7 @@ settings = ui.page_setup()
 st.title("DeepSeek-OCR inference cost")
 st.markdown(
     """
-What does one DeepSeek-OCR page cost, in which stage, and why? Three views, side by side:
+What does one DeepSeek-OCR page cost, in which stage, and why? Four views:
 
 * **Analytic sweep**: FLOPs, bytes, memory (weights, activations, KV cache) and roofline time of every stage
   (SAM, CLIP, projector, LM prefill, decode) over crop grids, text lengths, batch sizes and decode steps;
@@ -25,6 +25,7 @@ What does one DeepSeek-OCR page cost, in which stage, and why? Three views, side
 
 gpu = settings.gpu
 left, right = st.columns(2)
+below = st.container()  # the parameters chart: drawn before the model panel, which may load the model first
 with left:
     st.subheader("Device")
     if gpu.available:
@@ -47,6 +48,16 @@ with left:
     cols[0].metric("Memory", f"{hw.memory_gb:,.0f} GB")
     cols[1].metric("Ridge point", f"{hw.ridge_intensity:,.0f} FLOP/byte")
     st.caption(settings.hardware_note)
+
+with below:
+    st.subheader("Parameters by group")
+    kind = settings.spec_kind
+    spec = resources.spec_from(kind, settings.model.checkpoint)
+    total, groups = resources.param_frame(spec.model_dump_json())
+    names = {resources.OFFICIAL: "official DeepSeek-OCR dimensions", resources.TINY: "synthetic tiny dimensions",
+             "checkpoint": "the checkpoint's config.json"}
+    st.caption(f"{total:,} parameters ({total / 1e9:.3f} B) with {names[kind]}, counted from the spec.")
+    st.altair_chart(charts.params_bar(groups), width="stretch")
 
 with right:
     st.subheader("Model")
@@ -72,12 +83,3 @@ with right:
         if d.get("engine"):
             with st.expander("Fast engine", expanded=False):
                 st.json(d["engine"])
-
-st.subheader("Parameters by group")
-kind = settings.spec_kind
-spec = resources.spec_from(kind, settings.model.checkpoint)
-total, groups = resources.param_frame(spec.model_dump_json())
-names = {resources.OFFICIAL: "official DeepSeek-OCR dimensions", resources.TINY: "synthetic tiny dimensions",
-         "checkpoint": "the checkpoint's config.json"}
-st.caption(f"{total:,} parameters ({total / 1e9:.3f} B) with {names[kind]}, counted from the spec.")
-st.altair_chart(charts.params_bar(groups), width="stretch")

@@ -6,10 +6,31 @@ import pandas as pd
 
 STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
 STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
+INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens"}  # whole-number x axes
+DASHES = {"datasheet roofline": [8, 4], "calibrated roofline": [2, 3]}  # both analytic lines dashed, told apart
 UNITS = {  # name -> (factor applied to the base unit, axis suffix)
     "FLOPs": (1.0, "FLOPs"), "bytes": (1.0, "bytes"), "GB": (1e-9, "GB"), "ms": (1e3, "ms"), "s": (1.0, "s"),
     "share": (100.0, "%"), "FLOP/s": (1.0, "FLOP/s"),
 }
+
+
+def _finish(chart):
+    """Every chart: legend labels and titles never cut ('at the calib...', 'NVIDIA H200 SXM (datas...')."""
+    return chart.configure_legend(labelLimit=0, titleLimit=0)
+
+
+def _x(field: str, title: str, data: pd.DataFrame, log: bool = False) -> alt.X:
+    """The x channel. Whole-number fields (crop count, batch, steps, lengths) get whole-number ticks, and a single
+    value gets a domain around it (Vega would otherwise tick 9.9, 10.0, ... and print '10.000000')."""
+    scale = alt.Scale(type="log" if log else "linear", zero=False)
+    if field not in INTEGER_FIELDS:
+        return alt.X(f"{field}:Q", title=title, scale=scale)
+    values = pd.to_numeric(data[field], errors="coerce").dropna() if field in data else pd.Series(dtype=float)
+    if values.nunique() == 1:
+        v = float(values.iloc[0])
+        domain = [v / 2, v * 2] if log else [max(v - 1, 0), v + 1]
+        scale = alt.Scale(type="log" if log else "linear", zero=False, domain=domain)
+    return alt.X(f"{field}:Q", title=title, scale=scale, axis=alt.Axis(format="d", tickMinStep=1))
 
 
 def _stage_colour(stages) -> alt.Scale:
@@ -48,7 +69,7 @@ def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colou
         data = data[data["value"] > 0]
     several = data["config"].nunique() > 1 if "config" in data else False
     enc = dict(
-        x=alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(type="log" if log_x else "linear", zero=False)),
+        x=_x(x, x_title, data, log_x),
         y=_y(unit, title, log_y),
         color=alt.Color(f"{colour}:N", title=colour,
                         scale=_stage_colour(data[colour]) if colour == "stage" else alt.Undefined,
@@ -61,7 +82,7 @@ def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colou
     chart = alt.Chart(data).mark_line(point=True).encode(**enc).properties(height=height)
     if several and side_by_side:
         chart = chart.properties(width=320).facet(column=alt.Column("config:N", title=None))
-    return chart.interactive() if not (several and side_by_side) else chart
+    return _finish(chart.interactive() if not (several and side_by_side) else chart)
 
 
 def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
@@ -84,27 +105,31 @@ def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
         tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip(f"{x_field}:Q", format=",.3~g", title="intensity"),
                                                    alt.Tooltip(f"{y_field}:Q", format="~s", title="FLOP/s")],
     )
-    return alt.layer(roof, dots).properties(title=title, height=height).interactive()
+    return _finish(alt.layer(roof, dots).properties(title=title, height=height).interactive())
 
 
 def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str, column: str | None = None,
-         x_title: str | None = None, height: int = 280) -> alt.Chart:
-    """Grouped bars: `x` categories, one bar per `colour` value (xOffset), optional facet columns."""
+         x_title: str | None = None, height: int = 280, log_y: bool = False) -> alt.Chart:
+    """Grouped bars: `x` categories, one bar per `colour` value (xOffset), optional facet columns; `log_y` for
+    values spanning decades (a decode total next to a projector)."""
     factor, suffix = UNITS[unit]
     data = data.copy()
     data[y] = data[y].astype(float) * factor
+    if log_y:
+        data = data[data[y] > 0]
     sort = STAGE_ORDER if x == "stage" else alt.Undefined
     enc = dict(
         x=alt.X(f"{x}:N", title=x_title or x, sort=sort),
         xOffset=alt.XOffset(f"{colour}:N"),
-        y=alt.Y(f"{y}:Q", title=f"{title} ({suffix})", axis=alt.Axis(format=",.4~g")),
+        y=alt.Y(f"{y}:Q", title=f"{title} ({suffix}{', log scale' if log_y else ''})",
+                scale=alt.Scale(type="log") if log_y else alt.Undefined, axis=alt.Axis(format=",.4~g")),
         color=alt.Color(f"{colour}:N", title=colour),
         tooltip=[alt.Tooltip(c) for c in [x, colour, column] if c] + [alt.Tooltip(f"{y}:Q", format=",.4~g")],
     )
     chart = alt.Chart(data).mark_bar().encode(**enc).properties(height=height)
     if column:
         chart = chart.properties(width=300).facet(column=alt.Column(f"{column}:N", title=None))
-    return chart
+    return _finish(chart)
 
 
 def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str, x_title: str,
@@ -121,23 +146,32 @@ def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str
         m, p = m[m["value"] > 0], p[p["value"] > 0]
     stages = list(dict.fromkeys([*m.get("stage", []), *p.get("stage", [])]))
     colour = alt.Color("stage:N", scale=_stage_colour(stages), sort=STAGE_ORDER)
-    xs = alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(zero=False))
-    ys = alt.Y("value:Q", title=f"{title} ({UNITS[unit][1]})", scale=alt.Scale(type="log" if log_y else "linear"),
+    xs = _x(x, x_title, m)
+    y_title = f"{title} ({UNITS[unit][1]})"
+    ys = alt.Y("value:Q", title=y_title, scale=alt.Scale(type="log" if log_y else "linear"),
                axis=alt.Axis(format=",.4~g"))
     tips = [c for c in ["run", "stage", "grid", "mode", "sequence", "batch", "decode_steps", "source"] if c in m]
     layers = []
     if not p.empty:
-        layers.append(alt.Chart(p).mark_line(strokeDash=[6, 3]).encode(
+        sources = [s for s in DASHES if s in set(p["source"])]
+        layers.append(alt.Chart(p).mark_line().encode(
             x=xs, y=ys, color=colour, detail="source:N",
-            strokeDash=alt.StrokeDash("source:N", title="analytic"),
+            strokeDash=alt.StrokeDash("source:N", title="analytic",
+                                      scale=alt.Scale(domain=sources, range=[DASHES[s] for s in sources])),
             tooltip=[alt.Tooltip(c) for c in ["run", "stage", "source"] if c in p]
             + [alt.Tooltip("value:Q", format=",.4~g")]))
     if "low" in m and m["low"].notna().any():
-        layers.append(alt.Chart(m).mark_rule().encode(x=xs, y="low:Q", y2="high:Q", color=colour))
+        spread = m.dropna(subset=["low", "high"])
+        spread = spread[(spread["low"] > 0) | (not log_y)]
+        layers.append(alt.Chart(spread).mark_rule(strokeWidth=2).encode(
+            x=xs, y=alt.Y("low:Q", title=y_title), y2="high:Q", color=colour))
+    spread = [alt.Tooltip(f"{c}:Q", format=",.4~g", title=f"{n} {unit}") for c, n in (("low", "p10"), ("high", "p90"))
+              if c in m and m[c].notna().any()]
     layers.append(alt.Chart(m).mark_point(filled=True, size=70).encode(
         x=xs, y=ys, color=colour, shape=alt.Shape("run:N", title="measured run") if "run" in m else alt.Undefined,
-        tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip("value:Q", format=",.4~g", title=f"measured {unit}")]))
-    return alt.layer(*layers).properties(height=340).interactive()
+        tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip("value:Q", format=",.4~g", title=f"measured {unit}")]
+        + spread))
+    return _finish(alt.layer(*layers).properties(height=340).interactive())
 
 
 def params_bar(data: pd.DataFrame) -> alt.Chart:
@@ -145,4 +179,4 @@ def params_bar(data: pd.DataFrame) -> alt.Chart:
         x=alt.X("parameters:Q", title="parameters", axis=alt.Axis(format="~s")),
         y=alt.Y("group:N", sort="-x", title=None, axis=alt.Axis(labelOverlap=False)),
         tooltip=["group", alt.Tooltip("parameters:Q", format=",")],
-    ).properties(height=22 * len(data) + 20)
+    ).properties(height=22 * len(data) + 20)  # no legend: nothing to finish

@@ -11,8 +11,6 @@ from pathlib import Path
 
 from PIL import Image
 
-from dsocr_core.runtime.inputs import ImageError, load_image
-
 MAX_LIST = 200  # values per typed list: the analytic sweep is cheap, the charts are not
 TEXT_SUFFIXES = (".mmd", ".md", ".txt")
 
@@ -76,18 +74,22 @@ class Page:
 
 def read_page(name: str, data: bytes) -> Page:
     """Decode an uploaded page (corrupt, empty, non-image and oversized files raise InputError)."""
+    from dsocr_core.runtime.inputs import ImageError, load_image  # torch: only pages that read images load it
+
     try:
         image = load_image(data)
     except ImageError as exc:
-        raise InputError(f"{name}: {_strip_prefix(str(exc))}") from None
+        raise InputError(f"{name}: {_page_problem(str(exc))}") from None
     return Page(Path(name).stem or "page", image, "upload")
 
 
 def read_sample(path: Path) -> Page:
+    from dsocr_core.runtime.inputs import ImageError, load_image
+
     try:
         return Page(path.stem, load_image(path), "sample", path)
     except ImageError as exc:
-        raise InputError(f"{path.name}: {_strip_prefix(str(exc))}") from None
+        raise InputError(f"{path.name}: {_page_problem(str(exc))}") from None
 
 
 def read_text(name: str, data: bytes) -> str:
@@ -106,3 +108,26 @@ def read_text(name: str, data: bytes) -> str:
 def _strip_prefix(message: str) -> str:
     """load_image names bytes sources 'image data (N bytes)'; the page already names the file."""
     return re.sub(r"^image data \(\d+ bytes\): ", "", message)
+
+
+def pixel_limit_message(pixels: int, size: tuple[int, int] | None = None) -> str:
+    """The one message for a page over the pixel limit, whatever refused it (our size check, or Pillow's own
+    decompression-bomb check, which fires first above its 89,478,485-pixel default with a different text)."""
+    from dsocr_core.runtime.inputs import MAX_PIXELS
+
+    dims = f"{size[0]:,} x {size[1]:,} = " if size else ""
+    return (f"{dims}{pixels / 1e6:,.0f} megapixels is over the {MAX_PIXELS / 1e6:,.0f}-megapixel limit for a page "
+            "image (refused before decoding, as a possible decompression bomb); downscale the page")
+
+
+def _page_problem(message: str) -> str:
+    """load_image's message for the page, with every 'too many pixels' refusal worded the same way."""
+    message = _strip_prefix(message)
+    ours = re.search(r"(\d+)x(\d+) = [\d.]+ MP exceeds", message)
+    if ours:
+        w, h = int(ours.group(1)), int(ours.group(2))
+        return pixel_limit_message(w * h, (w, h))
+    pillow = re.search(r"Image size \((\d+) pixels\) exceeds limit", message)
+    if pillow:
+        return pixel_limit_message(int(pillow.group(1)))
+    return message

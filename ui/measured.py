@@ -57,8 +57,19 @@ def flag_notes(run: dict) -> list[str]:
     return notes
 
 
+SPREAD_STAGES = ("vision", "prefill", "decode")  # the point table shows their p10-p90 spread
+
+
+def spread_text(low, high) -> str | None:
+    """'181 - 1,682' (ms), or None where the point has no spread (one repeat, or not measured)."""
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return None
+    return f"{low:,.4g} - {high:,.4g}"
+
+
 def point_table(points: pd.DataFrame) -> pd.DataFrame:
-    """One row per point: its workload, status (done / oom / error) and message, and each stage's median in ms."""
+    """One row per point: its workload, status (done / oom / error) and message, each stage's median in ms, the
+    p10-p90 spread of the main stages and the number of timed repeats."""
     if points.empty:
         return pd.DataFrame(columns=["status", "mode", "grid", "text_tokens", "batch", "decode_steps", "sequence",
                                      "message"])
@@ -72,9 +83,16 @@ def point_table(points: pd.DataFrame) -> pd.DataFrame:
     staged = points[points["stage"].notna()]
     if not staged.empty:
         ms = staged.pivot(index="point_id", columns="stage", values="median_s") * 1e3
+        lo = staged.pivot(index="point_id", columns="stage", values="p10_s") * 1e3
+        hi = staged.pivot(index="point_id", columns="stage", values="p90_s") * 1e3
+        reps = staged.pivot(index="point_id", columns="stage", values="repeats")
         for s in TIME_STAGES:
             if s in ms:
                 out[f"{s} ms"] = ms[s].reindex(out.index)
+                if s in SPREAD_STAGES:
+                    out[f"{s} p10-p90 ms"] = [spread_text(a, b) for a, b in
+                                              zip(lo[s].reindex(out.index), hi[s].reindex(out.index))]
+        out["repeats"] = reps.max(axis=1).reindex(out.index)
     out["message"] = base["message"]
     out["updated"] = base["updated_at"]
     return out.reset_index(drop=True)
@@ -101,6 +119,8 @@ def overlay_frames(cmp: pd.DataFrame, run_name: str, stages: list[str], x: str) 
     base = list(dict.fromkeys(b for b in base if b in c))
     measured = c[base].copy()
     measured["value"] = c["measured_s"].astype(float)
+    for col, name in (("p10_s", "low"), ("p90_s", "high")):  # the spread of the timed repeats
+        measured[name] = pd.to_numeric(c[col], errors="coerce") if col in c else float("nan")
     measured["run"] = run_name
     lines = []
     for source in ("datasheet", "calibrated"):

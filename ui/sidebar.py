@@ -11,7 +11,6 @@ from pathlib import Path
 import streamlit as st
 
 from dsocr_core.hardware import PRESETS
-from dsocr_core.runtime.session import SESSION_MODES
 from dsocr_core.spec import Hardware, ModelSpec, SpecError
 
 from . import resources
@@ -24,6 +23,9 @@ SOURCES = {
     "checkpoint": "Local checkpoint folder",
 }
 DTYPES = {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16", "float16", "float32"]}
+# dsocr_core.runtime.engine.SESSION_MODES, spelled out so the sidebar (drawn on every page) never imports torch;
+# tests/test_app_pages.py checks the two agree
+SESSION_MODES = ("reference", "fast")
 MODE_NAMES = {"reference": "Reference", "fast": "Fast"}
 MODE_HELP = ("Reference: the plain PyTorch model with HF generate() semantics. Fast: the fast engine (static KV "
              "cache, CUDA graphs, fused Triton decode kernels); it needs a CUDA GPU. Both give the same greedy "

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
-from dsocr_core.measure import sweep as measure
 from dsocr_core.spec import Workload
 
 from . import resources
@@ -41,6 +40,27 @@ class SweepJob:
     finished_at: float | None = None
     error: str | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    weights: list[float] | None = None  # relative cost of each point (analytic time x passes), for the ETA
+    last_done: float | None = None  # when the last point (or page) finished
+
+    def done_one(self, status: str) -> None:
+        self.statuses[status] += 1
+        self.handled += 1
+        self.last_done = time.time()
+
+    def eta_s(self) -> float | None:
+        """Seconds left while running: the time the finished points took, scaled by the analytic cost of the
+        points left over that of the points done (by their count where the weights are unknown), less the time
+        the current point has already run. None before the first point finishes."""
+        if not self.running or not self.handled or self.last_done is None:
+            return None
+        done_time = self.last_done - self.started
+        w = self.weights
+        if w and len(w) == self.total and sum(w[:self.handled]) > 0:
+            left = done_time * sum(w[self.handled:]) / sum(w[:self.handled])
+        else:
+            left = done_time * (self.total - self.handled) / self.handled
+        return max(left - (time.time() - self.last_done), 0.0)
 
     @property
     def running(self) -> bool:
@@ -59,11 +79,23 @@ class SweepJob:
         state = ("running" if self.running else "stopped" if self.stopped else "failed" if self.error
                  else "finished")
         unit = "pages" if self.kind == "dataset" else "points"
-        return f"{state}: {self.handled}/{self.total} {unit} ({counts}) in {self.elapsed:.0f} s"
+        eta = self.eta_s()
+        left = "" if eta is None or not self.running else f", about {duration(eta)} left"
+        return f"{state}: {self.handled}/{self.total} {unit} ({counts}) in {duration(self.elapsed)}{left}"
 
     @property
     def elapsed(self) -> float:
         return (self.finished_at or time.time()) - self.started
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '12 min 5 s', '3 h 20 min'."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 def describe(w: Workload) -> str:
@@ -84,10 +116,11 @@ class SweepRunner:
         return self.job is not None and self.job.running
 
     def start(self, session, store, workloads: list[Workload], *, name: str, label: str, repeats: int,
-              warmup: int) -> SweepJob:
-        """A measured sweep of `workloads` in the background."""
+              warmup: int, weights: list[float] | None = None) -> SweepJob:
+        """A measured sweep of `workloads` in the background (`weights`: each point's relative cost, for the
+        ETA)."""
         job = SweepJob(name=name, label=label, total=len(workloads), store=store,
-                       session_mode=session.session_mode)
+                       session_mode=session.session_mode, weights=weights)
         return self._start(job, self._run, (job, session, store, list(workloads), repeats, warmup))
 
     def start_dataset(self, session, store, run_id: str, samples: list, settings, *, name: str,
@@ -117,12 +150,13 @@ class SweepRunner:
 
     @staticmethod
     def _run(job: SweepJob, session, store, workloads: list[Workload], repeats: int, warmup: int) -> None:
+        from dsocr_core.measure import sweep as measure
+
         lock = resources.gpu_lock()
         meta = {"started_from": "dashboard", "model_label": job.label, "session_mode": job.session_mode}
 
         def progress(_i, _n, _w, status):
-            job.statuses[status] += 1
-            job.handled += 1
+            job.done_one(status)
 
         try:
             for w in workloads:
@@ -147,8 +181,7 @@ class SweepRunner:
         from dsocr_core.measure import dataset_run
 
         def progress(_i, _n, sample, status):
-            job.statuses[status] += 1
-            job.handled += 1
+            job.done_one(status)
             job.current = f"last page: {sample.label} ({status})"
 
         try:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 
-from ..analytic import stage_totals
+from ..analytic import Points, evaluate
 from ..hardware import run_ceilings
 from ..spec import Hardware, ModelSpec, Workload
 from .store import RunStore
@@ -29,14 +30,41 @@ def point_workload(row: pd.Series) -> Workload:
                     logits=row["logits"])
 
 
-def _analytic_stage(spec: ModelSpec, w: Workload, stage: str, hw: Hardware | None) -> dict:
-    """Analytic figures of one stage; decode_step is the decode total spread evenly over the steps."""
-    totals = stage_totals(spec, w, hw)
-    if stage != "decode_step":
-        return totals[stage]
-    k = max(w.decode_steps, 1)
-    return {m: (v / k if isinstance(v, (int, float)) and m not in ("intensity",) else v)
-            for m, v in totals["decode"].items()}
+def _per_point(stages: dict, n: int, i: int) -> dict[str, dict]:
+    """Point i of evaluate()'s {stage: {metric: array over n points}} as plain numbers (like stage_totals)."""
+    def scalar(v):
+        a = np.asarray(v)
+        x = a.reshape(n, *a.shape[1:])[i] if a.size == n else a.reshape(-1)[0]
+        return x.item() if hasattr(x, "item") else x
+
+    return {s: {m: scalar(v) for m, v in d.items()} for s, d in stages.items()}
+
+
+def workload_stage_totals(spec: ModelSpec, workloads: list[Workload], hw: Hardware | None) -> list[dict]:
+    """stage_totals of every workload, evaluated vectorised: one Points (and one evaluate call) per group of
+    workloads sharing mode, dtype, attention, logits and crop range; the same numbers as stage_totals per
+    workload, plus "decode_step" (the decode total spread evenly over the steps)."""
+    out: list[dict | None] = [None] * len(workloads)
+    groups: dict[tuple, list[int]] = {}
+    for i, w in enumerate(workloads):
+        key = (w.mode, w.dtype, w.attn, w.logits, w.min_crops, w.max_crops, w.crops is not None,
+               w.crops is None and w.image_size is not None)
+        groups.setdefault(key, []).append(i)
+    for (mode, dtype, attn, logits, lo, hi, has_crops, has_image), idx in groups.items():
+        ws = [workloads[i] for i in idx]
+        pts = Points.build(mode=mode, crops=np.array([w.crops for w in ws]) if has_crops else None,
+                           image=np.array([w.image_size for w in ws]) if has_image else None,
+                           text_tokens=np.array([w.text_tokens for w in ws]), batch=np.array([w.batch for w in ws]),
+                           decode_steps=np.array([w.decode_steps for w in ws]), min_crops=lo, max_crops=hi,
+                           dtype=dtype, attn=attn, logits=logits)
+        stages = evaluate(spec, pts, hw)
+        for j, i in enumerate(idx):
+            totals = _per_point(stages, len(ws), j)
+            k = max(ws[j].decode_steps, 1)
+            totals["decode_step"] = {m: (v / k if isinstance(v, (int, float)) and m != "intensity" else v)
+                                     for m, v in totals["decode"].items()}
+            out[i] = totals
+    return out
 
 
 def _rel(a: float | None, b: float | None) -> float | None:
@@ -56,21 +84,27 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     datasheet, calibrated = datasheet or ds_default, calibrated or cal_default
     pts = store.points(run_id)
     pts = pts[(pts.status == "done") & pts.stage.isin(COMPARED_STAGES)]
-    rows, cache = [], {}
+    firsts = pts.drop_duplicates("key")
+    workloads = {k: point_workload(p) for k, (_, p) in zip(firsts["key"], firsts.iterrows())}
+    keys = list(workloads)
+    ws = [workloads[k] for k in keys]
+    on_ds = dict(zip(keys, workload_stage_totals(spec, ws, datasheet)))
+    on_cal = dict(zip(keys, workload_stage_totals(spec, ws, calibrated))) if calibrated else {}
+    rows = []
     for _, p in pts.iterrows():
-        w = point_workload(p)
-        key = (p["key"], p["stage"])
-        if key not in cache:
-            cache[key] = (_analytic_stage(spec, w, p["stage"], datasheet),
-                          _analytic_stage(spec, w, p["stage"], calibrated) if calibrated else None)
-        a_ds, a_cal = cache[key]
+        w = workloads[p["key"]]
+        a_ds = on_ds[p["key"]][p["stage"]]
+        a_cal = on_cal[p["key"]][p["stage"]] if calibrated else None
         t = float(p.median_s)
         measured_flops = None if pd.isna(p.flops) else float(p.flops)
+        p10 = None if pd.isna(p.p10_s) else float(p.p10_s)
+        p90 = None if pd.isna(p.p90_s) else float(p.p90_s)
         row = {
             "point": p["key"], "mode": w.mode, "grid": "x".join(map(str, w.crops or (1, 1))),
             "text_tokens": w.text_tokens, "batch": w.batch, "decode_steps": w.decode_steps,
             "sequence": p["sequence"], "stage": p["stage"],
-            "measured_s": t, "spread_s": float(p.p90_s - p.p10_s) if not pd.isna(p.p90_s) else None,
+            "measured_s": t, "p10_s": p10, "p90_s": p90,
+            "spread_s": p90 - p10 if p10 is not None and p90 is not None else None,
             "measured_tensor_flops": measured_flops, "analytic_tensor_flops": a_ds["tensor_flops"],
             "analytic_flops": a_ds["flops"], "analytic_bytes": a_ds["bytes"],
             "flop_rel_diff": _rel(a_ds["tensor_flops"], measured_flops),
@@ -86,51 +120,91 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
             row[f"mbu_{name}"] = a["bytes"] / (hw.bandwidth * t)
             row[f"bound_{name}"] = a["bound"]
             row[f"limit_{name}_s"] = a["time_s"]  # the stage's time at the hardware limit (roofline)
-        row["flagged"] = any(v is not None and abs(v) > FLAG_THRESHOLD
-                             for v in (row["flop_rel_diff"], row.get("time_err_calibrated")))
+        # flagged: the FLOP count or the time error against the run's main ceilings (calibrated, else datasheet)
+        main = row["time_err_calibrated"] if row["time_err_calibrated"] is not None else row["time_err_datasheet"]
+        row["flagged"] = any(v is not None and abs(v) > FLAG_THRESHOLD for v in (row["flop_rel_diff"], main))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+PEAKS = ("datasheet", "calibrated")
+
+
 def summarize(df: pd.DataFrame) -> dict:
-    """Per stage: points, max |FLOP diff|, median and max |calibrated time error|, median MFU/MBU, flags."""
+    """Per stage: points, max |FLOP diff|, and for each ceiling (datasheet, calibrated): median and max |time
+    error|, median MFU and MBU (the numbers the MFU chart draws: medians over the points) and how many points are
+    flagged (|FLOP diff| or |time error| against that ceiling over 10%). A ceiling the frame has no figures for
+    gives None. `flagged` repeats the count of the run's main ceilings (calibrated, else datasheet)."""
     out = {}
     if df.empty:
         return out
     for stage, g in df.groupby("stage", sort=False):
         def col(name):
-            return g[name].dropna().astype(float) if name in g else pd.Series(dtype=float)
+            return pd.to_numeric(g[name], errors="coerce").dropna() if name in g else pd.Series(dtype=float)
 
-        fd, te, ted = col("flop_rel_diff").abs(), col("time_err_calibrated").abs(), col("time_err_datasheet").abs()
-        out[stage] = {
-            "points": int(len(g)),
-            "flop_diff_max": float(fd.max()) if len(fd) else None,
-            "time_err_calibrated_median": float(te.median()) if len(te) else None,
-            "time_err_calibrated_max": float(te.max()) if len(te) else None,
-            "time_err_datasheet_median": float(ted.median()) if len(ted) else None,
-            "mfu_calibrated_median": float(col("mfu_calibrated").median()) if len(col("mfu_calibrated")) else None,
-            "mbu_calibrated_median": float(col("mbu_calibrated").median()) if len(col("mbu_calibrated")) else None,
-            "mfu_datasheet_median": float(col("mfu_datasheet").median()) if len(col("mfu_datasheet")) else None,
-            "mbu_datasheet_median": float(col("mbu_datasheet").median()) if len(col("mbu_datasheet")) else None,
-            "flagged": int(g["flagged"].sum()),
-        }
+        def med(name):
+            v = col(name)
+            return float(v.median()) if len(v) else None
+
+        fd = col("flop_rel_diff").abs()
+        flop_bad = (pd.to_numeric(g["flop_rel_diff"], errors="coerce").abs() > FLAG_THRESHOLD
+                    if "flop_rel_diff" in g else pd.Series(False, index=g.index))
+        s = {"points": int(len(g)), "flop_diff_max": float(fd.max()) if len(fd) else None}
+        for peak in PEAKS:
+            te = col(f"time_err_{peak}").abs()
+            s[f"time_err_{peak}_median"] = float(te.median()) if len(te) else None
+            s[f"time_err_{peak}_max"] = float(te.max()) if len(te) else None
+            s[f"mfu_{peak}_median"] = med(f"mfu_{peak}")
+            s[f"mbu_{peak}_median"] = med(f"mbu_{peak}")
+            if len(te):
+                err = pd.to_numeric(g[f"time_err_{peak}"], errors="coerce").abs()
+                s[f"flagged_{peak}"] = int(((err > FLAG_THRESHOLD) | flop_bad).sum())
+            else:
+                s[f"flagged_{peak}"] = None
+        main = "calibrated" if s["flagged_calibrated"] is not None else "datasheet"
+        s["flagged"] = s[f"flagged_{main}"] if s[f"flagged_{main}"] is not None else int(flop_bad.sum())
+        out[stage] = s
     return out
 
 
-def summary_markdown(summary: dict, title: str = "Analytic vs measured") -> str:
-    """The summary as a markdown table."""
-    def pct(v):
-        return "n/a" if v is None else f"{100 * v:.1f}%"
+def pct(v: float | None) -> str:
+    """A share as a percentage with the digits small values need: 0.5 -> '50.0%', 0.00012 -> '0.012%'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    x = 100 * v
+    if x == 0:
+        return "0%"
+    return f"{x:.1f}%" if abs(x) >= 1 else f"{x:.2g}%"
 
-    lines = [f"### {title}", "",
-             "| stage | points | max FLOP diff | median / max time error (calibrated) | median time error "
-             "(datasheet) | median MFU | median MBU | flagged > 10% |",
-             "|---|---|---|---|---|---|---|---|"]
+
+def summary_peaks(summary: dict) -> list[str]:
+    """The ceilings (datasheet, calibrated) the summary has figures for."""
+    return [p for p in PEAKS if any(s.get(f"time_err_{p}_median") is not None for s in summary.values())]
+
+
+def summary_markdown(summary: dict, title: str = "Analytic vs measured") -> str:
+    """The summary as a markdown table: one group of columns (time error, MFU, MBU, flagged) per ceiling that
+    has figures, so a run compared only against datasheet ceilings shows those, never 'n/a' columns."""
+    peaks = summary_peaks(summary)
+    head = ["stage", "points", "max FLOP diff"]
+    for p in peaks:
+        head += [f"time error, median / max ({p})", f"median MFU ({p})", f"median MBU ({p})",
+                 f"flagged > 10% ({p})"]
+    if not peaks:
+        head.append("flagged > 10% (FLOPs)")
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for stage, s in summary.items():
-        lines.append(f"| {stage} | {s['points']} | {pct(s['flop_diff_max'])} | "
-                     f"{pct(s['time_err_calibrated_median'])} / {pct(s['time_err_calibrated_max'])} | "
-                     f"{pct(s['time_err_datasheet_median'])} | {pct(s['mfu_calibrated_median'])} | "
-                     f"{pct(s['mbu_calibrated_median'])} | {s['flagged']} |")
+        cells = [stage, str(s["points"]), pct(s["flop_diff_max"])]
+        for p in peaks:
+            flagged = s.get(f"flagged_{p}")
+            cells += [f"{pct(s[f'time_err_{p}_median'])} / {pct(s[f'time_err_{p}_max'])}",
+                      pct(s[f"mfu_{p}_median"]), pct(s[f"mbu_{p}_median"]), "n/a" if flagged is None else str(flagged)]
+        if not peaks:
+            cells.append(str(s["flagged"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    if peaks:
+        lines += ["", f"Flagged: points where the FLOP count or the roofline time differs from the measurement by "
+                  f"more than {FLAG_THRESHOLD:.0%}, counted against each ceiling."]
     return "\n".join(lines) + "\n"
 
 

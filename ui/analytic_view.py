@@ -1,0 +1,222 @@
+"""The tabs of the analytic page. The page builds the configurations and their sweep frames (`View`); each tab
+here draws one view of them. Only the open tab runs (st.tabs with on_change="rerun"), so a page switch or a
+changed setting draws one tab's charts, not nine.
+
+Tables on screen are in engineering units (GFLOP, GB, MB, ms, TFLOP/s); the downloads keep SI base units."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dsocr_core.spec import SpecError
+
+from . import analytic as an
+from . import charts, resources
+
+TABS = ["FLOPs", "Bytes", "Memory", "Time", "Roofline", "Per module", "Capacity", "Image shapes", "Download"]
+
+
+@dataclass
+class View:
+    configs: list  # [(SweepRequest, Hardware)]
+    frames: list[pd.DataFrame]  # one sweep frame per configuration
+    spec_json: str
+    spec_label: str
+    axis: str
+    x: str
+    x_title: str
+    log_y: bool
+    side: bool  # side by side (else overlaid)
+
+    @property
+    def both(self) -> pd.DataFrame:
+        return pd.concat(self.frames, ignore_index=True)
+
+    def point_labels(self) -> list[str]:
+        name = self.x_title.split(" (")[0]
+        f = self.frames[0]
+        tiles = self.axis in ("crops", "image")
+        return [f"{name} = {v}" + (f" ({g})" if tiles else "") for v, g in zip(f[self.x], f["grid"])]
+
+    def point_slider(self, key: str) -> int:
+        n = len(self.frames[0])
+        labels = self.point_labels()
+        return st.select_slider("Sweep point", options=list(range(n)), format_func=labels.__getitem__, key=key,
+                                value=min(n - 1, n // 2))
+
+
+# ------------------------------------------------------------------------------------------- units on screen
+def _sig(values: pd.Series, digits: int = 4) -> pd.Series:
+    """Rounded to `digits` significant digits (what a reader compares; the downloads keep every digit)."""
+    v = pd.to_numeric(values, errors="coerce").astype(float)
+    mag = np.floor(np.log10(np.abs(v.where(v != 0, 1.0))))
+    return (v / 10 ** (mag - digits + 1)).round() * 10 ** (mag - digits + 1)
+
+
+def in_units(df: pd.DataFrame, units: dict[str, tuple[str, float]]) -> pd.DataFrame:
+    """Columns renamed to carry their unit and scaled to it: {column: (new name, factor)}; others unchanged."""
+    out = df.copy()
+    for col, (name, factor) in units.items():
+        if col in out:
+            out[col] = _sig(out[col].astype(float) * factor)
+    return out.rename(columns={c: n for c, (n, _) in units.items() if c in out})
+
+
+ROOFLINE_UNITS = {"intensity": ("intensity (FLOP/byte)", 1.0), "flops_per_s": ("achieved TFLOP/s", 1e-12),
+                  "time_s": ("time (ms)", 1e3), "flops": ("GFLOP", 1e-9), "bytes": ("GB", 1e-9)}
+
+
+def module_units(columns) -> dict[str, tuple[str, float]]:
+    """FLOP counts in GFLOP, bytes and memory in MB, seconds in ms, intensity in FLOP/byte."""
+    units = {}
+    for c in columns:
+        if c.endswith("flops") or c.endswith("flops_causal"):
+            units[c] = (c.replace("flops", "GFLOP"), 1e-9)
+        elif c.endswith("bytes") or c.endswith("memory"):
+            units[c] = (f"{c} (MB)", 1e-6)
+        elif c.endswith("_s"):
+            units[c] = (f"{c[:-2]} (ms)", 1e3)
+        elif c == "intensity":
+            units[c] = ("intensity (FLOP/byte)", 1.0)
+    return units
+
+
+# ------------------------------------------------------------------------------------------- tabs
+def draw(tab: str, v: View) -> None:
+    {"FLOPs": _flops, "Bytes": _bytes, "Memory": _memory, "Time": _time, "Roofline": _roofline,
+     "Per module": _modules, "Capacity": _capacity, "Image shapes": _shapes, "Download": _download}[tab](v)
+
+
+def _flops(v: View) -> None:
+    st.altair_chart(charts.lines(an.stage_long(v.both, "flops", v.x), v.x, v.x_title, "FLOPs", "FLOPs per stage",
+                                 log_y=v.log_y, side_by_side=v.side), width="stretch")
+    st.caption("Decode is summed over all decode steps; vision stages over the global view and every tile.")
+
+
+def _bytes(v: View) -> None:
+    st.altair_chart(charts.lines(an.stage_long(v.both, "bytes", v.x), v.x, v.x_title, "bytes",
+                                 "DRAM traffic per stage", log_y=v.log_y, side_by_side=v.side), width="stretch")
+    st.altair_chart(charts.lines(an.component_long(v.both, an.TRAFFIC, v.x), v.x, v.x_title, "bytes",
+                                 "traffic of the whole request by kind", colour="component", log_y=v.log_y,
+                                 side_by_side=v.side), width="stretch")
+
+
+def _memory(v: View) -> None:
+    st.altair_chart(charts.lines(an.component_long(v.both, an.MEMORY, v.x), v.x, v.x_title, "GB",
+                                 "resident memory at the peak", colour="component", log_y=v.log_y,
+                                 side_by_side=v.side), width="stretch")
+    st.caption("Weights of all stages, the KV cache after the last decode step, and the largest live activation "
+               "set of any one module.")
+
+
+def _time(v: View) -> None:
+    st.altair_chart(charts.lines(an.stage_long(v.both, "time_s", v.x), v.x, v.x_title, "ms",
+                                 "roofline time per stage", log_y=v.log_y, side_by_side=v.side), width="stretch")
+    st.caption("Each module at its own bound: max(FLOPs / peak, bytes / bandwidth), summed per stage.")
+
+
+def _roofline(v: View) -> None:
+    idx = v.point_slider("an_point_roof")
+    pts = pd.concat([an.stage_points(f, min(idx, len(f) - 1)) for f in v.frames], ignore_index=True)
+    hws = list({hw.name: hw for _, hw in v.configs}.values())
+    lo = max(min(pts["intensity"].min(), min(h.ridge_intensity for h in hws)) / 10, 1e-2)
+    hi = max(pts["intensity"].max(), max(h.ridge_intensity for h in hws)) * 10
+    roofs = pd.concat([resources.roof_frame(h.model_dump_json(), lo, hi) for h in hws], ignore_index=True)
+    st.altair_chart(charts.roofline(pts, roofs, "Stages on the roofline"), width="stretch")
+    st.dataframe(in_units(pts, ROOFLINE_UNITS), hide_index=True, width="stretch")
+    st.caption("A stage's FLOP/s is its FLOPs over its modelled time; below the roof where its modules are "
+               "bound differently (each module is timed at its own bound).")
+
+
+def _modules(v: View) -> None:
+    labels = [r.label for r, _ in v.configs]
+    sel = st.selectbox("Configuration", labels, key="an_mod_config")
+    req0, hw0 = v.configs[labels.index(sel)]
+    frame0 = v.frames[labels.index(sel)]
+    idx = min(v.point_slider("an_point_mod"), len(frame0) - 1)
+    workload = req0.workload(frame0.iloc[idx])
+    modules = resources.module_frame(v.spec_json, hw0.model_dump_json(), workload.model_dump_json())
+    stages = list(modules["stage"].unique())
+    chosen = st.multiselect("Stages", stages, default=stages, key="an_mod_stages")
+    shown = modules[modules["stage"].isin(chosen)]
+    st.dataframe(in_units(shown, module_units(shown.columns)), hide_index=True, width="stretch", height=420)
+    st.download_button("Per-module table (CSV, SI units)", modules.to_csv(index=False), "modules.csv", "text/csv",
+                       key="an_dl_modules")
+
+
+def _ms(seconds) -> float:
+    return np.nan if seconds is None else float(seconds) * 1e3
+
+
+def capacity_rows(v: View, idx: int, ttft_target: float, tpot_target_ms: float) -> pd.DataFrame:
+    """What a GPU needs to meet the targets: one row per configuration and target, one time column (on the
+    configuration's own hardware, named in its own column)."""
+    rows = []
+    for (req, hw), frame in zip(v.configs, v.frames):
+        w = req.workload(frame.iloc[min(idx, len(frame) - 1)])
+        need = resources.required_of(v.spec_json, hw.model_dump_json(), w.model_dump_json(),
+                                     ttft_target or None, tpot_target_ms / 1e3 or None)
+        for target, d in need.items():
+            rows.append({"configuration": req.label, "hardware": hw.name, "target": target.upper(),
+                         "target (ms)": d["target_s"] * 1e3, "time (ms)": _ms(d.get("reference_time_s")),
+                         "meets": d.get("meets"), "min TFLOP/s": d["min_tflops"], "min TB/s": d["min_tbs"],
+                         "same-balance GPU TFLOP/s": d.get("scaled_tflops"),
+                         "same-balance GPU TB/s": d.get("scaled_tbs")})
+    out = pd.DataFrame(rows)
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            out[c] = _sig(out[c])
+    return out
+
+
+def _capacity(v: View) -> None:
+    idx = v.point_slider("an_point_cap")
+    t1, t2 = st.columns(2)
+    ttft_target = t1.number_input("TTFT target (s)", min_value=0.0, value=0.5, step=0.1, key="an_ttft")
+    tpot_target = t2.number_input("TPOT target (ms)", min_value=0.0, value=10.0, step=1.0, key="an_tpot")
+    for (req, hw), frame in zip(v.configs, v.frames):
+        w = req.workload(frame.iloc[min(idx, len(frame) - 1)])
+        cap = resources.capacity_of(v.spec_json, hw.model_dump_json(), w.model_dump_json())
+        st.markdown(f"**{req.label}** on {hw.name}")
+        m = st.columns(6)
+        m[0].metric("TTFT", f"{cap['ttft_s'] * 1e3:,.1f} ms")
+        m[1].metric("TPOT", f"{cap['tpot_s'] * 1e3:,.2f} ms")
+        m[2].metric("Request", f"{cap['request_s']:,.2f} s")
+        m[3].metric("Pages / day", f"{cap['pages_per_day']:,.0f}")
+        m[4].metric("Memory", f"{cap['memory_bytes'] / 1e9:,.1f} GB")
+        m[5].metric("Fits", "yes" if cap["fits"] else "no")
+    if ttft_target > 0 or tpot_target > 0:
+        st.markdown("**What a GPU needs to meet the targets**")
+        st.dataframe(capacity_rows(v, idx, ttft_target, tpot_target), hide_index=True, width="stretch",
+                     column_config={"configuration": st.column_config.TextColumn("configuration", width="large"),
+                                    "hardware": st.column_config.TextColumn("hardware", width="medium")})
+        st.caption("time: the configuration on its own hardware. min TFLOP/s and min TB/s are floors (each alone "
+                   "with the other unlimited); the same-balance GPU scales the configuration's hardware until it "
+                   "meets the target.")
+
+
+def _shapes(v: View) -> None:
+    s1, s2 = st.columns([3, 1])
+    lo_c, hi_c = s1.slider("Crop counts", 1, 1000, (1, 30), key="an_shapes_range")
+    vendor_only = s2.checkbox("Vendor HF range only (2..9)", key="an_shapes_vendor")
+    try:
+        shapes = resources.image_shapes(lo_c, hi_c, vendor_only)
+        st.dataframe(shapes, hide_index=True, width="stretch", height=420)
+        st.caption("Gundam mode: for each crop count the most-square grid, the page size that tiles to it "
+                   "exactly, the image slots and the prompt length with the 10-token grounding prompt.")
+    except SpecError as exc:
+        st.error(str(exc))
+
+
+def _download(v: View) -> None:
+    export = an.export_frame(v.frames, v.spec_label)
+    d1, d2 = st.columns(2)
+    d1.download_button("Sweep (CSV)", export.to_csv(index=False), "analytic_sweep.csv", "text/csv",
+                       key="an_dl_csv")
+    d2.download_button("Sweep (JSON)", export.to_json(orient="records"), "analytic_sweep.json",
+                       "application/json", key="an_dl_json")
+    st.caption("Every column in SI base units (FLOPs, bytes, seconds), as downloaded.")
+    st.dataframe(export, hide_index=True, width="stretch", height=300)
