@@ -79,6 +79,9 @@ def analyze(spec: ModelSpec, workload: Workload, hardware: Hardware | None = Non
     if hardware is not None:
         out["hardware"] = hardware.model_dump(mode="json")
         out["capacity"] = capacity_summary(spec, workload, hardware)
+        pred = getattr(hardware, "prediction", None)
+        if pred is not None:  # which profile predicted the times, measured or derived, and any table fallback
+            out["prediction"] = pred.summary()
     if per_module:
         out["modules"] = rows_table(rows, hardware).to_dict(orient="records")
     return out

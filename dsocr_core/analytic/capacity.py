@@ -20,14 +20,15 @@ from .stages import aggregate, decode_step_rows, evaluate
 SECONDS_PER_DAY = 86_400
 
 
-def _tpot_parts(spec: ModelSpec, pts: Points, stages: dict, hw: Hardware | None):
-    """(time_s, flops, bytes) of one mean decode step per point."""
+def _tpot_parts(spec: ModelSpec, pts: Points, stages: dict, hw: Hardware | None, key: str = "time_s"):
+    """(time, flops, bytes) of one mean decode step per point; `key` names the time (time_s, or predicted_s
+    when the hardware carries a calibration profile)."""
     steps = pts.decode_steps.astype(float)
     dec = stages["decode"]
     single = aggregate(decode_step_rows(spec, pts, pts.sequence.astype(float)), (pts.size,), hw)["decode"]
     live = steps > 0
-    per = lambda key: np.where(live, dec[key] / np.maximum(steps, 1), single[key])  # noqa: E731
-    return (per("time_s") if hw is not None else None), per("flops"), per("bytes")
+    per = lambda k: np.where(live, dec[k] / np.maximum(steps, 1), single[k])  # noqa: E731
+    return (per(key) if hw is not None else None), per("flops"), per("bytes")
 
 
 def capacity(spec: ModelSpec, pts: Points, hardware: Hardware, stages: dict | None = None) -> dict[str, np.ndarray]:
@@ -40,13 +41,21 @@ def capacity(spec: ModelSpec, pts: Points, hardware: Hardware, stages: dict | No
     request = ttft + steps * tpot  # first token, then N steps
     tot = stages["total"]
     memory = tot["weight_memory"] + tot["kv_cache_memory"] + tot["peak_activation_memory"]  # resident at the peak
-    return {
+    out = {
         "ttft_s": ttft, "tpot_s": tpot, "request_s": request,
         "pages_per_s": b / request,  # B pages per request time, one GPU
         "pages_per_day": b / request * SECONDS_PER_DAY,
         "output_tokens_per_s": np.where(request > 0, b * steps / request, 0.0),
         "memory_bytes": memory, "fits": memory <= hardware.memory_gb * 1e9,
     }
+    if "predicted_s" in stages["decode"]:  # the time model's figures beside the roofline's bounds
+        p_ttft = stages["vision"]["predicted_s"] + stages["prefill"]["predicted_s"]
+        p_tpot, _, _ = _tpot_parts(spec, pts, stages, hardware, "predicted_s")
+        p_request = p_ttft + steps * p_tpot
+        out |= {"predicted_ttft_s": p_ttft, "predicted_tpot_s": p_tpot, "predicted_request_s": p_request,
+                "predicted_pages_per_s": b / p_request, "predicted_pages_per_day": b / p_request * SECONDS_PER_DAY,
+                "predicted_output_tokens_per_s": np.where(p_request > 0, b * steps / p_request, 0.0)}
+    return out
 
 
 def required_hardware(spec: ModelSpec, pts: Points, *, ttft_s: float | None = None, tpot_s: float | None = None,

@@ -19,6 +19,11 @@ def sweep_columns(spec: ModelSpec, pts: Points, hardware: Hardware | None = None
     cols = pts.columns() | flat(stages)
     if with_capacity and hardware is not None:
         cols |= {f"capacity.{k}": v for k, v in capacity(spec, pts, hardware, stages).items()}
+    pred = getattr(hardware, "prediction", None)
+    if pred is not None:  # every exported row names the profile, and says when it was derived, not measured
+        cols["predicted.profile"] = np.full(pts.size, pred.profile.label())
+        cols["predicted.derived"] = np.full(pts.size, pred.profile.derived)
+        cols["predicted.session_mode"] = np.full(pts.size, pred.session_mode)
     return cols
 
 

@@ -25,6 +25,9 @@ def _order(path: str) -> int:
 def rows_table(rows: list[Row], hw: Hardware | None = None, point: int = 0) -> pd.DataFrame:
     """Expand rows of a sweep into one record per module path, at sweep point `point` (0 for a single workload).
     Values are per module (a row standing for 8 blocks gives each block its own record)."""
+    from .predict import predictor_for
+
+    pred = predictor_for(hw)
     records = []
     for rank, row in enumerate(rows):
         c = row.cost
@@ -45,6 +48,8 @@ def rows_table(rows: list[Row], hw: Hardware | None = None, point: int = 0) -> p
         if hw is not None:
             cs, ms, ts = (val(x) for x in row.times(hw.peak_flops, hw.bandwidth))
             rec.update(compute_s=cs, memory_s=ms, time_s=ts, bound=bound_of(cs, ms, ts))
+        if pred is not None:  # the time model of the hardware's calibration profile, per module
+            rec.update({k: val(v) for k, v in pred.row(row).items()})
         for path in row.paths:
             records.append({"stage": row.stage, "module": path, "kind": row.kind,
                             "_key": (STAGE_ORDER[row.stage], _order(path), rank), **rec})

@@ -424,8 +424,8 @@ def uniform_profile(peak_flops: float, bandwidth: float, efficiency: float = 1.0
         tables[f"gemm.{dt}"] = {"axes": {"m": [1.0], "n": [1.0], "k": [1.0]}, "efficiency": [[[e]]]}
         tables[f"grouped_gemm.{dt}"] = {"axes": {"tokens": [1.0], "n": [1.0], "k": [1.0]}, "efficiency": [[[e]]],
                                         "meta": {"experts": 64}}
-    for kind in MEMORY_KINDS:
-        tables[f"memory.{kind}"] = {"axes": {"bytes": [1.0]}, "efficiency": [e]}
+    for mem in MEMORY_KINDS:
+        tables[f"memory.{mem}"] = {"axes": {"bytes": [1.0]}, "efficiency": [e]}
     for impl in ATTENTION_IMPLS:
         tables[f"attention.{impl}"] = {"axes": {"bh": [1.0], "q": [1.0], "k": [1.0], "d": [1.0]},
                                        "efficiency": [[[[e]]]]}

@@ -1,0 +1,108 @@
+"""`calibrate`: kernel microbenchmarks into a calibration profile (JSON), or a profile derived for another GPU.
+
+    python -m dsocr_core calibrate --out data/profiles/h200.json                   # GPU, <= 5 minutes
+    python -m dsocr_core calibrate --device cpu --quick --out /tmp/cpu.json         # tiny shapes, seconds
+    python -m dsocr_core calibrate --derive-from h200.json --target h100-sxm --out h100_derived.json
+    python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="kernel microbenchmarks -> calibration profile (time model)",
+                       description="Measure GEMM, memory-bound, attention and grouped-expert kernels over shape "
+                                   "grids and the per-launch costs, and write a calibration profile that "
+                                   "`analytic --profile` predicts stage times from. Or derive a profile for "
+                                   "another GPU from a measured one (labelled as derived wherever it is used).")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    p.add_argument("--quick", action="store_true", help="tiny shape grids (smoke test; not for predictions)")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="time budget in seconds (default 300); shapes left when it runs out are filled from "
+                        "their nearest measured neighbour and counted in the profile")
+    p.add_argument("--tables", help="comma-separated table names to measure (default all)")
+    p.add_argument("--out", help="profile file to write (.json)")
+    p.add_argument("--derive-from", help="a measured profile to derive a profile for --target from")
+    p.add_argument("--target", help="GPU preset or device name the derived profile is for (e.g. h100-sxm)")
+    p.add_argument("--source-hardware", help="datasheet preset of the source profile's GPU, when its name "
+                                             "matches no preset")
+    p.add_argument("--show", metavar="FILE", help="print a summary of a profile and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _summary(prof) -> str:
+    cal = prof.raw["calibration"]
+    lines = [prof.label(), f"  ceilings: {prof.peak_flops / 1e12:.4g} TFLOP/s, {prof.bandwidth / 1e12:.4g} TB/s "
+                           f"({prof.raw['ceilings']['source']})",
+             "  launch: " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in prof.launch.items())]
+    for name, t in sorted(prof.tables.items()):
+        e = t.efficiency
+        lines.append(f"  {name:26s} {e.size:4d} shapes ({int(t.measured.sum())} measured), efficiency "
+                     f"{float(e.min()):.3g}..{float(e.max()):.3g}")
+    if not prof.derived:
+        lines.append(f"  calibration: {cal.get('elapsed_s')} s, complete={cal.get('complete')}, "
+                     f"skipped={cal.get('skipped')}")
+        for name, why in (cal.get("failed") or {}).items():
+            lines.append(f"  not measured: {name}: {why}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from ..cli import UserError
+    from ..calibration.profile import ProfileError, load_profile
+
+    if args.show:
+        print(_summary(load_profile(args.show)))
+        return 0
+    if not args.out:
+        raise UserError("calibrate: give --out FILE (a .json profile)")
+    if not str(args.out).lower().endswith(".json"):
+        raise UserError(f"calibrate: --out must end in .json, got {args.out!r}")
+    if args.derive_from:
+        from ..calibration.derive import derive_profile
+
+        if not args.target:
+            raise UserError("calibrate: --derive-from needs --target (a GPU preset, e.g. h100-sxm)")
+        prof = derive_profile(load_profile(args.derive_from), args.target, args.source_hardware)
+        path = prof.save(args.out)
+        print(_summary(prof))
+        print(f"wrote {path}")
+        return 0
+    if args.target or args.source_hardware:
+        raise UserError("calibrate: --target and --source-hardware go with --derive-from")
+    if not args.budget_s > 0:
+        raise UserError(f"calibrate: --budget-s must be positive, got {args.budget_s}")
+    from ..calibration.microbench import run_microbench
+
+    bar = None
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="shape", file=sys.stderr, desc="calibrate", dynamic_ncols=True)
+
+        def progress(done: int, total: int, name: str) -> None:
+            if bar.total != total:
+                bar.total = total
+            bar.set_postfix_str(name, refresh=False)
+            bar.update(done - bar.n)
+    tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
+    try:
+        prof = run_microbench(args.device, quick=args.quick, budget_s=args.budget_s, progress=progress,
+                              tables=tables)
+    except RuntimeError as exc:
+        raise UserError(f"calibrate: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    try:
+        path = prof.save(args.out)
+    except (OSError, ProfileError) as exc:
+        raise UserError(f"calibrate: cannot write {args.out}: {exc}") from None
+    print(_summary(prof))
+    print(json.dumps({"profile": str(path), "device": prof.device_name, "elapsed_s": prof.raw["calibration"]
+                      ["elapsed_s"], "complete": prof.raw["calibration"]["complete"]}))
+    return 0
