@@ -1,6 +1,7 @@
 """`analytic`: the closed-form cost of a workload (or a whole grid of them) per stage, optionally per module."""
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -37,6 +38,11 @@ def register(sub) -> None:
     p.add_argument("--per-module", action="store_true", help="add one row per torch module")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--sweep", help="write the grid of all list values to this .csv or .json file")
+    p.add_argument("--profile", help="calibration profile (python -m dsocr_core calibrate): add predicted times "
+                                     "beside the roofline, in the tables and in every export")
+    p.add_argument("--session-mode", default="reference",
+                   help="what the prediction is for: reference (eager model) or fast (graphs, fused kernels)")
+    p.add_argument("--work", default="engine", help=argparse.SUPPRESS)  # engine | analytic (see analytic/predict)
     p.set_defaults(func=run)
     p.error = _parse_error  # one line and exit 2, like every other input error of this command
 
@@ -99,6 +105,18 @@ def _hardware(name: str):
     return calibrate() if name.strip().lower() == "calibrate" else get_hardware(name)
 
 
+def _with_profile(hw, args):
+    """The hardware plus the calibration profile's prediction (--profile), or the hardware alone."""
+    if not args.profile:
+        return hw
+    from ..analytic.predict import with_profile
+    from ..calibration.profile import load_profile
+
+    mode = _choice(args.session_mode, ("reference", "fast"), "session-mode")
+    work = _choice(args.work, ("engine", "analytic"), "work")
+    return with_profile(hw, load_profile(args.profile), mode, work)
+
+
 def _one_line(exc: ValidationError) -> str:
     e = exc.errors()[0]
     where = ".".join(map(str, e["loc"]))
@@ -125,12 +143,24 @@ def _print_tables(result: dict, per_module: bool) -> None:
              f"{s['weight_memory'] / 1e9:,.2f}", f"{s['peak_activation_memory'] / 1e6:,.1f}",
              f"{s['kv_cache_memory'] / 1e6:,.1f}", f"{s.get('time_s', float('nan')) * 1e3:,.3f}", s.get("bound", "")]
             for name, s in result["stages"].items()]
-    print(format_table(head, rows, align="l" + "r" * 10 + "l"))  # columns sized to their values, never run together
+    pred = result.get("prediction")
+    if pred:  # the time model beside the roofline
+        head += ["predicted ms", "launch ms", "host ms"]
+        for row, s in zip(rows, result["stages"].values()):
+            row += [f"{s['predicted_s'] * 1e3:,.3f}", f"{s['predicted_launch_s'] * 1e3:,.3f}",
+                    f"{s['predicted_host_s'] * 1e3:,.3f}"]
+    print(format_table(head, rows, align="l" + "r" * 10 + "l" + "r" * (3 if pred else 0)))  # never run together
     cap = result.get("capacity")
     if cap:
         print(f"TTFT {cap['ttft_s'] * 1e3:,.3f} ms, TPOT {cap['tpot_s'] * 1e3:,.4f} ms, "
               f"{cap['pages_per_s']:,.2f} pages/s = {cap['pages_per_day']:,.0f} pages/day per GPU, "
               f"memory {cap['memory_bytes'] / 1e9:,.2f} GB ({'fits' if cap['fits'] else 'does NOT fit'})")
+    if pred:
+        print(f"predicted ({pred['session_mode']} mode, {pred['label']}): TTFT "
+              f"{cap['predicted_ttft_s'] * 1e3:,.3f} ms, TPOT {cap['predicted_tpot_s'] * 1e3:,.4f} ms, "
+              f"{cap['predicted_pages_per_s']:,.2f} pages/s = {cap['predicted_pages_per_day']:,.0f} pages/day")
+        for note in pred["notes"]:
+            print(f"note: {note}")
     for name, req in result.get("required", {}).items():
         line = (f"{name.upper()} target {req['target_s'] * 1e3:g} ms needs >= {req['min_tflops']:,.1f} TFLOP/s "
                 f"and >= {req['min_tbs']:,.3f} TB/s")
@@ -143,7 +173,8 @@ def _print_tables(result: dict, per_module: bool) -> None:
 
         df = pd.DataFrame(result["modules"])
         cols = ["stage", "module", "tensor_flops", "other_flops", "bytes", "weight_memory",
-                "peak_activation_memory", "kv_cache_memory"] + [c for c in ("time_s", "bound") if c in df]
+                "peak_activation_memory", "kv_cache_memory"] + [c for c in ("time_s", "bound", "predicted_s")
+                                                                 if c in df]
         with pd.option_context("display.max_rows", None, "display.width", 200,
                                "display.float_format", lambda v: f"{v:.4g}"):
             print(df[cols].to_string(index=False))
@@ -166,7 +197,7 @@ def run(args) -> int:
     (min_crops,), (max_crops,) = _ints(args.min_crops, "min-crops")[:1], _ints(args.max_crops, "max-crops")[:1]
     ttft, tpot = _number(args.ttft_target, "ttft-target"), _number(args.tpot_target, "tpot-target")
     spec = _spec(args)
-    hw = _hardware(args.hardware)
+    hw = _with_profile(_hardware(args.hardware), args)
     settings = dict(min_crops=min_crops, max_crops=max_crops, dtype=dtype, attn=attn, logits=logits)
 
     many = any(len(v) > 1 for v in (crops or [0], images or [0], text, batch, steps))
@@ -176,7 +207,11 @@ def run(args) -> int:
         n, path = write_sweep_file(spec, hw, args.sweep, mode=mode, crops=crops, images=images, text_tokens=text,
                                    batch=batch, decode_steps=steps, **settings)
         msg = {"points": n, "path": str(path), "hardware": hw.name}
-        print(json.dumps(msg) if args.json else f"wrote {n} points to {path}")
+        pred = getattr(hw, "prediction", None)
+        if pred is not None:
+            msg["prediction"] = pred.summary()
+        print(json.dumps(msg) if args.json else f"wrote {n} points to {path}"
+              + (f" (predicted with {pred.profile.label()}, {pred.session_mode} mode)" if pred is not None else ""))
         return 0
     if many:
         raise SpecError("several values given: add --sweep OUT.csv or --sweep OUT.json to evaluate the grid")
