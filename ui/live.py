@@ -119,8 +119,8 @@ def history_ratio(settings, session) -> tuple[float | None, str]:
     """Measured over analytic time (vision + prefill + decode, on the sidebar's ceilings) of the points of the
     latest stored runs of this model label, dtype and session mode: (ratio, where it comes from)."""
     store = resources.run_store().store
-    runs = [r for r in store.list_runs(kind="sweep") if r["n_done"] and r["label"] == settings.model.label
-            and r.get("dtype") == session.dtype and (r.get("session_mode") or "reference") == session.session_mode]
+    runs = [r for r in store.list_runs(kind="sweep") if r["n_done"]
+            and (r.get("meta") or {}).get("model_label") == settings.model.label and r.get("dtype") == session.dtype and (r.get("session_mode") or "reference") == session.session_mode]
     measured = predicted = 0.0
     used = 0
     for run in runs[:3]:
