@@ -1,8 +1,9 @@
 """Time a vectorised analytic sweep of >= 100,000 workload points (full stage totals for vision, prefill and
 decode, with roofline times on a preset GPU). Prints the analytic figures of one reference point first, and as
-its LAST line one JSON object with `points` and `points_per_s`.
+its LAST line one JSON object with `points` and `points_per_s`. With --profile the time model runs too
+(predicted time per stage beside the roofline, analytic/predict.py), in --session-mode reference or fast.
 
-    python benchmarks/analytic_sweep.py [--repeats 5]
+    python benchmarks/analytic_sweep.py [--repeats 5] [--profile FILE [--session-mode fast]]
 """
 from __future__ import annotations
 
@@ -27,8 +28,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     ap.add_argument("--hardware", default="h200")
+    ap.add_argument("--profile", help="calibration profile: time the sweep with prediction on")
+    ap.add_argument("--session-mode", default="reference", help="reference or fast (with --profile)")
     args = ap.parse_args()
     spec, hw = ModelSpec(), get_hardware(args.hardware)
+    label = None
+    if args.profile:
+        from dsocr_core.analytic.predict import with_profile
+        from dsocr_core.calibration.profile import load_profile
+
+        prof = load_profile(args.profile)
+        hw, label = with_profile(hw, prof, args.session_mode), prof.label()
 
     ref = stage_totals(spec, Workload(crops=(2, 2), decode_steps=1000), hw)
     print(f"reference: 2x2 gundam page, 703 prompt tokens, 1000 decode steps on {hw.name}")
@@ -48,11 +58,16 @@ def main() -> None:
         stages = evaluate(spec, pts, hw)
         times.append(time.perf_counter() - t0)
     assert all(np.all(np.isfinite(stages[s]["time_s"])) for s in ("prefill", "decode", "total"))
+    if label:
+        assert all(np.all(np.isfinite(stages[s]["predicted_s"])) for s in ("prefill", "decode", "total"))
+        print(f"prediction on: {label}, {args.session_mode} mode; reference point predicted total "
+              f"{float(stage_totals(spec, Workload(crops=(2, 2), decode_steps=1000), hw)['total']['predicted_s']) * 1e3:.3f} ms")
     best, median = min(times), float(np.median(times))
     print(f"sweep: {pts.size} points ({len(crops)} grids x {len(text)} prompts x {len(batch)} batches x "
           f"{len(steps)} step counts), median {median:.3f} s, best {best:.3f} s over {args.repeats} runs")
     print(json.dumps({"points": pts.size, "points_per_s": round(pts.size / median), "seconds": round(median, 4),
                       "best_points_per_s": round(pts.size / best), "repeats": args.repeats, "hardware": hw.name,
+                      "prediction": None if label is None else {"profile": label, "session_mode": args.session_mode},
                       "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}))
 
 

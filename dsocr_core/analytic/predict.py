@@ -195,8 +195,14 @@ class Predictor:
             return self._call(kind, cost, ctx, True)
         if not np.any(one):
             return self._call(kind, cost, ctx, False)
-        fused, plain = self._call(kind, cost, ctx, True), self._call(kind, cost, ctx, False)
-        return tuple(np.where(one, f, u) for f, u in zip(fused, plain))
+        shape = one.shape
+        out = [np.zeros(shape) for _ in range(4)]
+        for mask, is_fused in ((one, True), (~one, False)):  # each plan on its own points only
+            idx = np.flatnonzero(mask.reshape(-1))
+            part = self._call(kind, *_subset(cost, ctx, idx, shape), is_fused)
+            for o, v in zip(out, part):
+                o.reshape(-1)[idx] = np.broadcast_to(v, idx.shape)
+        return tuple(out)
 
     # ----------------------------------------------------------------------------------------- one row
     def _by_batch(self, kind: str, cost: Cost, ctx: dict):
@@ -253,6 +259,13 @@ class Predictor:
         total = roof + kernel + launch + host
         return {"predicted_s": total, "predicted_roofline_s": roof, "predicted_kernel_s": kernel,
                 "predicted_launch_s": launch, "predicted_host_s": host}
+
+
+def _subset(cost: Cost, ctx: dict, idx: np.ndarray, shape: tuple) -> tuple[Cost, dict]:
+    """The call's work and shapes at points `idx` only (arrays over the points are indexed, numbers kept)."""
+    pick = lambda v: np.broadcast_to(v, shape).reshape(-1)[idx] if np.ndim(v) else v  # noqa: E731
+    small = Cost(tensor_flops=pick(cost.flops), act_read=pick(cost.bytes))
+    return small, {k: (pick(v) if isinstance(v, np.ndarray) else v) for k, v in ctx.items()}
 
 
 def _same(a: Cost, b: Cost) -> bool:

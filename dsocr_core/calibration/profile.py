@@ -133,17 +133,26 @@ class Table:
         missing = [a for a in self.axes if a not in coords]
         if missing:
             raise ProfileError(f"table {self.name}: no value for axis {', '.join(missing)}")
-        base, vary = [], []  # lower grid index per axis; (axis position, weight of the upper index) where it varies
-        for j, (a, lg, g) in enumerate(zip(self.axes, self._log_grid, self.grid)):
+        table = self._log_eff
+        base, vary = [], []  # lower grid index per array axis; (axis position, weight of the upper index)
+        for a, lg, g in zip(self.axes, self._log_grid, self.grid):
+            c = coords[a]
             if lg.size == 1:
-                base.append(0)
+                table = table[0]  # a one-value axis: nothing to interpolate
                 continue
-            x = np.log(np.clip(np.asarray(coords[a], dtype=float), g[0], g[-1]))
+            x = np.log(np.clip(np.asarray(c, dtype=float), g[0], g[-1]))
             i = np.clip(np.searchsorted(lg, x, side="right") - 1, 0, lg.size - 2)
             w = np.clip((x - lg[i]) / (lg[i + 1] - lg[i]), 0.0, 1.0)
+            if np.ndim(x) == 0:  # a number: interpolate the table along this axis once (fewer corners later)
+                table = (1.0 - w) * table[int(i)] + w * table[int(i) + 1]
+                continue
+            table = np.moveaxis(table, 0, -1)  # keep the array axes last, in order
             base.append(i)
-            if not (np.ndim(w) == 0 and w == 0.0):  # a scalar on a grid line needs no upper corner
-                vary.append((j, w))
+            vary.append((len(base) - 1, w))
+        if not base:
+            out = np.exp(table)
+            shape = np.broadcast_shapes(*(np.shape(coords[a]) for a in self.axes))
+            return np.broadcast_to(out, shape) if shape else out
         out = 0.0
         for corner in range(1 << len(vary)):
             pick, weight = list(base), 1.0
@@ -151,7 +160,7 @@ class Table:
                 up = (corner >> bit) & 1
                 pick[j] = pick[j] + up
                 weight = weight * (w if up else 1.0 - w)
-            out = out + weight * self._log_eff[tuple(pick)]
+            out = out + weight * table[tuple(pick)]
         out = np.exp(out)
         shape = np.broadcast_shapes(*(np.shape(coords[a]) for a in self.axes))
         return out if np.shape(out) == shape else np.broadcast_to(out, shape)
