@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from dsocr_core.results.analytic_join import summarize, summary_markdown
+from dsocr_core.results.analytic_join import FLAG_NOTE, summarize, summary_frame
 from ui import charts, resources
 from ui import measured as ms
 from ui.runs import run_mode, run_title
@@ -74,8 +74,10 @@ with right:
                "short vision stages stay visible beside decode.")
 
 # the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
-st.markdown(summary_markdown(summarize(cmp if point is None else cmp[cmp["point"] == point]),
-                             title=f"Analytic vs measured: {ms.md(run['name'])}"))
+st.subheader(f"Analytic vs measured: {ms.md(run['name'])}")
+st.dataframe(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point])), hide_index=True,
+             width="stretch")
+st.caption(FLAG_NOTE)
 with st.expander("Every point and stage"):
     table = cmp.assign(session_mode=run.get("session_mode"))  # the export names the mode it was measured in
     st.dataframe(table, hide_index=True, width="stretch", height=320)

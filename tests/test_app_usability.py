@@ -35,11 +35,9 @@ def spec_of(chart) -> dict:
 
 
 def summary_table(at) -> pd.DataFrame:
-    """The MFU page's 'Analytic vs measured' markdown table as a frame."""
-    md = [m for m in texts(at, "markdown") if m.startswith("### Analytic vs measured")][0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
-            if line.startswith("|") and not line.startswith("|---")]
-    return pd.DataFrame(rows[1:], columns=rows[0])
+    """The MFU page's 'Analytic vs measured' table."""
+    assert any(t.startswith("Analytic vs measured") for t in texts(at, "subheader"))
+    return [f.value for f in at.dataframe if "max FLOP diff" in f.value.columns][0]
 
 
 def cpu_run(store: RunStore, name: str = "cpu run", modes=("tiny", "small"), spread: bool = True) -> str:
@@ -141,7 +139,8 @@ def test_parity_timings_are_named_in_ms_and_unmeasured_stages_say_so(no_referenc
     assert not any(n.endswith("_s") for n in names), names
     assert {"time to first token", "time per output token (median)", "total", "SAM"} <= set(names)
     sam = tm[tm[""] == "SAM"].iloc[0]
-    assert sam["one-shot (ms)"].startswith("not timed apart") and float(sam["separated (ms)"].replace(",", "")) > 0
+    assert sam["one-shot (ms)"] == "— (in prefill)" and float(sam["separated (ms)"].replace(",", "")) > 0
+    assert any("not timed apart" in c for c in texts(at, "caption"))
     assert all("Timings (ms)" not in m for m in texts(at, "markdown"))
     # 7: the tables are wide enough for their columns (they used to share a row three ways)
     for element, share in widths(at.main):
@@ -150,7 +149,7 @@ def test_parity_timings_are_named_in_ms_and_unmeasured_stages_say_so(no_referenc
             if {"F1"} & cols:
                 assert share == 1.0
             if {"characters"} & cols:
-                assert share >= 0.5 and list(element.value.columns)[:3] == ["output", "blocks", "characters"]
+                assert share >= 0.4 and list(element.value.columns)[:3] == ["output", "blocks", "characters"]
 
 
 # ------------------------------------------------------------------------------------------------ 4 sweep estimate

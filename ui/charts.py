@@ -126,6 +126,8 @@ def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str,
         color=alt.Color(f"{colour}:N", title=colour),
         tooltip=[alt.Tooltip(c) for c in [x, colour, column] if c] + [alt.Tooltip(f"{y}:Q", format=",.4~g")],
     )
+    if log_y and len(data):  # a log axis has no zero: bars rise from below the smallest value
+        enc["y2"] = alt.datum(float(data[y].min()) / 3)
     chart = alt.Chart(data).mark_bar().encode(**enc).properties(height=height)
     if column:
         chart = chart.properties(width=300).facet(column=alt.Column(f"{column}:N", title=None))

@@ -82,7 +82,7 @@ TIMING_ROWS = [  # (timings key, row name)
     ("decode", "decode, all steps"), ("ttft_s", "time to first token"), ("tpot_s", "time per output token (median)"),
     ("total_s", "total"),
 ]
-NOT_APART = "not timed apart (inside prefill)"
+NOT_APART = "— (in prefill)"  # the one-shot path's vision stages: timed only as part of its prefill
 
 
 def timing_table(timings: dict) -> pd.DataFrame:
@@ -149,7 +149,7 @@ def show(res: ParityResult) -> None:
             st.caption(f"{_title(p.reference, res)} vs {_title(p.other, res)}: texts first differ at line "
                        f"{t.line}, column {t.column}.")
 
-    t1, t2 = st.columns(2)
+    t1, t2 = st.columns([2, 3])
     with t1:
         st.markdown("**Blocks**")
         st.dataframe(pd.DataFrame([{"output": _title(o.name, res), "blocks": o.blocks, "characters": o.characters,
@@ -160,11 +160,10 @@ def show(res: ParityResult) -> None:
     with t2:
         st.markdown("**Timings**")
         timings = r.timings()
-        st.dataframe(timing_table(timings), hide_index=True, width="stretch",
-                     column_config={"": st.column_config.TextColumn("", width="medium")})
+        st.dataframe(timing_table(timings), hide_index=True, width="stretch")
         st.caption(f"Tokens: one-shot {timings['one-shot']['tokens']}, separated {timings['separated']['tokens']}. "
                    "The one-shot path runs vision inside its first model call (its prefill), so its SAM, CLIP and "
-                   "projector are not timed apart. The path that runs first also pays any warm-up.")
+                   "projector are not timed apart (—). The path that runs first also pays any warm-up.")
     st.markdown("**Detection comparison**")
     st.dataframe(pd.DataFrame([{"reference": _title(p.reference, res), "other": _title(p.other, res),
                                 "blocks": f"{p.n_reference} / {p.n_other}", "matched": len(p.matches),

@@ -182,29 +182,37 @@ def summary_peaks(summary: dict) -> list[str]:
     return [p for p in PEAKS if any(s.get(f"time_err_{p}_median") is not None for s in summary.values())]
 
 
-def summary_markdown(summary: dict, title: str = "Analytic vs measured") -> str:
-    """The summary as a markdown table: one group of columns (time error, MFU, MBU, flagged) per ceiling that
-    has figures, so a run compared only against datasheet ceilings shows those, never 'n/a' columns."""
+def summary_frame(summary: dict) -> pd.DataFrame:
+    """The summary as a table of formatted cells: one group of columns (time error, MFU, MBU, flagged) per ceiling
+    that has figures, so a run compared only against datasheet ceilings shows those, never 'n/a' columns."""
     peaks = summary_peaks(summary)
-    head = ["stage", "points", "max FLOP diff"]
-    for p in peaks:
-        head += [f"time error, median / max ({p})", f"median MFU ({p})", f"median MBU ({p})",
-                 f"flagged > 10% ({p})"]
-    if not peaks:
-        head.append("flagged > 10% (FLOPs)")
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for stage, s in summary.items():
-        cells = [stage, str(s["points"]), pct(s["flop_diff_max"])]
+        row = {"stage": stage, "points": str(s["points"]), "max FLOP diff": pct(s["flop_diff_max"])}
         for p in peaks:
             flagged = s.get(f"flagged_{p}")
-            cells += [f"{pct(s[f'time_err_{p}_median'])} / {pct(s[f'time_err_{p}_max'])}",
-                      pct(s[f"mfu_{p}_median"]), pct(s[f"mbu_{p}_median"]), "n/a" if flagged is None else str(flagged)]
+            row[f"time error, median / max ({p})"] = f"{pct(s[f'time_err_{p}_median'])} / {pct(s[f'time_err_{p}_max'])}"
+            row[f"median MFU ({p})"] = pct(s[f"mfu_{p}_median"])
+            row[f"median MBU ({p})"] = pct(s[f"mbu_{p}_median"])
+            row[f"flagged > 10% ({p})"] = "n/a" if flagged is None else str(flagged)
         if not peaks:
-            cells.append(str(s["flagged"]))
-        lines.append("| " + " | ".join(cells) + " |")
-    if peaks:
-        lines += ["", f"Flagged: points where the FLOP count or the roofline time differs from the measurement by "
-                  f"more than {FLAG_THRESHOLD:.0%}, counted against each ceiling."]
+            row["flagged > 10% (FLOPs)"] = str(s["flagged"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+FLAG_NOTE = (f"Flagged: points where the FLOP count or the roofline time differs from the measurement by more than "
+             f"{FLAG_THRESHOLD:.0%}, counted against each ceiling.")
+
+
+def summary_markdown(summary: dict, title: str = "Analytic vs measured") -> str:
+    """The summary (summary_frame) as a markdown table."""
+    frame = summary_frame(summary)
+    cols = list(frame.columns) or ["stage", "points", "max FLOP diff"]
+    lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    if summary_peaks(summary):
+        lines += ["", FLAG_NOTE]
     return "\n".join(lines) + "\n"
 
 

@@ -156,7 +156,7 @@ def test_analytic_chart_follows_a_control(page, server, shots):
     points = chart.locator("g.mark-line path, g.mark-symbol path")
     before = chart.inner_html()
     assert "crop count" in chart.inner_text() or "crop count" in before
-    snap(page, shots, "analytic", 1900)
+    snap(page, shots, "analytic", 1400)
     page.locator("[data-testid='stRadio'] label", has_text="Batch size").click()
     settle(page)
     chart = page.locator(CHART).first
@@ -165,8 +165,10 @@ def test_analytic_chart_follows_a_control(page, server, shots):
     after = chart.inner_html()
     assert after != before and "batch size" in after
     assert points.count() > 0
-    page.get_by_role("tab", name="Roofline").click()
-    page.wait_for_timeout(800)
+    page.get_by_role("tab", name="Roofline").click()  # only the open tab is drawn: opening one reruns the page
+    settle(page)
+    sync_api.expect(page.locator(f"[data-testid='stMain'] {CHART}")).to_have_count(1, timeout=30_000)
+    page.get_by_text("Stages on the roofline").first.wait_for()
     snap(page, shots, "analytic_roofline", 2000)
 
 
@@ -203,9 +205,50 @@ def test_parity_upload_shows_both_renderings(page, server, shots):
     snap(page, shots, "parity", 2100)
 
 
+PAGES = [("Overview", "DeepSeek-OCR inference cost"), ("Analytic sweep", "Analytic sweep"),
+         ("Measured sweep", "Measured sweep"), ("Vendor parity", "Vendor parity"), ("MFU", "MFU and MBU")]
+
+
+def test_every_page_loads_offline(browser, server):
+    """Nothing is fetched from outside the machine (the page icon used to come from a font CDN)."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1500})
+    outside = []
+    context.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:",
+                                                                                    "blob:")) else None)
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    try:
+        for title, h1 in PAGES:
+            open_page(pg, server, title)
+            pg.get_by_role("heading", name=h1).first.wait_for()
+        icon = pg.locator("link[rel~='icon']").first.get_attribute("href") or ""
+        assert not icon.startswith("http") or icon.startswith(server), icon
+    finally:
+        context.close()
+    assert not outside, outside
+
+
+def test_page_switch_shows_the_first_chart_quickly(page, server):
+    """The page-switch time the issue measured (benchmarks/page_load.py prints the full table). The bound here is
+    loose, for a busy CI machine; the target, under 1 s on an idle 2-core machine, is what the benchmark checks."""
+    open_page(page, server, "Overview")
+    open_page(page, server, "Analytic sweep")
+    open_page(page, server, "Overview")
+    start = time.perf_counter()
+    page.locator("[data-testid='stSidebarNav'] a", has_text="Analytic sweep").click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
+             c => !c.closest("[data-stale='true']") && c.querySelector('svg, canvas')) &&
+           [...document.querySelectorAll("[data-testid='stMain'] h1")].some(h => h.innerText.startsWith('Analytic'))""",
+        polling="raf")
+    elapsed = time.perf_counter() - start
+    print(f"page switch to the analytic page: first chart after {elapsed:.2f} s")
+    assert elapsed < 5.0
+
+
 def test_mfu(page, server, shots):
     open_page(page, server, "MFU")
     if has_reference_runs():
         sync_api.expect(page.locator(f"[data-testid='stMain'] {CHART}")).to_have_count(3, timeout=30_000)
-        assert "median MFU" in main_text(page)
+        assert "Analytic vs measured" in main_text(page)
     snap(page, shots, "mfu", 1800)
