@@ -417,6 +417,9 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
             progress(done, len(jobs), name)
     if cuda:
         torch.cuda.empty_cache()
+    if not any(np.isfinite(t).any() for n, t in raw.items() if n.startswith("gemm.")):
+        raise RuntimeError(f"calibration measured no GEMM shape (budget {budget_s:g} s, skipped {skipped}, "
+                           f"failures {failed or 'none'}); a profile needs at least one GEMM table")
     ceilings = _ceilings(dev_info, raw, plan, st)
     out_tables = {}
     for name, t_work in raw.items():

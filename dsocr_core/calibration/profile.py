@@ -395,11 +395,27 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        end = exc.pos >= len(text.rstrip())
+        end = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string") or _unclosed(text)
         why = "truncated (the JSON ends early)" if end else f"not valid JSON ({exc.msg} at line {exc.lineno})"
         raise ProfileError(f"{path} is {why}") from None
     prof = profile_from_dict(data, str(path))
     return Profile(prof.raw, prof.tables, str(path))
+
+
+def _unclosed(text: str) -> bool:
+    """More brackets opened than closed outside strings: a file cut short."""
+    depth, in_str, esc = 0, False, False
+    for ch in text:
+        if in_str:
+            esc, in_str = (not esc and ch == "\\"), in_str and not (ch == '"' and not esc)
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+    return depth > 0 or in_str
 
 
 def build_profile(*, device: dict, environment: dict, versions: dict, ceilings: dict, launch: dict,

@@ -1,0 +1,293 @@
+"""Calibration profiles (issue 14): strict loading, table interpolation, the CPU microbenchmark path, derived
+profiles and their labels, the calibrate command, and benchmarks/prediction_accuracy.py end to end on a CPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsocr_core.calibration.derive import derive_profile
+from dsocr_core.calibration.microbench import _fill, run_microbench
+from dsocr_core.calibration.profile import (FORMAT_VERSION, ProfileError, Table, entry_work, load_profile,
+                                            profile_from_dict, uniform_profile)
+from dsocr_core.cli import main
+from dsocr_core.hardware import get_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_profile_path(tmp_path_factory) -> Path:
+    """`python -m dsocr_core calibrate --device cpu --quick --out FILE`, once for the module."""
+    out = tmp_path_factory.mktemp("cal") / "cpu_quick.json"
+    assert main(["calibrate", "--device", "cpu", "--quick", "--budget-s", "60", "--no-progress",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def _valid() -> dict:
+    return uniform_profile(1e12, 1e11).to_dict()
+
+
+def _write(tmp_path, data, name="p.json") -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return p
+
+
+# ------------------------------------------------------------------------------------------ loading
+def test_round_trip(tmp_path):
+    prof = uniform_profile(2e12, 3e11, 0.5, 1e-6)
+    path = prof.save(tmp_path / "u.json")
+    back = load_profile(path)
+    assert back.peak_flops == 2e12 and back.bandwidth == 3e11 and back.launch["host_op_s"] == 1e-6
+    assert set(back.tables) == set(prof.tables)
+    assert back.table("gemm.bfloat16").lookup(m=5, n=6, k=7) == pytest.approx(0.5)
+    assert back.path == str(path) and not back.derived and "measured" in back.label()
+
+
+def _mutate(fn):
+    d = _valid()
+    fn(d)
+    return d
+
+
+BAD = [
+    ("format_version 2 is not supported", lambda d: d.update(format_version=FORMAT_VERSION + 1)),
+    ("format_version '1' is not supported", lambda d: d.update(format_version="1")),
+    ("not a calibration profile", lambda d: d.update(format="something-else")),
+    ("missing field 'launch'", lambda d: d.pop("launch")),
+    ("missing field 'launch.sync_s'", lambda d: d["launch"].pop("sync_s")),
+    ("unknown field 'color'", lambda d: d.update(color="red")),
+    ("efficiency has shape [2] but the axes give [1]",
+     lambda d: d["tables"]["memory.copy"].update(efficiency=[1.0, 1.0])),
+    ("efficiencies must be finite and positive", lambda d: d["tables"]["memory.copy"].update(efficiency=[-1.0])),
+    ("strictly increasing", lambda d: d["tables"]["memory.copy"].update(axes={"bytes": [4.0, 2.0]},
+                                                                        efficiency=[1.0, 1.0])),
+    ("unknown table 'gemm.int8'", lambda d: d["tables"].update({"gemm.int8": d["tables"]["gemm.bfloat16"]})),
+    ("axes ['m', 'k', 'n'] but a gemm table has ['m', 'n', 'k']",
+     lambda d: d["tables"]["gemm.bfloat16"].update(axes={"m": [1.0], "k": [1.0], "n": [1.0]})),
+    ("ceilings.flops_per_s must be a positive number", lambda d: d["ceilings"].update(flops_per_s=0.0)),
+    ("launch.host_op_s must be a non-negative number", lambda d: d["launch"].update(host_op_s=-1.0)),
+    ("'derived' is True but 'derivation' is absent", lambda d: d.update(derived=True)),
+    ("no GEMM table", lambda d: [d["tables"].pop(k) for k in list(d["tables"]) if k.startswith("gemm.")]),
+    ("not a rectangular array", lambda d: d["tables"]["memory.copy"].update(efficiency=[[1.0], 2.0])),
+]
+
+
+@pytest.mark.parametrize("needle,change", BAD, ids=[b[0][:40] for b in BAD])
+def test_invalid_profiles_name_the_problem(tmp_path, needle, change):
+    path = _write(tmp_path, _mutate(change))
+    with pytest.raises(ProfileError) as exc:
+        load_profile(path)
+    assert needle in str(exc.value)
+    assert str(path) in str(exc.value)  # which file
+
+
+def test_unreadable_files(tmp_path):
+    text = json.dumps(_valid())
+    cases = {"truncated (the JSON ends early)": text[: len(text) // 2], "is empty": "  \n",
+             "not valid JSON": "{\"format\": oops}"}
+    for needle, content in cases.items():
+        with pytest.raises(ProfileError) as exc:
+            load_profile(_write(tmp_path, content))
+        assert needle in str(exc.value)
+    with pytest.raises(ProfileError, match="no calibration profile"):
+        load_profile(tmp_path / "missing.json")
+    with pytest.raises(ProfileError, match="is a folder"):
+        load_profile(tmp_path)
+    with pytest.raises(ProfileError, match="a profile is a JSON object"):
+        load_profile(_write(tmp_path, "[1, 2]"))
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ProfileError, match="not a text"):
+        load_profile(tmp_path / "bin.json")
+
+
+# ------------------------------------------------------------------------------------------ tables
+def test_log_space_interpolation_and_clamping():
+    t = Table("memory.copy", ("bytes",), (np.array([1e3, 1e5]),), np.array([0.1, 0.4]), np.ones(2, bool))
+    # geometric midpoint of the axis -> geometric mean of the values; outside the grid the edge value holds
+    assert t.lookup(bytes=1e4) == pytest.approx(0.2)
+    assert t.lookup(bytes=np.array([10.0, 1e3, 1e5, 1e9])).tolist() == pytest.approx([0.1, 0.1, 0.4, 0.4])
+    # a quarter of the way in log space: exp(0.75 ln 0.1 + 0.25 ln 0.4)
+    assert t.lookup(bytes=10 ** 3.5) == pytest.approx(math.exp(0.75 * math.log(0.1) + 0.25 * math.log(0.4)))
+
+
+def test_multilinear_lookup_by_hand():
+    eff = np.array([[[0.1, 0.9]], [[0.3, 0.6]]])  # m in {1, 100}, n in {10}, k in {10, 1000}
+    t = Table("gemm.bfloat16", ("m", "n", "k"), (np.array([1.0, 100.0]), np.array([10.0]),
+                                                 np.array([10.0, 1000.0])), eff, np.ones(eff.shape, bool))
+    centre = (0.1 * 0.9 * 0.3 * 0.6) ** 0.25  # the log-space centre of the four corners
+    assert t.lookup(m=10, n=123, k=100) == pytest.approx(centre)
+    m = np.array([1.0, 10.0, 100.0])
+    k = np.array([10.0, 100.0, 1000.0])
+    out = t.lookup(m=m, n=10, k=k)  # vectorised: the diagonal of the grid
+    assert out.tolist() == pytest.approx([0.1, centre, 0.6])
+    assert t.lookup(m=m[:, None], n=10, k=k[None, :]).shape == (3, 3)  # coordinates broadcast
+
+
+def test_entry_work_conventions():
+    f, b = entry_work("gemm.bfloat16", dict(m=2, n=3, k=4))
+    assert (f, b) == (2 * 2 * 3 * 4, (8 + 12 + 6) * 2)
+    f, b = entry_work("gemm.float32", dict(m=2, n=3, k=4))
+    assert b == (8 + 12 + 6) * 4
+    f, b = entry_work("attention.sdpa", dict(bh=2, q=3, k=5, d=8))
+    assert f == 4 * 30 * 8 + 6 * 30 and b == 2 * 2 * (3 + 5) * 8 * 2
+    fe, be = entry_work("attention.eager.causal", dict(bh=2, s=4, d=8))
+    assert be == 2 * 2 * 8 * 8 * 2 + 2 * 32 * (4 * 2 + 8)  # + the scores each eager op moves (masked)
+
+
+def test_fill_takes_the_nearest_measured_entry():
+    measured = np.array([[True, True, False], [True, False, False]])
+    values = np.array([[1.0, 2.0, np.nan], [3.0, np.nan, np.nan]])
+    out = _fill(measured, values)
+    assert out[0, 2] == 2.0 and out[1, 1] in (2.0, 3.0) and out[1, 2] == 2.0
+    assert np.isfinite(out).all()
+
+
+# ------------------------------------------------------------------------------------------ microbenchmarks
+def test_cpu_microbench_subset():
+    prof = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16", "memory.copy"])
+    assert set(prof.tables) == {"gemm.bfloat16", "memory.copy"}
+    assert prof.device["kind"] == "cpu" and prof.raw["calibration"]["complete"]
+    for t in prof.tables.values():
+        assert t.measured.all() and np.all(t.efficiency > 0)
+    assert prof.launch["eager_kernel_s"] > 0 and prof.raw["versions"]["torch"]
+
+
+def test_stopped_calibration_fills_from_measured_neighbours():
+    calls = []
+
+    def stop() -> bool:  # stop after three shapes, as the budget or the dashboard's stop button would
+        calls.append(1)
+        return len(calls) > 3
+
+    prof = run_microbench("cpu", quick=True, budget_s=60, should_stop=stop, tables=["gemm.bfloat16"])
+    t = prof.table("gemm.bfloat16")
+    assert int(t.measured.sum()) == 3 and t.efficiency.size == 12
+    assert np.all(np.isfinite(t.efficiency)) and np.all(t.efficiency > 0)
+    cal = prof.raw["calibration"]
+    assert cal["stopped"] and not cal["complete"] and cal["skipped"]["budget"] == 9
+
+
+def test_nothing_measured_is_an_error():
+    with pytest.raises(RuntimeError, match="no GEMM shape"):
+        run_microbench("cpu", quick=True, budget_s=1e-9, tables=["gemm.bfloat16"])
+
+
+# ------------------------------------------------------------------------------------------ derived profiles
+def _h200_profile(eff_gemm: np.ndarray, eff_copy: float = 0.8) -> dict:
+    d = uniform_profile(989e12, 4.8e12, name="NVIDIA H200", kind="cuda").to_dict()
+    d["device"]["sm_count"] = 132
+    d["ceilings"]["source"] = "datasheet"
+    d["tables"]["gemm.bfloat16"] = {"axes": {"m": [1024.0, 65536.0], "n": [1024.0], "k": [4096.0]},
+                                    "efficiency": eff_gemm.tolist(), "meta": {"dtype": "bfloat16"}}
+    d["tables"]["memory.copy"] = {"axes": {"bytes": [1e9]}, "efficiency": [eff_copy]}
+    return d
+
+
+def test_derived_profile_scales_by_datasheet_ratios_and_sms():
+    src = profile_from_dict(_h200_profile(np.array([[[0.2]], [[0.7]]])), "h200.json")
+    a100 = get_hardware("a100-sxm-80gb")
+    der = derive_profile(src, "a100-sxm-80gb")
+    assert der.derived and der.device_name == a100.name
+    assert der.peak_flops == a100.peak_flops and der.bandwidth == a100.bandwidth
+    r = der.derivation["ratios"]
+    assert r["flops"] == pytest.approx(312 / 989) and r["bandwidth"] == pytest.approx(2.039 / 4.8)
+    assert r["sm"] == pytest.approx(108 / 132)
+    # memory-bound entry: work time x (4.8 / 2.039); efficiency relative to the target's roofline stays
+    assert der.table("memory.copy").efficiency[0] == pytest.approx(0.8)
+    # a compute-bound GEMM of 8 x 8 = 64 tiles of 128 x 128 fills neither GPU: it runs on 64 SMs of either,
+    # so its time moves by the per-SM rate ratio (989/132) / (312/108), not by the peak ratio
+    f, b = 2 * 1024 * 1024 * 4096, (1024 * 4096 * 2 + 1024 * 1024) * 2
+    assert f / 989e12 > b / 4.8e12 and f / 312e12 > b / 2.039e12  # compute bound on both
+    src_t = f / 989e12 / 0.2
+    tgt_t = src_t * (989e12 * 64 / 132) / (312e12 * 64 / 108)
+    assert der.table("gemm.bfloat16").efficiency[0, 0, 0] == pytest.approx(f / 312e12 / tgt_t)
+    # a large GEMM fills both GPUs: the peak ratio, so its efficiency is unchanged
+    assert der.table("gemm.bfloat16").efficiency[1, 0, 0] == pytest.approx(0.7)
+    # launch costs are kept as measured; the label says derived and names the source
+    assert der.launch == src.launch
+    assert "DERIVED from NVIDIA H200" in der.label() and "not measured" in der.label()
+    with pytest.raises(ProfileError, match="measured profile"):
+        derive_profile(der, "h200")
+
+
+def test_derived_label_travels_into_predictions_and_exports(tmp_path):
+    from dsocr_core.analytic import Points, analyze, sweep_columns
+    from dsocr_core.analytic.predict import with_profile
+    from dsocr_core.spec import ModelSpec, Workload
+
+    src = profile_from_dict(_h200_profile(np.array([[[0.5]], [[0.5]]])), "h200.json")
+    der = derive_profile(src, "h100-sxm")
+    path = der.save(tmp_path / "h100_derived.json")
+    back = load_profile(path)
+    assert back.derived and back.label() == der.label()
+    hw = with_profile(get_hardware("h100-sxm"), back, "fast")
+    cols = sweep_columns(ModelSpec(), Points.grid(crops=[(2, 2)], batch=[1, 2]), hw, with_capacity=True)
+    assert cols["predicted.derived"].tolist() == [True, True]
+    assert all("DERIVED" in s for s in cols["predicted.profile"])
+    out = analyze(ModelSpec(), Workload(crops=(2, 2)), hw)
+    assert out["prediction"]["derived"] and out["prediction"]["derivation"]["ratios"]["bandwidth"] == \
+        pytest.approx(3.35 / 4.8)
+
+
+# ------------------------------------------------------------------------------------------ the command
+def test_calibrate_cli_quick_cpu(quick_profile_path, capsys):
+    prof = load_profile(quick_profile_path)
+    assert prof.device["kind"] == "cpu" and prof.raw["calibration"]["quick"]
+    for name in ("gemm.bfloat16", "gemm.float32", "memory.copy", "memory.norm", "attention.sdpa",
+                 "attention.sdpa.causal", "attention.eager", "grouped_gemm.bfloat16"):
+        assert name in prof.tables, name
+    assert main(["calibrate", "--show", str(quick_profile_path)]) == 0
+    out = capsys.readouterr().out
+    assert "measured quick" in out and "gemm.bfloat16" in out
+
+
+def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
+    out = tmp_path / "d.json"
+    assert main(["calibrate", "--derive-from", str(quick_profile_path), "--target", "h100-sxm",
+                 "--source-hardware", "h200", "--out", str(out)]) == 0
+    assert load_profile(out).derived
+    capsys.readouterr()
+    assert main(["calibrate", "--derive-from", str(quick_profile_path), "--target", "h100-sxm",
+                 "--out", str(tmp_path / "x.json")]) == 2  # a CPU profile has no datasheet: say which
+    assert "no datasheet preset" in capsys.readouterr().err
+    assert main(["calibrate", "--device", "cpu", "--quick"]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["calibrate", "--derive-from", str(quick_profile_path), "--out", str(tmp_path / "y.json")]) == 2
+    assert "--target" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(quick_profile_path.read_text()[:100])
+    assert main(["calibrate", "--show", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated" in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------ accuracy benchmark
+def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("prediction_accuracy", ROOT / "benchmarks" / "prediction_accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "acc.json"
+    res = mod.main(["--quick", "--device", "cpu", "--profile", str(quick_profile_path), "--out", str(out),
+                    "--store", str(tmp_path / "runs.sqlite")])
+    assert set(res["modes"]) == {"reference", "fast"}
+    for mode, entry in res["modes"].items():
+        assert entry["not_done"] == 0
+        summary = entry["summary"]
+        for stage in ("sam", "clip", "projector", "prefill", "decode", "ttft", "tpot"):
+            s = summary[stage]
+            assert s["n"] == 2 and s["median_abs"] <= s["p90_abs"] <= s["max_abs"]
+            assert math.isfinite(s["max_abs"])
+        for p in entry["points"]:
+            assert p["predicted_s"]["ttft"] > 0 and p["measured_s"]["ttft"] > 0
+    printed = capsys.readouterr().out
+    assert "reference session mode" in printed and "fast session mode" in printed
+    last = json.loads(printed.strip().splitlines()[-1])
+    assert set(last["summary"]) == {"reference", "fast"}
+    assert json.loads(out.read_text())["profile"]["label"].startswith("CPU")

@@ -1,0 +1,274 @@
+"""The time model (issue 14): prediction equals the roofline with efficiency 1 and no launch cost, hand-computed
+predictions of one row, kernel plans that partition each row's work, launch counts of the fused decode step,
+vectorised sweeps equal to single points, decode steps summed by Simpson's rule, and `analytic --profile`."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dsocr_core.analytic import Points, analyze, evaluate, module_table, sweep_columns
+from dsocr_core.analytic.kernels import Call, plan
+from dsocr_core.analytic.predict import PREDICTED, Prediction, Predictor, with_profile
+from dsocr_core.analytic.stages import aggregate, all_rows, decode_step_rows, prefill_rows
+from dsocr_core.calibration.profile import build_profile, profile_from_dict, uniform_profile
+from dsocr_core.cli import main
+from dsocr_core.hardware import get_hardware
+from dsocr_core.spec import ModelSpec, Workload, tiny_spec
+
+H200 = get_hardware("h200")
+STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "total")
+
+
+def _profile(eff: float = 1.0, kind: str = "cuda", **launch) -> object:
+    """A uniform profile on the H200's ceilings; launch costs by key (default 0)."""
+    d = uniform_profile(H200.peak_flops, H200.bandwidth, eff, 0.0, kind=kind).to_dict()
+    d["launch"].update(launch)
+    return profile_from_dict(d)
+
+
+def _grid(**kw) -> Points:
+    return Points.grid(crops=[(1, 1), (2, 2), (3, 2)], text_tokens=[10, 700], batch=[1, 3],
+                       decode_steps=[0, 1, 17], **kw)
+
+
+# ------------------------------------------------------------------------------------------ the roofline
+@pytest.mark.parametrize("mode", ["reference", "fast"])
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_efficiency_one_and_no_launch_cost_is_the_roofline(mode, kind, attn):
+    spec = ModelSpec()
+    pts = _grid(attn=attn)
+    hw = with_profile(H200, _profile(kind=kind), mode, work="analytic")
+    st = evaluate(spec, pts, hw)
+    for s in STAGES:
+        np.testing.assert_allclose(st[s]["predicted_s"], st[s]["time_s"], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(st[s]["predicted_roofline_s"], st[s]["time_s"], rtol=1e-12, atol=0)
+        for part in ("predicted_kernel_s", "predicted_launch_s", "predicted_host_s"):
+            np.testing.assert_allclose(st[s][part], 0.0, atol=1e-18)
+    table = module_table(spec, Workload(crops=(2, 2), decode_steps=9, attn=attn), hw)
+    np.testing.assert_allclose(table["predicted_s"], table["time_s"], rtol=1e-12)
+    cap = analyze(spec, Workload(crops=(3, 2), decode_steps=50, batch=4), hw)["capacity"]
+    assert cap["predicted_ttft_s"] == pytest.approx(cap["ttft_s"], rel=1e-12)
+    assert cap["predicted_tpot_s"] == pytest.approx(cap["tpot_s"], rel=1e-12)
+    assert cap["predicted_pages_per_day"] == pytest.approx(cap["pages_per_day"], rel=1e-12)
+
+
+def test_engine_work_adds_the_reference_cache_concatenation():
+    """With efficiency 1 and no launch cost, work='engine' differs from the roofline by exactly the work the
+    analytic model does not count: the reference cache's torch.cat, which rewrites every layer's cache."""
+    spec = tiny_spec()
+    w = Workload(mode="base", text_tokens=30, batch=2, decode_steps=7)
+    pts = Points.from_workload(w)
+    st = evaluate(spec, pts, with_profile(H200, _profile(), "reference", work="engine"))
+    for s in ("sam", "clip", "projector"):
+        assert st[s]["predicted_s"][0] == pytest.approx(st[s]["time_s"][0], rel=1e-12)
+    seq, b, h, dt = float(pts.sequence[0]), 2, spec.hidden_size, 2
+    extra = 0.0
+    for i in range(7):  # step i: cat reads the old cache and the new entry and writes all, instead of the entry
+        sk = seq + i + 1
+        extra += (2 * b * sk * 2 * h * dt - b * 2 * h * dt) / H200.bandwidth
+    extra *= spec.num_hidden_layers
+    assert st["decode"]["predicted_kernel_s"][0] == pytest.approx(extra, rel=1e-9)
+    assert st["decode"]["predicted_s"][0] == pytest.approx(st["decode"]["time_s"][0] + extra, rel=1e-9)
+    # prefill appends to an empty cache: nothing is copied, so the engine does less than the count
+    assert st["prefill"]["predicted_s"][0] < st["prefill"]["time_s"][0]
+
+
+# ------------------------------------------------------------------------------------------ by hand
+def _lm_head_row(spec):
+    pts = Points.from_workload(Workload(mode="base", text_tokens=20, logits="last"))
+    (row,) = [r for r in prefill_rows(spec, pts) if r.kind == "lm.lm_head"]
+    return row
+
+
+def _custom(eff_gemm, eff_mem, **launch):
+    d = _profile().to_dict()
+    d["tables"]["gemm.bfloat16"]["efficiency"] = [[[eff_gemm]]]
+    d["tables"]["memory.elementwise"]["efficiency"] = [eff_mem]
+    d["launch"].update(launch)
+    return profile_from_dict(d)
+
+
+def test_one_row_by_hand():
+    """lm_head of a reference prefill (last-position logits): a GEMM and the .float() copy."""
+    spec = tiny_spec()
+    row = _lm_head_row(spec)
+    h, v, dt = spec.hidden_size, spec.vocab_size, 2
+    P, W = H200.peak_flops, H200.bandwidth
+    f_total, b_total = float(row.cost.flops[0]), float(row.cost.bytes[0])
+    f_g, b_g = 2 * h * v, (h + v * h + v) * dt  # the GEMM's share
+    b_r = b_total - b_g  # the rest: reading dt logits, writing fp32 logits
+    assert f_total == f_g and b_r == pytest.approx(v * dt + v * 4)
+    r_g, r_r = max(f_g / P, b_g / W), b_r / W
+    roof = max(f_total / P, b_total / W)
+    pred = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1e-6), "reference"))
+    out = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in pred.row(row).items()}
+    kernel = r_g / 0.5 - r_g + r_r / 0.25 - r_r
+    assert out["predicted_roofline_s"] == pytest.approx(roof, rel=1e-12)
+    assert out["predicted_kernel_s"] == pytest.approx(kernel, rel=1e-12)
+    assert out["predicted_launch_s"] == pytest.approx(2 * 2e-6, rel=1e-12)  # two eager kernels
+    assert out["predicted_host_s"] == 0.0  # 2 host ops x 1 us do not outrun the device
+    assert out["predicted_s"] == pytest.approx(roof + kernel + 4e-6, rel=1e-12)
+    # host-bound: the device waits for the host, so the time is the host's
+    slow = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1.0), "reference"))
+    out = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in slow.row(row).items()}
+    assert out["predicted_s"] == pytest.approx(2.0, rel=1e-12)
+    assert out["predicted_host_s"] == pytest.approx(2.0 - (roof + kernel + 4e-6), rel=1e-9)
+
+
+def test_fused_decode_step_launches_5_per_dense_6_per_moe_layer():
+    spec = ModelSpec()
+    prof = _profile(graph_kernel_s=1.0)  # one second per launch: predicted launch time counts the kernels
+    hw = with_profile(H200, prof, "fast", work="analytic")
+    table = module_table(spec, Workload(crops=(2, 2), decode_steps=1), hw)
+    dec = table[table.stage == "decode"]
+    per_layer = dec.assign(layer=dec.module.str.extract(r"layers\.(\d+)\.")[0]).groupby("layer")[
+        "predicted_launch_s"].sum()
+    assert per_layer["0"] == 5 and all(per_layer[str(i)] == 6 for i in range(1, 12))
+    assert dec.predicted_launch_s.sum() == 73  # 72 with the lm_head, + the greedy choice
+    # batch 2 is not fused: more kernels per layer
+    st = evaluate(spec, Points.grid(crops=[(2, 2)], batch=[1, 2], decode_steps=[1]), hw)
+    assert st["decode"]["predicted_launch_s"][0] == 73 and st["decode"]["predicted_launch_s"][1] > 73 * 2
+
+
+def test_reference_decode_syncs_once_per_moe_layer():
+    spec = ModelSpec()
+    hw = with_profile(H200, _profile(sync_s=1.0), "reference", work="analytic")
+    st = evaluate(spec, Points.grid(crops=[(2, 2)], decode_steps=[3]), hw)
+    moe = len(spec.moe_layers)
+    assert st["decode"]["predicted_s"][0] == pytest.approx(3 * moe, rel=1e-3)  # host-bound: 11 syncs per step
+
+
+# ------------------------------------------------------------------------------------------ plans
+@pytest.mark.parametrize("mode", ["reference", "fast"])
+def test_kernel_shares_never_exceed_the_row(mode):
+    spec = ModelSpec()
+    for attn in ("sdpa", "eager"):
+        pts = Points.grid(crops=[(1, 1), (2, 3)], text_tokens=[10, 900], batch=[1, 5], decode_steps=[4], attn=attn)
+        rows = all_rows(spec, pts) + decode_step_rows(spec, pts, pts.sequence + 3.0)
+        for row in rows:
+            parts = [(row.steps[0], row.ctx[0]), (row.steps[1], row.ctx[1])] if row.steps else \
+                list(zip(row.parts or (row.cost,), row.ctx))
+            for cost, ctx in parts:
+                for fused in ((False, True) if mode == "fast" and ctx["phase"] == "decode" else (False,)):
+                    pl = plan(Call(row.kind, cost, ctx, mode, fused))
+                    f = sum((k.flops for k in pl.kernels), 0.0)
+                    b = sum((k.nbytes for k in pl.kernels), 0.0)
+                    assert np.all(f <= cost.flops * (1 + 1e-12) + 1e-6), row.kind
+                    assert np.all(b <= cost.bytes * (1 + 1e-12) + 1e-6), row.kind
+
+
+# ------------------------------------------------------------------------------------------ vectorised
+def _random_profile(seed: int = 0):
+    """Efficiencies that vary with the shape, on small grids (so interpolation and clamping both happen)."""
+    rng = np.random.default_rng(seed)
+    d = _profile(kind="cuda", graph_kernel_s=2e-6, eager_kernel_s=3e-6, host_op_s=8e-6, sync_s=2e-5,
+                 graph_launch_s=5e-6).to_dict()
+    for name, t in d["tables"].items():
+        axes = {a: [1.0, 64.0, 4096.0] for a in t["axes"]}
+        if "bytes" in axes:
+            axes = {"bytes": [1e3, 1e6, 1e9]}
+        shape = tuple(len(v) for v in axes.values())
+        t["axes"], t["efficiency"], t["measured"] = axes, rng.uniform(0.05, 1.0, shape).tolist(), None
+    return profile_from_dict(d)
+
+
+@pytest.mark.parametrize("mode", ["reference", "fast"])
+def test_sweep_equals_single_points(mode):
+    spec = tiny_spec()
+    hw = with_profile(H200, _random_profile(), mode)
+    pts = _grid()
+    st = evaluate(spec, pts, hw)
+    cols = pts.columns()
+    for i in range(pts.size):
+        w = Workload(mode="gundam", crops=(int(cols["crops_w"][i]), int(cols["crops_h"][i])),
+                     text_tokens=int(cols["text_tokens"][i]), batch=int(cols["batch"][i]),
+                     decode_steps=int(cols["decode_steps"][i]))
+        one = evaluate(spec, Points.from_workload(w), hw)
+        for s in STAGES:
+            for k in PREDICTED:
+                assert st[s][k][i] == pytest.approx(one[s][k][0], rel=1e-12, abs=1e-18), (s, k, i)
+
+
+def test_decode_steps_sum_by_simpson_close_to_the_step_by_step_sum():
+    spec = tiny_spec()
+    hw = with_profile(H200, _random_profile(1), "fast")
+    steps = 40
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[100], batch=[1, 2], decode_steps=[steps])
+    total = evaluate(spec, pts, hw)["decode"]["predicted_s"]
+    by_step = sum(aggregate(decode_step_rows(spec, pts, pts.sequence + float(i)), (pts.size,), hw)["decode"]
+                  ["predicted_s"] for i in range(steps))
+    np.testing.assert_allclose(total, by_step, rtol=0.01)
+    one = Points.grid(crops=[(2, 2)], text_tokens=[100], batch=[1, 2], decode_steps=[1])
+    exact = aggregate(decode_step_rows(spec, one, one.sequence.astype(float)), (2,), hw)["decode"]["predicted_s"]
+    np.testing.assert_allclose(evaluate(spec, one, hw)["decode"]["predicted_s"], exact, rtol=1e-12)
+
+
+def test_missing_table_falls_back_and_says_so():
+    d = _profile().to_dict()
+    for name in [n for n in d["tables"] if n.startswith("attention.flash")]:
+        d["tables"].pop(name)
+    prof = profile_from_dict(d)
+    hw = with_profile(H200, prof, "fast")
+    out = analyze(ModelSpec(), Workload(crops=(2, 2), decode_steps=4), hw)
+    assert any("attention.flash" in n and "attention.sdpa" in n for n in out["prediction"]["notes"])
+
+
+# ------------------------------------------------------------------------------------------ the command
+@pytest.fixture
+def profile_file(tmp_path):
+    return _random_profile(2).save(tmp_path / "prof.json")
+
+
+def test_analytic_cli_profile_table_and_json(profile_file, capsys):
+    assert main(["analytic", "--crops", "2x2", "--decode-steps", "100", "--profile", str(profile_file),
+                 "--session-mode", "fast"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted ms" in out and "predicted (fast mode" in out and "TPOT" in out
+    assert main(["analytic", "--crops", "2x2", "--decode-steps", "10", "--profile", str(profile_file),
+                 "--json", "--per-module"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["prediction"]["session_mode"] == "reference" and res["prediction"]["derived"] is False
+    assert res["stages"]["decode"]["predicted_s"] > 0 and "predicted_ttft_s" in res["capacity"]
+    assert all("predicted_s" in m for m in res["modules"])
+
+
+def test_analytic_cli_profile_sweep_export(profile_file, tmp_path, capsys):
+    out = tmp_path / "sweep.csv"
+    assert main(["analytic", "--crops", "1x1,2x2", "--batch", "1,4", "--decode-steps", "0,8",
+                 "--profile", str(profile_file), "--session-mode", "fast", "--sweep", str(out)]) == 0
+    assert "predicted with" in capsys.readouterr().out
+    df = pd.read_csv(out)
+    assert len(df) == 8 and df["predicted.session_mode"].eq("fast").all()
+    assert (~df["predicted.derived"]).all() and df["predicted.profile"].str.contains("measured").all()
+    assert (df["total.predicted_s"] >= 0).all() and "capacity.predicted_pages_per_day" in df
+    direct = sweep_columns(ModelSpec(), Points.grid(crops=[(1, 1), (2, 2)], batch=[1, 4], decode_steps=[0, 8]),
+                           with_profile(H200, _random_profile(2), "fast"))
+    np.testing.assert_allclose(df["decode.predicted_s"], direct["decode.predicted_s"], rtol=1e-9)
+
+
+def test_analytic_cli_profile_errors(profile_file, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(profile_file.read_text()[:-40])
+    assert main(["analytic", "--profile", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated" in err and len(err.strip().splitlines()) == 1
+    assert main(["analytic", "--profile", str(profile_file), "--session-mode", "turbo"]) == 2
+    assert "--session-mode" in capsys.readouterr().err
+    other = json.loads(profile_file.read_text())
+    other["format_version"] = 99
+    bad.write_text(json.dumps(other))
+    assert main(["analytic", "--profile", str(bad)]) == 2
+    assert "format_version 99 is not supported" in capsys.readouterr().err
+
+
+def test_build_profile_is_strict():
+    with pytest.raises(Exception, match="no GEMM table"):
+        build_profile(device={"name": "x", "kind": "cpu"}, environment={}, versions={},
+                      ceilings={"flops_per_s": 1.0, "bytes_per_s": 1.0, "source": "s"},
+                      launch={k: 0.0 for k in ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s",
+                                               "graph_launch_s")},
+                      tables={}, calibration={}, created="2026-01-01")
