@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--decode-steps", type=int, help="decode steps per point (default 32; 2 with --quick)")
     ap.add_argument("--repeats", type=int, help="timed repeats per point (default 3; 1 with --quick)")
     ap.add_argument("--work", default="engine", help="engine (default) or analytic: see analytic/predict.py")
-    ap.add_argument("--store", help="run store for the measured points (default: a new file in a temp folder)")
+    ap.add_argument("--store", help="run store for the measured points (default: a new file in a temp folder); "
+                                    "an earlier run of the same settings in it is resumed, its points kept")
+    ap.add_argument("--time-limit-s", type=float, help="stop measuring new points after this many seconds "
+                                                       "(re-run with the same --store to go on)")
     ap.add_argument("--count-kernels", action="store_true", help="GPU: count each mode's kernels on one point "
                                                                   "with the profiler, beside the plan's launches")
     ap.add_argument("--out", help="write the whole result as JSON here")
@@ -199,11 +202,18 @@ def main(argv: list[str] | None = None) -> dict:
                            "repeats": repeats, "logits": args.logits, "work": args.work, "device": args.device,
                            "points": len(workloads), "store": store_path},
               "modes": {}}
+    stop = (lambda: time.perf_counter() - t0 > args.time_limit_s) if args.time_limit_s else None
     for mode in modes:
         session = base if mode == "reference" else base.with_mode(mode)
-        print(f"measuring {len(workloads)} points, {mode} mode ...", flush=True)
-        run_id = run_sweep(session, store, workloads, name=f"prediction accuracy ({mode})", repeats=repeats,
-                           warmup=1, meta={"purpose": "prediction_accuracy", "profile": profile.summary()})
+        key = {"mode": mode, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps, "logits": args.logits,
+               "quick": quick, "device": args.device, "repeats": repeats}
+        run_id = next((r["id"] for r in store.list_runs("sweep") if (r.get("meta") or {}).get("accuracy_key") == key),
+                      None)  # resume the same settings' run: finished points are skipped
+        print(f"measuring {len(workloads)} points, {mode} mode" + (f" (resuming run {run_id[:12]})" if run_id else "")
+              + " ...", flush=True)
+        run_id = run_sweep(session, store, workloads, run_id=run_id, name=f"prediction accuracy ({mode})",
+                           repeats=repeats, warmup=1, should_stop=stop,
+                           meta={"purpose": "prediction_accuracy", "accuracy_key": key, "profile": profile.summary()})
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]
@@ -217,7 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "predicted_s": pred, "error": err})
         summary = summarize([r for r in rows if r["status"] == "done"])
         entry = {"run_id": run_id, "points": rows, "summary": summary,
-                 "not_done": sum(r["status"] != "done" for r in rows)}
+                 "not_done": sum(r["status"] != "done" for r in rows),
+                 "not_measured_yet": len(workloads) - len(rows)}
         if args.count_kernels and args.device.startswith("cuda"):
             w = workloads[min(1, len(workloads) - 1)]
             try:
@@ -229,6 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(table(summary, mode), flush=True)
         if entry["not_done"]:
             print(f"  ({entry['not_done']} points not measured: oom or error, see the run store)")
+        if entry["not_measured_yet"]:
+            print(f"  ({entry['not_measured_yet']} points left: re-run with --store {store_path} to go on)")
         if "kernels" in entry:
             print(f"  kernels: {entry['kernels']}")
     result["seconds"] = round(time.perf_counter() - t0, 1)
