@@ -31,23 +31,28 @@ STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "ttft", "tp
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
 
 
-def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str):
+GROUPS = ("grids", "native", "text", "batch")
+
+
+def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups: tuple[str, ...] = GROUPS):
     from dsocr_core.measure.sweep import sweep_workloads, vendor_grids
     from dsocr_core.results.store import point_key
 
     common = dict(decode_steps=(steps,), dtype=dtype, logits=logits)
     if quick:
-        groups = [sweep_workloads(modes=("tiny", "small"), text_tokens=(10,), batches=(1,), **common)]
+        chosen = [sweep_workloads(modes=("tiny", "small"), text_tokens=(10,), batches=(1,), **common)]
     else:
-        groups = [
-            sweep_workloads(modes=("gundam",), grids=[(1, 1)] + vendor_grids(), text_tokens=(10,), **common),
-            sweep_workloads(modes=("tiny", "small", "base", "large"), text_tokens=(10,), **common),
-            sweep_workloads(modes=("gundam",), grids=((2, 2),), text_tokens=(500, 2000, 3300), **common),
-            sweep_workloads(modes=("gundam",), grids=((2, 2),), batches=(4, 16, 64), **common),
-            sweep_workloads(modes=("base",), batches=(4, 16, 64), **common),
-        ]
+        every = {
+            "grids": [sweep_workloads(modes=("gundam",), grids=[(1, 1)] + vendor_grids(), text_tokens=(10,),
+                                      **common)],
+            "native": [sweep_workloads(modes=("tiny", "small", "base", "large"), text_tokens=(10,), **common)],
+            "text": [sweep_workloads(modes=("gundam",), grids=((2, 2),), text_tokens=(500, 2000, 3300), **common)],
+            "batch": [sweep_workloads(modes=("gundam",), grids=((2, 2),), batches=(4, 16, 64), **common),
+                      sweep_workloads(modes=("base",), batches=(4, 16, 64), **common)],
+        }
+        chosen = [g for name in groups for g in every[name]]
     out, seen = [], set()
-    for w in (w for g in groups for w in g):
+    for w in (w for g in chosen for w in g):
         if point_key(w) not in seen:
             seen.add(point_key(w))
             out.append(w)
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="tiny model, two points, short calibration (CPU test)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="calibration budget when calibrating")
     ap.add_argument("--modes", default="reference,fast", help="session modes to measure (default both)")
+    ap.add_argument("--groups", default=",".join(GROUPS),
+                    help="point groups (default all): grids (vendor tile grids + untiled page), native (the four "
+                         "native modes), text (500/2000/3300 text tokens on a 2x2 page), batch (4/16/64 pages)")
     ap.add_argument("--synthetic", help="weights preset: full (default) or tiny (default with --quick)")
     ap.add_argument("--dtype", help="bfloat16 (default) or float32 (default with --quick on a CPU)")
     ap.add_argument("--logits", default="last", help="last (default: serving) or all (the vendor's HF path)")
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     from dsocr_core.calibration.profile import load_profile
     from dsocr_core.measure.environment import capture_environment
     from dsocr_core.measure.sweep import run_sweep
-    from dsocr_core.results.store import RunStore
+    from dsocr_core.results.store import RunStore, point_key
     from dsocr_core.runtime.session import Session
 
     quick = args.quick
@@ -192,7 +200,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"profile: {profile.label()}", flush=True)
     if (profile.device.get("kind") == "cuda") != args.device.startswith("cuda"):
         print(f"warning: a {profile.device.get('kind')} profile predicting {args.device} runs", flush=True)
-    workloads = held_out_workloads(quick, steps, dtype, args.logits)
+    groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        ap.error(f"unknown --groups {unknown}; choose from {', '.join(GROUPS)}")
+    workloads = held_out_workloads(quick, steps, dtype, args.logits, groups)
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")
     store = RunStore(store_path)
     base = Session.load(synthetic=synthetic, device=args.device, dtype=dtype, session_mode="reference")
@@ -228,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         summary = summarize([r for r in rows if r["status"] == "done"])
         entry = {"run_id": run_id, "points": rows, "summary": summary,
                  "not_done": sum(r["status"] != "done" for r in rows),
-                 "not_measured_yet": len(workloads) - len(rows)}
+                 "not_measured_yet": len({point_key(w) for w in workloads} - store.finished_keys(run_id))}
         if args.count_kernels and args.device.startswith("cuda"):
             w = workloads[min(1, len(workloads) - 1)]
             try:
