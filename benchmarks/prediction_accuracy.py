@@ -59,12 +59,12 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
     return out
 
 
-def predicted(spec, workload, profile, mode: str, work: str) -> dict[str, float]:
+def predicted(spec, workload, profile, mode: str, work: str, overlap: str = "row") -> dict[str, float]:
     """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps)."""
     from dsocr_core.analytic import stage_totals
     from dsocr_core.analytic.predict import profile_hardware, with_profile
 
-    st = stage_totals(spec, workload, with_profile(profile_hardware(profile), profile, mode, work))
+    st = stage_totals(spec, workload, with_profile(profile_hardware(profile), profile, mode, work, overlap))
     out = {s: st[s]["predicted_s"] for s in ("sam", "clip", "projector", "vision", "prefill", "decode")}
     out["ttft"] = out["vision"] + out["prefill"]
     out["tpot"] = out["decode"] / max(workload.decode_steps, 1)
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--decode-steps", type=int, help="decode steps per point (default 32; 2 with --quick)")
     ap.add_argument("--repeats", type=int, help="timed repeats per point (default 3; 1 with --quick)")
     ap.add_argument("--work", default="engine", help="engine (default) or analytic: see analytic/predict.py")
+    ap.add_argument("--overlap", default="row", help="row (default) or kernel: see analytic/predict.py")
     ap.add_argument("--store", help="run store for the measured points (default: a new file in a temp folder); "
                                     "an earlier run of the same settings in it is resumed, its points kept")
     ap.add_argument("--time-limit-s", type=float, help="stop measuring new points after this many seconds "
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
     spec = base.spec
     result = {"profile": profile.summary(), "environment": capture_environment(args.device),
               "settings": {"quick": quick, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps,
-                           "repeats": repeats, "logits": args.logits, "work": args.work, "device": args.device,
+                           "repeats": repeats, "logits": args.logits, "work": args.work, "overlap": args.overlap,
+                           "device": args.device,
                            "points": len(workloads), "store": store_path},
               "modes": {}}
     stop = (lambda: time.perf_counter() - t0 > args.time_limit_s) if args.time_limit_s else None
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
             if rec["status"] != "done":
                 rows.append({"workload": w.model_dump(mode="json"), "status": rec["status"], "error": {}})
                 continue
-            pred = predicted(spec, w, profile, mode, args.work)
+            pred = predicted(spec, w, profile, mode, args.work, args.overlap)
             meas = rec["stages"]
             err = {s: pred[s] / meas[s] - 1.0 for s in STAGES if s in meas and meas[s] > 0}
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,

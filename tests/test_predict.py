@@ -77,6 +77,19 @@ def test_engine_work_adds_the_reference_cache_concatenation():
     assert st["prefill"]["predicted_s"][0] < st["prefill"]["time_s"][0]
 
 
+def test_kernel_overlap_sums_each_kernels_own_roofline():
+    """overlap='kernel': with efficiency 1 the prediction is the sum of the kernels' own rooflines, never below
+    the row's roofline, and equal to it where every kernel of a call has the same bound (batch-1 decode)."""
+    spec = ModelSpec()
+    pts = Points.grid(crops=[(2, 2)], batch=[1], decode_steps=[5])
+    row_ov = evaluate(spec, pts, with_profile(H200, _profile(), "reference", "analytic", "row"))
+    ker_ov = evaluate(spec, pts, with_profile(H200, _profile(), "reference", "analytic", "kernel"))
+    for s in STAGES:
+        assert np.all(ker_ov[s]["predicted_s"] >= row_ov[s]["predicted_s"] * (1 - 1e-12))
+    assert ker_ov["sam"]["predicted_s"][0] > 1.1 * row_ov["sam"]["predicted_s"][0]  # GEMMs + mask traffic
+    assert ker_ov["decode"]["predicted_s"][0] == pytest.approx(row_ov["decode"]["predicted_s"][0], rel=1e-6)
+
+
 # ------------------------------------------------------------------------------------------ by hand
 def _lm_head_row(spec):
     pts = Points.from_workload(Workload(mode="base", text_tokens=20, logits="last"))

@@ -18,6 +18,11 @@ uncounted work (the reference cache's concatenation) minus the traffic the fast 
 mask, fused elementwise ops). Decode rows sum the steps: the roofline in closed form (cost.sum_of_max), the rest by
 Simpson's rule over the first, middle and last step (every count is affine in the context; efficiencies vary
 smoothly with it). Everything is numpy over sweep points; nothing loops over points.
+
+overlap="kernel" (an option, off by default) replaces R by the sum of the kernels' own rooflines: kernels run one
+after another, so a call of compute-bound GEMMs and memory-bound elementwise kernels cannot overlap the two as
+the row's roofline assumes. It no longer equals the roofline at efficiency 1 (it is >= it); docs/time-model.md
+gives the size of the difference per stage.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from .kernels import Call, Kernel, plan
 PREDICTED = ("predicted_s", "predicted_roofline_s", "predicted_kernel_s", "predicted_launch_s", "predicted_host_s")
 SESSION_MODES = ("reference", "fast")
 WORK_MODES = ("engine", "analytic")
+OVERLAP_MODES = ("row", "kernel")
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +49,8 @@ class Prediction:
     profile: Any  # calibration.profile.Profile
     session_mode: str = "reference"
     work: str = "engine"
+    overlap: str = "row"  # row: the roofline of each call (compute and memory overlap across its kernels);
+    # kernel: each kernel's own roofline, summed (kernels run one after another; no longer equal to the roofline)
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
     def __post_init__(self):
@@ -50,11 +58,13 @@ class Prediction:
             raise SpecError(f"session mode must be one of {', '.join(SESSION_MODES)}, got {self.session_mode!r}")
         if self.work not in WORK_MODES:
             raise SpecError(f"work must be one of {', '.join(WORK_MODES)}, got {self.work!r}")
+        if self.overlap not in OVERLAP_MODES:
+            raise SpecError(f"overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
 
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
         return {**self.profile.summary(), "session_mode": self.session_mode, "work": self.work,
-                "notes": sorted(self.notes)}
+                "overlap": self.overlap, "notes": sorted(self.notes)}
 
 
 class ProfiledHardware(Hardware):
@@ -65,9 +75,10 @@ class ProfiledHardware(Hardware):
     prediction: Any = Field(default=None, exclude=True)
 
 
-def with_profile(hw: Hardware, profile, session_mode: str = "reference", work: str = "engine") -> ProfiledHardware:
+def with_profile(hw: Hardware, profile, session_mode: str = "reference", work: str = "engine",
+                 overlap: str = "row") -> ProfiledHardware:
     """`hw` plus a prediction from `profile` in `session_mode`."""
-    return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, session_mode, work))
+    return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, session_mode, work, overlap))
 
 
 def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:
@@ -119,6 +130,7 @@ class Predictor:
         self.profile = p
         self.mode = prediction.session_mode
         self.engine_work = prediction.work == "engine"
+        self.kernel_overlap = prediction.overlap == "kernel"
         self.P, self.W = p.peak_flops, p.bandwidth
         launch = p.launch
         self.graphs = self.mode == "fast" and p.device.get("kind") == "cuda"  # graphs and Triton need a GPU
@@ -166,11 +178,13 @@ class Predictor:
         dtype = ctx.get("dtype", "bfloat16")
         flops, nbytes = cost.flops, cost.bytes
         roof = np.maximum(np.asarray(flops, dtype=float) / self.P, np.asarray(nbytes, dtype=float) / self.W)
-        excess, launches, host_ops = 0.0, 0.0, 0.0
+        excess, launches, host_ops, own = 0.0, 0.0, 0.0, 0.0
         used_f, used_b = 0.0, 0.0
         for k in pl.kernels:
             used_f, used_b = used_f + k.flops, used_b + k.nbytes
             excess = excess + self._excess(k, dtype)
+            own = own + np.maximum(np.asarray(k.flops, dtype=float) / self.P,
+                                   np.asarray(k.nbytes, dtype=float) / self.W)
             launches = launches + k.launches
             host_ops = host_ops + (k.host_ops if k.host_ops is not None else (0.0 if self.graphs else k.launches))
         rest_f = np.maximum(flops - used_f, 0.0)
@@ -180,6 +194,8 @@ class Predictor:
         rest = Kernel(pl.rest_table, dict(bytes=np.asarray(rb if self.engine_work else rest_b) / per), rest_f,
                       rest_b, pl.rest_launches, real_bytes=pl.rest_real_bytes)
         excess = excess + self._excess(rest, dtype)
+        if self.kernel_overlap:  # the kernels' own rooflines, one after another
+            roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
         host_ops = host_ops + (0.0 if self.graphs else pl.rest_launches) + pl.host_ops
         launch = launches * self.per_launch
@@ -226,7 +242,7 @@ class Predictor:
         the profile's."""
         if not row.ctx:
             raise SpecError(f"row {row.kind} carries no kernel shapes; build rows with analytic.stages")
-        if roofline is not None and roofline[0] == self.P and roofline[1] == self.W:
+        if roofline is not None and roofline[0] == self.P and roofline[1] == self.W and not self.kernel_overlap:
             roof_sum = roofline[2]
         else:
             roof_sum = None
@@ -234,10 +250,12 @@ class Predictor:
             first, last, n = row.steps
             c0, c1 = row.ctx
             n = np.asarray(n, dtype=float)
-            roof = roof_sum if roof_sum is not None else row.times(self.P, self.W)[2]  # exact over the steps
+            roof = None if self.kernel_overlap else (
+                roof_sum if roof_sum is not None else row.times(self.P, self.W)[2])  # exact over the steps
             if _same(first, last):  # the context does not change this row's work: one step is every step
                 r, e, lt, h = self._by_batch(row.kind, first, c0)
                 kernel, launch, host = n * e, n * lt, n * np.maximum(h - (r + e + lt), 0.0)
+                roof = n * r if roof is None else roof
             else:
                 mid = Cost(tensor_flops=(first.flops + last.flops) / 2, act_read=(first.bytes + last.bytes) / 2)
                 nodes = [self.call(row.kind, first, c0),
@@ -247,6 +265,7 @@ class Predictor:
                 kernel = simpson([e for _, e, _, _ in nodes])
                 launch = simpson([lt for _, _, lt, _ in nodes])
                 host = simpson([np.maximum(h - (r + e + lt), 0.0) for r, e, lt, h in nodes])
+                roof = simpson([r for r, _, _, _ in nodes]) if roof is None else roof
         else:
             parts = row.parts or (row.cost,)
             roof = kernel = launch = host = 0.0

@@ -43,6 +43,7 @@ def register(sub) -> None:
     p.add_argument("--session-mode", default="reference",
                    help="what the prediction is for: reference (eager model) or fast (graphs, fused kernels)")
     p.add_argument("--work", default="engine", help=argparse.SUPPRESS)  # engine | analytic (see analytic/predict)
+    p.add_argument("--overlap", default="row", help=argparse.SUPPRESS)  # row | kernel (see analytic/predict)
     p.set_defaults(func=run)
     p.error = _parse_error  # one line and exit 2, like every other input error of this command
 
@@ -114,7 +115,8 @@ def _with_profile(hw, args):
 
     mode = _choice(args.session_mode, ("reference", "fast"), "session-mode")
     work = _choice(args.work, ("engine", "analytic"), "work")
-    return with_profile(hw, load_profile(args.profile), mode, work)
+    overlap = _choice(args.overlap, ("row", "kernel"), "overlap")
+    return with_profile(hw, load_profile(args.profile), mode, work, overlap)
 
 
 def _one_line(exc: ValidationError) -> str:
