@@ -171,7 +171,7 @@ def test_separated_path_verifies_and_old_handles_go_stale(sessions):
 def test_cache_grows_past_its_capacity(sessions):
     """A bare prefill leaves room for some tokens; decoding past it moves the cache, tokens unchanged."""
     ref, _ = sessions
-    fast = ref.with_mode("fast", bucket=16)
+    fast = ref.with_mode("fast", bucket=16, min_room=0)
     inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=6)
     pre = fast.prefill(inputs, room=2)
     cap = pre.cache.state.capacity
@@ -206,6 +206,18 @@ def test_load_session_modes():
         Session.load(synthetic="tiny", device="cpu", dtype="float32", engine_options={"bucket": 64}).engine
     with pytest.raises(ValueError):
         FastEngine(fast.model, moe="loop")
+
+
+def test_a_short_warm_up_and_the_longer_run_share_one_state(sessions):
+    """Every prefill leaves min_room decode positions, so the state (its graphs and compiled prefill) built by a
+    short warm-up is the one the longer timed run uses."""
+    ref, _ = sessions
+    fast = ref.with_mode("fast", bucket=16, min_room=64)
+    inputs = synthetic_inputs("small", (1, 1), text_tokens=10, batch=1, seed=6)
+    warm = fast.prefill(inputs, room=2).cache.state
+    timed = fast.prefill(inputs, room=40).cache.state
+    assert timed is warm and warm.capacity >= inputs.seq_len + 64
+    assert fast.prefill(inputs, room=100).cache.state.capacity >= inputs.seq_len + 100  # more room: grown
 
 
 def test_both_engines_share_one_cache_interface(sessions):

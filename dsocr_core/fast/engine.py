@@ -64,7 +64,7 @@ class FastEngine:
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
-                 graph_steps: int = 2):
+                 graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -101,6 +101,7 @@ class FastEngine:
         if graph_steps < 1:
             raise ValueError(f"graph_steps must be >= 1, got {graph_steps}")
         self.graph_steps = int(graph_steps)  # fused batch-1 generation: tokens per graph replay
+        self.min_room = int(min_room)  # decode positions every prefill leaves room for, whatever it is asked
         self.topk = ("argmax" if self.compile else "torch") if topk == "auto" else topk
         self.gemv = "linear"
         self.bucket = bucket
@@ -240,7 +241,7 @@ class FastEngine:
                 room: int = 0) -> tuple[torch.Tensor, FastCache]:
         """Vision + LM over the prompt (its first `upto` tokens). Returns float32 logits [B, T_logits, V]
         ('last': T_logits = 1; the stage's output buffer, valid until the next prefill of this shape) and a cache
-        handle with room for `room` decode steps (DEFAULT_NEW_TOKENS when 0; grown on demand). Stages timed:
+        handle with room for `room` decode steps, `min_room` at least (grown on demand). Stages timed:
         sam, clip, projector, prefill."""
         if logits not in ("all", "last"):
             raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
@@ -248,7 +249,9 @@ class FastEngine:
         prompt = inputs.input_ids
         ids = prompt if upto is None else prompt[:, :upto]
         b, t = ids.shape
-        st = self.state(b, prompt.shape[1] + (room or DEFAULT_NEW_TOKENS) + 1)
+        # at least min_room, so a short warm-up and the longer run after it share one state (a new capacity would
+        # capture every graph and compile the prefill again inside the timed run)
+        st = self.state(b, prompt.shape[1] + max(room, self.min_room) + 1)
         st.serial += 1
         st.primed = None
         key, feed = prefill_key(self, inputs, t, logits)
@@ -395,7 +398,7 @@ class FastEngine:
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
             "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl,
-            "graph_steps": self.graph_steps, "bucket": self.bucket,
+            "graph_steps": self.graph_steps, "bucket": self.bucket, "min_room": self.min_room,
             "sam_attention": self.sam_attention, "cudnn_benchmark": self.cudnn_benchmark,
             "grouped_mm": hasattr(torch, "_grouped_mm"),
             "extra_weight_bytes": self.w.extra_bytes, "extra_weight_bytes_by_kind": dict(self.w.extra),
