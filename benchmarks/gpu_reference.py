@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-generate", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true", help="only the 2x2 generation report")
     ap.add_argument("--session-mode", choices=["reference", "fast"], default="reference")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +75,8 @@ def main() -> int:
         (args.out / f"generate_full_2x2_{args.session_mode}.json").write_text(json.dumps(rep, indent=2))
         print(json.dumps(rep), flush=True)
 
+    if args.skip_sweep:
+        return 0
     hw = calibrate("cuda")
     print(f"calibrated: {hw.peak_tflops:.1f} TFLOP/s, {hw.bandwidth_tbs:.3f} TB/s", flush=True)
     store = RunStore(args.out / f"{args.session_mode}.sqlite")
