@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
                                     "an earlier run of the same settings in it is resumed, its points kept")
     ap.add_argument("--time-limit-s", type=float, help="stop measuring new points after this many seconds "
                                                        "(re-run with the same --store to go on)")
+    ap.add_argument("--predict-only", action="store_true",
+                    help="measure nothing: predict the points already in --store's runs of these settings (e.g. "
+                         "with a derived profile, on any machine)")
     ap.add_argument("--count-kernels", action="store_true", help="GPU: count each mode's kernels on one point "
                                                                   "with the profiler, beside the plan's launches")
     ap.add_argument("--out", help="write the whole result as JSON here")
@@ -207,9 +210,16 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"unknown --groups {unknown}; choose from {', '.join(GROUPS)}")
     workloads = held_out_workloads(quick, steps, dtype, args.logits, groups)
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")
+    if args.predict_only and not (args.store and Path(args.store).exists()):
+        ap.error("--predict-only needs --store with the measured runs")
     store = RunStore(store_path)
-    base = Session.load(synthetic=synthetic, device=args.device, dtype=dtype, session_mode="reference")
-    spec = base.spec
+    if args.predict_only:
+        from dsocr_core.spec import PRESETS
+
+        base, spec = None, PRESETS[synthetic]()
+    else:
+        base = Session.load(synthetic=synthetic, device=args.device, dtype=dtype, session_mode="reference")
+        spec = base.spec
     result = {"profile": profile.summary(), "environment": capture_environment(args.device),
               "settings": {"quick": quick, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps,
                            "repeats": repeats, "logits": args.logits, "work": args.work, "overlap": args.overlap,
@@ -218,16 +228,22 @@ def main(argv: list[str] | None = None) -> dict:
               "modes": {}}
     stop = (lambda: time.perf_counter() - t0 > args.time_limit_s) if args.time_limit_s else None
     for mode in modes:
-        session = base if mode == "reference" else base.with_mode(mode)
+        session = None if base is None else (base if mode == "reference" else base.with_mode(mode))
         key = {"mode": mode, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps, "logits": args.logits,
                "quick": quick, "device": args.device, "repeats": repeats}
         run_id = next((r["id"] for r in store.list_runs("sweep") if (r.get("meta") or {}).get("accuracy_key") == key),
                       None)  # resume the same settings' run: finished points are skipped
-        print(f"measuring {len(workloads)} points, {mode} mode" + (f" (resuming run {run_id[:12]})" if run_id else "")
-              + " ...", flush=True)
-        run_id = run_sweep(session, store, workloads, run_id=run_id, name=f"prediction accuracy ({mode})",
-                           repeats=repeats, warmup=1, should_stop=stop,
-                           meta={"purpose": "prediction_accuracy", "accuracy_key": key, "profile": profile.summary()})
+        if session is None:
+            if run_id is None:
+                print(f"no measured {mode} run with these settings in {store_path}; skipped", flush=True)
+                continue
+        else:
+            print(f"measuring {len(workloads)} points, {mode} mode"
+                  + (f" (resuming run {run_id[:12]})" if run_id else "") + " ...", flush=True)
+            run_id = run_sweep(session, store, workloads, run_id=run_id, name=f"prediction accuracy ({mode})",
+                               repeats=repeats, warmup=1, should_stop=stop,
+                               meta={"purpose": "prediction_accuracy", "accuracy_key": key,
+                                     "profile": profile.summary()})
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]
@@ -243,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         entry = {"run_id": run_id, "points": rows, "summary": summary,
                  "not_done": sum(r["status"] != "done" for r in rows),
                  "not_measured_yet": len({point_key(w) for w in workloads} - store.finished_keys(run_id))}
-        if args.count_kernels and args.device.startswith("cuda"):
+        if args.count_kernels and args.device.startswith("cuda") and session is not None:
             w = workloads[min(1, len(workloads) - 1)]
             try:
                 entry["kernels"] = {"workload": w.model_dump(mode="json"), "counted": count_kernels(session, w),

@@ -291,3 +291,9 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
     last = json.loads(printed.strip().splitlines()[-1])
     assert set(last["summary"]) == {"reference", "fast"}
     assert json.loads(out.read_text())["profile"]["label"].startswith("CPU")
+    # predicting the stored points again (another profile would go here) measures nothing and gives the same
+    again = mod.main(["--quick", "--device", "cpu", "--profile", str(quick_profile_path), "--predict-only",
+                      "--store", str(tmp_path / "runs.sqlite")])
+    for mode in ("reference", "fast"):
+        assert again["modes"][mode]["run_id"] == res["modes"][mode]["run_id"]
+        assert again["modes"][mode]["summary"] == res["modes"][mode]["summary"]
