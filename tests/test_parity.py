@@ -34,3 +34,27 @@ def test_parity_report_on_a_sample_page(session):
     rend = report.renderings(__import__("PIL.Image", fromlist=["Image"]).open(page("card")))
     assert set(rend) == {"one-shot", "separated", "vendor"}
     assert rend["vendor"].boxes_image.size == (620, 440)
+
+
+def test_divergence_evidence_tells_a_rounding_tie_from_a_real_difference():
+    """When the paths' tokens part, the report says whether the separated engine, fed the reference's tokens,
+    disagrees only where the two best scores are within rounding, or somewhere a real difference decides."""
+    from dsocr_core.measure.parity_run import divergence_evidence
+    from dsocr_core.runtime.inputs import synthetic_inputs
+    from dsocr_core.runtime.session import Session
+
+    session = Session.load(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast")
+    inputs = session.to_device(synthetic_inputs("tiny", (1, 1), 10, 1))
+    same = divergence_evidence(session, inputs, 6)
+    assert same["all_rounding_ties"] and same["teacher_forced"]["agree"] == 6
+    exact = session.engine.decode_step
+
+    def favours_token_7(token, cache):  # a real bug: one token wins every decode step by far
+        logits = exact(token, cache).clone()
+        logits[:, 7] += 100.0
+        return logits
+
+    session.engine.decode_step = favours_token_7
+    bad = divergence_evidence(session, inputs, 6)
+    assert not bad["all_rounding_ties"] and bad["teacher_forced"]["agree"] < 6
+    assert "NOT a rounding tie" in bad["summary"]

@@ -29,6 +29,8 @@ class ParityReport:
     session: dict
     vendor_text: str | None = None
     notes: list[str] = field(default_factory=list)
+    # when the tokens part: the separated path teacher-forced on the one-shot tokens (see divergence_evidence)
+    evidence: dict | None = None
 
     @property
     def token_equal(self) -> bool:
@@ -53,7 +55,7 @@ class ParityReport:
             "detections": self.detections.to_dict(), "session": self.session,
             "one_shot": {"text": self.one_shot.texts[0], "generated_ids": self.one_shot.generated_ids[0]},
             "separated": {"text": self.separated.texts[0], "generated_ids": self.separated.generated_ids[0]},
-            "vendor_text": self.vendor_text, "notes": self.notes,
+            "vendor_text": self.vendor_text, "notes": self.notes, "divergence_evidence": self.evidence,
         }
 
     def to_json(self) -> str:
@@ -82,6 +84,8 @@ def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str 
         one = session.generate_one_shot(inputs, max_new_tokens, no_repeat_ngram_size)
         sep = session.generate_separated(inputs, max_new_tokens, no_repeat_ngram_size, first_token=first_token,
                                          reference=one)
+        evidence = None if one.generated_ids == sep.generated_ids else divergence_evidence(
+            session, inputs, len(one.generated_ids[0]), no_repeat_ngram_size)
     detections = compare_outputs(one.texts[0], sep.texts[0], vendor_text,
                                  ids_a=one.generated_ids[0], ids_b=sep.generated_ids[0])
     notes = []
@@ -92,6 +96,26 @@ def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str 
         notes.append("fallback tokenizer: prompt ids differ from the real tokenizer's")
     if d.get("cpu_fallback"):
         notes.append("ran on the CPU")
+    if evidence is not None:
+        notes.append(evidence["summary"])
     grid = tuple(int(v) for v in inputs.images_spatial_crop[0].tolist())
     return ParityReport(image_name, picture.size, mode, prompt, grid, inputs.seq_len, one, sep, detections, d,
-                        vendor_text, notes)
+                        vendor_text, notes, evidence)
+
+
+def divergence_evidence(session: Session, inputs, steps: int, no_repeat_ngram_size: int = 20) -> dict:
+    """Why two paths' tokens part: the session's engine fed the reference model's own greedy tokens (teacher
+    forcing, so both see identical histories) and, at every step where its choice differs, the reference's
+    top-1 / top-2 margin against the largest logit difference of the two on that history. Every such step within
+    rounding (margin <= 2x the difference) means the paths differ only where bf16 cannot tell two tokens apart."""
+    from .token_parity import compare
+
+    r = compare(session.with_mode("reference"), session, inputs, steps, no_repeat_ngram_size)
+    tf = r["teacher_forced"]
+    ties = tf["all_rounding_flips"]
+    summary = (f"teacher-forced on the reference's tokens, the {session.session_mode} path agrees at "
+               f"{tf['agree']} of {tf['total']} steps; "
+               + ("every disagreement is a rounding tie (the two best scores within the paths' logit difference)"
+                  if ties else "some disagreement is NOT a rounding tie: a real difference between the paths"))
+    return {"teacher_forced": tf, "first_divergence": r["first_divergence"], "all_rounding_ties": ties,
+            "summary": summary}
