@@ -20,8 +20,10 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
-resources.warm_up()  # imports torch in the background once per process: pages without a model never wait for it
 resources.run_store()  # opens the store and imports the bundled reference runs once per process
 settings = sidebar.render()
 with ui.app_context(settings):
     page.run()
+# once per process, after the first page is drawn (not competing with it): torch imported in the background, so
+# the pages that load a model later find it ready; the pages without a model never import it
+resources.warm_up()

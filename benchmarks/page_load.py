@@ -6,14 +6,18 @@ in Debian's headless Chromium through Playwright (never a downloaded browser) an
 * cold: the first visit of the page after the server started (the first page also pays the server's first script
   run: imports, the run store, the bundled-run import);
 * switch: a click in the sidebar navigation from another page, the server warm (median over --rounds);
-* fresh tab: a new browser tab opening the page's URL, the server warm (median over --rounds);
+* new tab: a new tab of the same browser (its HTTP cache warm, as a user's is) opening the page's URL, the
+  server warm (median over --rounds): a new Streamlit session, so the frontend boots and the script runs again;
 * and, on the analytic page, a changed setting (the sweep axis) until the chart shows the new axis.
 
 "First chart" is the first Vega-Lite chart of the new page drawn (its SVG or canvas present, its element not
 stale); the parity page has no chart before a run, so its first control ("Run both paths") stands in. "Done" is
 the end of the script run (the app idle). The LAST line printed is one JSON object with every figure.
 
-    python benchmarks/page_load.py [--rounds 5] [--chromium /usr/bin/chromium]
+    python benchmarks/page_load.py [--rounds 5] [--chromium /usr/bin/chromium] [--root CHECKOUT]
+
+--root times another checkout of the dashboard (e.g. an older commit unpacked with `git archive`), for before/after
+figures taken with the same benchmark.
 """
 from __future__ import annotations
 
@@ -66,13 +70,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, store: Path, log: Path) -> subprocess.Popen:
+def start_server(port: int, store: Path, log: Path, root: Path = ROOT) -> subprocess.Popen:
     env = {**os.environ, "DSOCR_STORE": str(store), "PYTHONUNBUFFERED": "1"}
     env.pop("DSOCR_REFERENCE_DIR", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
          "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        cwd=root, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -108,6 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="warm rounds; medians are reported")
     ap.add_argument("--chromium", default="/usr/bin/chromium")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose app.py is timed")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -115,9 +120,9 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t_start = time.perf_counter()
-    proc = start_server(port, tmp / "runs.sqlite", tmp / "server.log")
+    proc = start_server(port, tmp / "runs.sqlite", tmp / "server.log", args.root.resolve())
     server_s = time.perf_counter() - t_start
-    out = {"server_start_s": round(server_s, 2), "cold": {}, "switch": {}, "fresh_tab": {}, "analytic_setting": None}
+    out = {"server_start_s": round(server_s, 2), "cold": {}, "switch": {}, "new_tab": {}, "analytic_setting": None}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
@@ -147,17 +152,16 @@ def main() -> None:
                 first = time.perf_counter() - t0
                 page.wait_for_function(IDLE_JS, timeout=120_000, polling=50)
                 setting.append((first, time.perf_counter() - t0))
-            ctx.close()
-            # fresh tabs on the warm server
+            # new tabs of the same browser on the warm server
             fresh: dict[str, list] = {t: [] for t, *_ in PAGES}
             for _ in range(args.rounds):
                 for title, path, h1, marker in PAGES:
-                    ctx = browser.new_context(viewport={"width": 1440, "height": 1200})
                     tab = ctx.new_page()
                     t0 = time.perf_counter()
                     tab.goto(f"{url}/{path}")
                     fresh[title].append(wait_ready(tab, h1, marker, t0))
-                    ctx.close()
+                    tab.close()
+            ctx.close()
             browser.close()
     finally:
         proc.terminate()
@@ -171,13 +175,13 @@ def main() -> None:
 
     for title in switch:
         out["switch"][title] = med(switch[title])
-        out["fresh_tab"][title] = med(fresh[title])
+        out["new_tab"][title] = med(fresh[title])
         out["cold"][title] = [round(v, 2) for v in out["cold"][title]]
     out["analytic_setting"] = med(setting)
     print(f"server start (health check answers): {server_s:.2f} s; figures: first chart / script done, seconds")
-    print(f"{'page':16s} {'cold':>13s} {'switch (med)':>14s} {'fresh tab (med)':>16s}")
+    print(f"{'page':16s} {'cold':>13s} {'switch (med)':>14s} {'new tab (med)':>16s}")
     for title in switch:
-        c, s, f = out["cold"][title], out["switch"][title], out["fresh_tab"][title]
+        c, s, f = out["cold"][title], out["switch"][title], out["new_tab"][title]
         print(f"{title:16s} {c[0]:6.2f}/{c[1]:<6.2f} {s[0]:7.2f}/{s[1]:<6.2f} {f[0]:9.2f}/{f[1]:<6.2f}")
     print(f"analytic setting changed (sweep axis): {out['analytic_setting'][0]:.2f} s to the new chart, "
           f"{out['analytic_setting'][1]:.2f} s to done")

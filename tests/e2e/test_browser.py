@@ -28,8 +28,9 @@ CHART = "[data-testid='stVegaLiteChart']"
 LABEL = "synthetic tiny model on CPU (random weights)"
 
 if not CHROMIUM.exists():
-    pytest.skip("needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium); browsers are never "
-                "downloaded", allow_module_level=True)
+    why = os.environ.get("DSOCR_BROWSER_SKIP_REASON")  # set by ./run-tests when it could not install Chromium
+    pytest.skip(f"needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium){': ' + why if why else ''};"
+                " browsers are never downloaded", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (requirements.txt)")
 
 

@@ -1,0 +1,92 @@
+"""The README's two commands on a machine seen for the first time (issue 17 item 10): `./run-tests` and
+`./dashboard` each prepare the environment themselves, CI calls exactly the test command.
+
+The first-use path is run for real into a temporary environment (made with --system-site-packages, so the packages
+this interpreter already has are reused and nothing is downloaded) or, when the tests already run inside the
+environment ./run-tests made, through that environment (the 'already prepared' path)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def setup_env(tmp_path_factory) -> dict:
+    """The environment the two commands run with: the virtual environment these tests run in, or a fresh one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    if sys.prefix != sys.base_prefix:  # inside a virtual environment (./run-tests): use it as it is
+        env["DSOCR_VENV"] = sys.prefix
+    else:
+        env["DSOCR_VENV"] = str(tmp_path_factory.mktemp("setup") / "venv")
+        env["PYTHON"] = sys.executable
+    return env
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+             if ln.strip() and not ln.strip().startswith("#")]
+    assert lines[-1] == "exec ./run-tests"
+    readme = (ROOT / "README.md").read_text()
+    assert "./run-tests" in readme and "./dashboard" in readme
+    for script in ("run-tests", "dashboard", ".ci/run"):
+        path = ROOT / script
+        assert os.access(path, os.X_OK), script
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "setup-env.sh")], check=True)
+
+
+def test_run_tests_prepares_the_environment_and_runs_pytest(setup_env):
+    env = setup_env
+    out = subprocess.run(["./run-tests", "-q", "-p", "no:cacheprovider", "tests/test_spec.py"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout
+    assert (Path(env["DSOCR_VENV"]) / ".dsocr-setup").exists()
+    failing = subprocess.run(["./run-tests", "-q", "-p", "no:cacheprovider", "tests/test_spec.py", "-k",
+                              "no_such_test_anywhere"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600, stdin=subprocess.DEVNULL)
+    assert failing.returncode != 0  # pytest's status comes back (5: nothing collected)
+
+
+def test_dashboard_prepares_the_environment_and_serves_the_app(setup_env, tmp_path):
+    env = dict(setup_env)
+    env["DSOCR_STORE"] = str(tmp_path / "runs.sqlite")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "dashboard.log", "w")
+    proc = subprocess.Popen(["./dashboard", "--server.port", str(port), "--server.fileWatcherType", "none"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                pytest.fail("./dashboard did not serve the app:\n" + (tmp_path / "dashboard.log").read_text()[-3000:])
+            time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        os.killpg(proc.pid, 15)  # the session this test started: the script and the streamlit it exec'd
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
