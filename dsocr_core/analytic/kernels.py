@@ -47,6 +47,7 @@ class Kernel:
     host_ops: Any = None  # eager ops issuing it (None: = launches where the mode runs eagerly, else 0)
     real_flops: Any = None  # what the engine really does (None: the share)
     real_bytes: Any = None
+    by_batch: bool = False  # in a decode step its work and shape depend on the batch only (not the context)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Plan:
     rest_launches: Any = 0.0
     rest_real_bytes: Any = None  # engine bytes of the remainder (None: its share)
     rest_table: str = "memory.elementwise"
+    rest_by_batch: bool = False  # the remainder's work depends on the batch only in a decode step
     syncs: Any = 0.0  # host synchronisations per call
     graph_launches: Any = 0.0  # CUDA-graph replays per call
     host_ops: Any = 0.0  # eager host ops that launch nothing counted above (Python work, views)
@@ -233,8 +235,8 @@ def _lm_attn(c: Call) -> Plan:
         else:  # torch.cat rewrites the layer's whole cache: read old + new, write all
             kv.real_bytes = 2 * b * sk * 2 * h * dt
             kv.coords = dict(bytes=kv.real_bytes)
-        proj = Kernel("gemm", dict(m=t, n=h, k=h), 8 * t * h * h, 4 * (2 * t * h + h * h) * dt, 4.0)
-        return Plan([proj, attn, kv], rest_launches=12)  # RoPE (5 ops each for q and k), head merge, residual
+        proj = Kernel("gemm", dict(m=t, n=h, k=h), 8 * t * h * h, 4 * (2 * t * h + h * h) * dt, 4.0, by_batch=True)
+        return Plan([proj, attn, kv], rest_launches=12, rest_by_batch=True)  # RoPE (5 ops each), merge, residual
     attn.real_bytes = 4 * t * h * dt + kv_read  # the fast engine's attention never writes scores
     if not prefill:  # decode attends over the static cache's current 256-slot bucket
         bucket = np.ceil(sk / DECODE_BUCKET) * DECODE_BUCKET
@@ -242,14 +244,17 @@ def _lm_attn(c: Call) -> Plan:
         attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim)
     kv.launches = 2.0  # keys.copy_ / index_copy_ into the static cache
     qkv = Kernel("gemm", dict(m=t, n=3 * h, k=h), 6 * t * h * h, 3 * (2 * t * h + h * h) * dt, 1.0,
-                 real_bytes=(4 * t * h + 3 * h * h) * dt)  # one matmul over the stacked q/k/v weights
-    o = Kernel("gemm", dict(m=t, n=h, k=h), 2 * t * h * h, (2 * t * h + h * h) * dt, 1.0)
+                 real_bytes=(4 * t * h + 3 * h * h) * dt, by_batch=True)  # one matmul over stacked q/k/v
+    o = Kernel("gemm", dict(m=t, n=h, k=h), 2 * t * h * h, (2 * t * h + h * h) * dt, 1.0, by_batch=True)
+    kv.by_batch = True  # the static cache: this step's entry only
     if c.fused:  # norm + q/k/v GEMV + RoPE + cache write; attention; o_proj + residual: 3 kernels
         qkv.table = o.table = kv.table = "memory.gemv"
         qkv.coords, o.coords = dict(bytes=qkv.real_bytes), dict(bytes=o.nbytes)
         kv.coords, kv.launches = dict(bytes=qkv.real_bytes), 0.0
-        return Plan([qkv, attn, o, kv], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv")
-    return Plan([qkv, attn, o, kv], rest_launches=2.0, rest_real_bytes=9 * t * h * dt)  # RoPE, head merge
+        return Plan([qkv, attn, o, kv], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv",
+                    rest_by_batch=True)
+    return Plan([qkv, attn, o, kv], rest_launches=2.0, rest_real_bytes=9 * t * h * dt,
+                rest_by_batch=True)  # RoPE, head merge
 
 
 def _rms(c: Call) -> Plan:

@@ -182,7 +182,8 @@ class Predictor:
         used_f, used_b = 0.0, 0.0
         for k in pl.kernels:
             used_f, used_b = used_f + k.flops, used_b + k.nbytes
-            excess = excess + self._excess(k, dtype)
+            by_batch = k.by_batch and ctx.get("phase") == "decode"
+            excess = excess + (self._excess_by_batch(k, dtype, ctx) if by_batch else self._excess(k, dtype))
             own = own + np.maximum(np.asarray(k.flops, dtype=float) / self.P,
                                    np.asarray(k.nbytes, dtype=float) / self.W)
             launches = launches + k.launches
@@ -193,7 +194,11 @@ class Predictor:
         rb = rest_b if pl.rest_real_bytes is None else pl.rest_real_bytes
         rest = Kernel(pl.rest_table, dict(bytes=np.asarray(rb if self.engine_work else rest_b) / per), rest_f,
                       rest_b, pl.rest_launches, real_bytes=pl.rest_real_bytes)
-        excess = excess + self._excess(rest, dtype)
+        rest.by_batch = pl.rest_by_batch
+        if pl.rest_by_batch and ctx.get("phase") == "decode":
+            excess = excess + self._excess_by_batch(rest, dtype, ctx)
+        else:
+            excess = excess + self._excess(rest, dtype)
         if self.kernel_overlap:  # the kernels' own rooflines, one after another
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
@@ -221,18 +226,38 @@ class Predictor:
         return tuple(out)
 
     # ----------------------------------------------------------------------------------------- one row
-    def _by_batch(self, kind: str, cost: Cost, ctx: dict):
-        """call() of a decode row whose cost depends on the batch only (not the context): evaluated once per
-        distinct batch size and spread back (same formulas, far fewer array elements)."""
+    def _batch_index(self, ctx: dict):
+        """(index of one point per distinct batch size, inverse map) of a decode call's points (cached)."""
         b = np.asarray(ctx["b"])
         key = id(ctx)
         if key not in self._batches:
             _, first, inv = np.unique(b.reshape(-1), return_index=True, return_inverse=True)
             self._batches[key] = (ctx, first, inv.reshape(b.shape))  # ctx kept alive: its id stays unique
-        _, first, inv = self._batches[key]
+        return self._batches[key][1:]
+
+    def _excess_by_batch(self, k: Kernel, dtype: str, ctx: dict):
+        """_excess of a kernel whose work and shape depend on the batch only: once per distinct batch size."""
+        b = np.asarray(ctx["b"])
+        if b.size < 256:
+            return self._excess(k, dtype)
+        first, inv = self._batch_index(ctx)
+        take = lambda v: np.broadcast_to(v, b.shape).reshape(-1)[first] if np.ndim(v) else v  # noqa: E731
+        small = Kernel(k.table, {a: take(v) for a, v in k.coords.items()}, take(k.flops), take(k.nbytes),
+                       real_flops=None if k.real_flops is None else take(k.real_flops),
+                       real_bytes=None if k.real_bytes is None else take(k.real_bytes))
+        e = self._excess(small, dtype)
+        return np.asarray(e)[inv] if np.ndim(e) else e
+
+    def _by_batch(self, kind: str, cost: Cost, ctx: dict):
+        """call() of a decode row whose cost depends on the batch only (not the context): evaluated once per
+        distinct batch size and spread back (same formulas, far fewer array elements)."""
+        b = np.asarray(ctx["b"])
+        first, inv = self._batch_index(ctx)
         take = lambda v: np.asarray(v).reshape(-1)[first] if np.ndim(v) else v  # noqa: E731
-        small = Cost(tensor_flops=take(np.broadcast_to(cost.flops, b.shape)),
-                     act_read=take(np.broadcast_to(cost.bytes, b.shape)))
+        flops, nbytes = np.broadcast_to(cost.flops, b.shape), np.broadcast_to(cost.bytes, b.shape)
+        small = Cost(tensor_flops=take(flops), act_read=take(nbytes))
+        if not (np.array_equal(small.tensor_flops[inv], flops) and np.array_equal(small.act_read[inv], nbytes)):
+            return self.call(kind, cost, ctx)  # the work depends on more than the batch: every point
         sctx = {k: (take(np.broadcast_to(v, b.shape)) if isinstance(v, np.ndarray) else v) for k, v in ctx.items()}
         return tuple(np.asarray(x)[inv] if np.ndim(x) else x for x in self.call(kind, small, sctx))
 
@@ -250,13 +275,12 @@ class Predictor:
             first, last, n = row.steps
             c0, c1 = row.ctx
             n = np.asarray(n, dtype=float)
-            roof = None if self.kernel_overlap else (
-                roof_sum if roof_sum is not None else row.times(self.P, self.W)[2])  # exact over the steps
             if _same(first, last):  # the context does not change this row's work: one step is every step
                 r, e, lt, h = self._by_batch(row.kind, first, c0)
-                kernel, launch, host = n * e, n * lt, n * np.maximum(h - (r + e + lt), 0.0)
-                roof = n * r if roof is None else roof
+                roof, kernel, launch, host = n * r, n * e, n * lt, n * np.maximum(h - (r + e + lt), 0.0)
             else:
+                roof = None if self.kernel_overlap else (
+                    roof_sum if roof_sum is not None else row.times(self.P, self.W)[2])  # exact over the steps
                 mid = Cost(tensor_flops=(first.flops + last.flops) / 2, act_read=(first.bytes + last.bytes) / 2)
                 nodes = [self.call(row.kind, first, c0),
                          self.call(row.kind, mid, dict(c0, n=(c0["n"] + c1["n"]) / 2)),
