@@ -142,12 +142,14 @@ def main() -> None:
             # a changed analytic setting: the sweep axis, until the chart's x axis names the new one
             switch_to(page, "Analytic sweep", "Analytic sweep", "chart")
             setting = []
-            for axis, label in [("Batch size", "batch size"), ("Crop count (Gundam tiles)", "crop count")] * args.rounds:
+            axes = [("Batch size", "batch size"), ("Crop count (Gundam tiles)", "crop count")]
+            for axis, label in axes * args.rounds:
                 t0 = time.perf_counter()
                 page.locator("[data-testid='stMain'] [data-testid='stRadio'] label", has_text=axis).first.click()
                 page.wait_for_function(
-                    """(label) => [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stVegaLiteChart']")]
-                         .some(c => c.innerHTML.includes(label) && !c.closest("[data-stale='true']"))""",
+                    """(label) => [...document.querySelectorAll(
+                         "[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
+                         c => c.innerHTML.includes(label) && !c.closest("[data-stale='true']"))""",
                     arg=label, timeout=120_000, polling="raf")
                 first = time.perf_counter() - t0
                 page.wait_for_function(IDLE_JS, timeout=120_000, polling=50)

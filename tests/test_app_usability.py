@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from dsocr_core.results.store import RunStore
-from test_app import (LABEL, bomb_png, chart_rows, charts, fake_gpu_run, goto, make_app, open_tab,  # noqa: F401
-                      page_text, texts, with_reference, no_reference)
+from test_app import (LABEL, bomb_png, chart_rows, charts, fake_gpu_run, goto, make_app, open_tab,  # noqa: F401 (fixtures)
+                      texts, with_reference, no_reference)
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -126,6 +126,24 @@ def test_runs_filters_follow_the_chosen_runs(with_reference):
     goto(at, "overview")
     goto(at, "measured")  # the choice of runs survives a page switch
     assert at.multiselect(key="ms_runs").value == [with_reference, cpu_id]
+
+
+def test_a_sweep_started_here_joins_the_chosen_runs(with_reference):
+    from test_app import wait_for_sweep
+
+    at = open_tab(goto(make_app(), "measured"), "ms_tab", "New sweep")
+    at.multiselect(key="ms_modes").set_value(["tiny"])
+    at.text_input(key="ms_steps").set_value("1")
+    at.number_input(key="ms_repeats_cpu").set_value(1)
+    at.number_input(key="ms_warmup_cpu").set_value(0)
+    at.button(key="ms_start").click().run()
+    job = wait_for_sweep()
+    assert job.error is None and job.run_id
+    open_tab(at, "ms_tab", "Runs")
+    assert at.multiselect(key="ms_runs").value == [with_reference, job.run_id]
+    at.multiselect(key="ms_runs").set_value([with_reference]).run()  # added once: the user can take it out
+    at.run()
+    assert at.multiselect(key="ms_runs").value == [with_reference]
 
 
 # ------------------------------------------------------------------------------------------------ 3 parity timings

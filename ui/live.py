@@ -63,9 +63,9 @@ def sweep_form(settings, session) -> None:
     try:
         if problem:
             raise inputs.InputError(problem)
-        runner.start(session, resources.run_store().store, workloads, name=name, label=settings.model.label,
-                     repeats=int(repeats), warmup=int(warmup), weights=weights)
-        st.session_state["ms_started"] = True
+        job = runner.start(session, resources.run_store().store, workloads, name=name, label=settings.model.label,
+                           repeats=int(repeats), warmup=int(warmup), weights=weights)
+        st.session_state["ms_started"] = id(job)  # the Runs tab adds this sweep to the chosen runs
     except (inputs.InputError, ValueError) as exc:
         st.error(f"Cannot start this sweep: {exc}")
     except resources.Busy as exc:
@@ -120,7 +120,8 @@ def history_ratio(settings, session) -> tuple[float | None, str]:
     latest stored runs of this model label, dtype and session mode: (ratio, where it comes from)."""
     store = resources.run_store().store
     runs = [r for r in store.list_runs(kind="sweep") if r["n_done"]
-            and (r.get("meta") or {}).get("model_label") == settings.model.label and r.get("dtype") == session.dtype and (r.get("session_mode") or "reference") == session.session_mode]
+            and (r.get("meta") or {}).get("model_label") == settings.model.label and r.get("dtype") == session.dtype
+            and (r.get("session_mode") or "reference") == session.session_mode]
     measured = predicted = 0.0
     used = 0
     for run in runs[:3]:
