@@ -31,12 +31,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from ..spec import DTYPE_BYTES, SpecError
+from .schema import ProfileModel, TableModel, first_problem
 
 FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
@@ -170,63 +171,7 @@ class Table:
                 "efficiency": self.efficiency.tolist(), "measured": self.measured.tolist(), "meta": dict(self.meta)}
 
 
-# ------------------------------------------------------------------------------------------- strict schema
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Device(_Strict):
-    name: str
-    kind: Literal["cuda", "cpu"]
-    sm_count: int | None = None
-    memory_gb: float | None = None
-    l2_bytes: int | None = None
-
-
-class _Ceilings(_Strict):
-    flops_per_s: float
-    bytes_per_s: float
-    source: str
-
-
-class _Launch(_Strict):
-    graph_kernel_s: float
-    eager_kernel_s: float
-    host_op_s: float
-    sync_s: float
-    graph_launch_s: float
-
-
-class _Table(_Strict):
-    axes: dict[str, list[float]]
-    efficiency: list
-    measured: list | None = None
-    meta: dict[str, Any] = {}
-
-
-class _Derivation(_Strict):
-    source: dict[str, Any]
-    target: dict[str, Any]
-    ratios: dict[str, float | None]
-    method: str
-
-
-class _Profile(_Strict):
-    format: str
-    format_version: int
-    created: str
-    device: _Device
-    environment: dict[str, Any]
-    versions: dict[str, Any]
-    ceilings: _Ceilings
-    launch: _Launch
-    tables: dict[str, _Table]
-    calibration: dict[str, Any]
-    derived: bool
-    derivation: _Derivation | None = None
-
-
-def _table_from(name: str, t: _Table) -> Table:
+def _table_from(name: str, t: TableModel) -> Table:
     kind = table_kind(name)
     want = KIND_AXES[kind]
     if tuple(t.axes) != want:
@@ -329,17 +274,6 @@ class Profile:
         return path
 
 
-def _pydantic_problem(exc: ValidationError) -> str:
-    e = exc.errors()[0]
-    where = ".".join(str(p) for p in e["loc"]) or "top level"
-    kind = e.get("type", "")
-    if kind == "missing":
-        return f"missing field {where!r}"
-    if kind == "extra_forbidden":
-        return f"unknown field {where!r}"
-    return f"field {where!r}: {e['msg']}"
-
-
 def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     """Validate a parsed profile. Raises ProfileError naming the first problem."""
     if not isinstance(data, dict):
@@ -351,9 +285,9 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         raise ProfileError(f"{source}: profile format_version {version!r} is not supported (this tool reads "
                            f"version {FORMAT_VERSION}); re-run `python -m dsocr_core calibrate`")
     try:
-        model = _Profile.model_validate(data)
+        model = ProfileModel.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(f"{source}: invalid profile: {_pydantic_problem(exc)}") from None
+        raise ProfileError(f"{source}: invalid profile: {first_problem(exc)}") from None
     for key in ("flops_per_s", "bytes_per_s"):
         v = getattr(model.ceilings, key)
         if not (math.isfinite(v) and v > 0):

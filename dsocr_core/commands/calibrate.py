@@ -78,17 +78,18 @@ def run(args) -> int:
     from ..calibration.microbench import run_microbench
 
     bar = None
-    progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
         bar = tqdm(total=0, unit="shape", file=sys.stderr, desc="calibrate", dynamic_ncols=True)
 
-        def progress(done: int, total: int, name: str) -> None:
-            if bar.total != total:
-                bar.total = total
-            bar.set_postfix_str(name, refresh=False)
-            bar.update(done - bar.n)
+    def progress(done: int, total: int, name: str) -> None:
+        if bar is None:
+            return
+        if bar.total != total:
+            bar.total = total
+        bar.set_postfix_str(name, refresh=False)
+        bar.update(done - bar.n)
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     try:
         prof = run_microbench(args.device, quick=args.quick, budget_s=args.budget_s, progress=progress,

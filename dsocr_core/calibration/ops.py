@@ -1,0 +1,277 @@
+"""The benchmarked kernels and how they are timed (calibration/microbench.py runs them over shape grids).
+
+Each table kind has one op (`kernel_op`): a GEMM through F.linear (weights [N, K], as nn.Linear holds them), a
+copy, an elementwise add, a LayerNorm over 1,024-wide rows, a GEMV, attention through SDPA (the LM's backends, a
+dense additive mask as SAM runs it, flash only) or the reference LM's eager ops, and a grouped expert GEMM
+(`torch._grouped_mm`; `bmm` where it cannot run). `measure_entry` times one shape: on a GPU a CUDA graph of N
+calls over rotating inputs (enough copies to spill the L2), replayed and timed with CUDA events; on a CPU eager
+calls and perf_counter. `launch_costs` measures the per-launch costs of the profile's `launch` block.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..spec import DTYPE_BYTES
+from .profile import table_kind
+
+ATTN_KERNELS = {"sdpa": 1, "flash": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10}
+GROUPED_EXPERTS = 64
+
+
+@dataclass
+class Settings:
+    device: str
+    quick: bool
+    budget_s: float
+    flops_cap: float  # per call
+    memory_cap: float  # bytes of live inputs (all rotating copies)
+    target_s: float  # device time one timed replay should take
+    repeats: int
+    max_inner: int
+    l2_bytes: int
+    experts: int = GROUPED_EXPERTS
+    notes: list = field(default_factory=list)
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def kernel_op(name: str, c: dict, dev: str, experts: int):
+    """(make one input set, run the kernel on an input set, input bytes per set, kernels per call)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kind = table_kind(name)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rnd = lambda *shape, dt=torch.bfloat16: torch.randn(*shape, device=dev, dtype=dt, generator=gen)  # noqa: E731
+    i = {k: int(round(v)) for k, v in c.items()}
+    if kind == "gemm":
+        dt = _dtype(name.split(".")[1])
+        s = DTYPE_BYTES[name.split(".")[1]]
+        return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt)),
+                lambda x: F.linear(x[0], x[1]), (i["m"] * i["k"] + i["n"] * i["k"]) * s, 1)
+    if kind == "grouped_gemm":
+        t, n, k = i["tokens"], i["n"], i["k"]
+        offs = torch.arange(1, experts + 1, device=dev, dtype=torch.int32) * t
+        make = lambda: (rnd(experts * t, k), rnd(experts, n, k))  # noqa: E731
+        grouped = lambda x: torch._grouped_mm(x[0], x[1].transpose(1, 2), offs=offs)  # noqa: E731
+        bmm = lambda x: torch.bmm(x[0].view(experts, t, k), x[1].transpose(1, 2))  # noqa: E731
+        try:
+            if not hasattr(torch, "_grouped_mm"):
+                raise RuntimeError("no torch._grouped_mm")
+            grouped(make())
+            return make, grouped, experts * (t * k + n * k) * 2, 1
+        except Exception:  # CPU, or a GPU/dtype without a grouped GEMM kernel: the batched GEMM stand-in
+            return make, bmm, experts * (t * k + n * k) * 2, 1
+    if kind == "memory":
+        what = name.split(".")[1]
+        nbytes = max(int(c["bytes"]), 64)
+        if what == "copy":
+            n = nbytes // 4  # bf16 elements: read + write = bytes
+            return (lambda: (rnd(n), torch.empty(n, device=dev, dtype=torch.bfloat16)),
+                    lambda x: x[1].copy_(x[0]), 2 * n * 2, 1)
+        if what == "elementwise":
+            n = max(nbytes // 6, 1)  # two reads and a write
+            return lambda: (rnd(n), rnd(n)), lambda x: torch.add(x[0], x[1]), 2 * n * 2, 1
+        if what == "norm":
+            width = 1024
+            rows = max(nbytes // (4 * width), 1)  # read and write [rows, 1024] bf16
+            return (lambda: (rnd(rows, width), torch.ones(width, device=dev, dtype=torch.bfloat16)),
+                    lambda x: F.layer_norm(x[0], (width,), x[1]), rows * width * 2, 1)
+        k = 2048
+        n = max(nbytes // (2 * k), 1)  # weight [n, 2048] bf16 dominates
+        return lambda: (rnd(1, k), rnd(n, k)), lambda x: F.linear(x[0], x[1]), (n * k + k) * 2, 1
+    impl = name.split(".")[1]
+    causal = kind == "attention_causal"
+    bh, d = i["bh"], i["d"]
+    q, k = (i["s"], i["s"]) if causal else (i["q"], i["k"])
+    make = lambda: (rnd(1, bh, q, d), rnd(1, bh, k, d), rnd(1, bh, k, d))  # noqa: E731
+    nbytes = bh * (q + 2 * k) * d * 2
+    if impl == "eager":  # the reference LM's eager attention (model/decoder.py Attention._eager), op for op
+        def eager(x):
+            qq, kk, vv = x
+            scores = torch.matmul(qq, kk.transpose(-1, -2)) * d ** -0.5
+            if causal:
+                mask = torch.ones(q, k, dtype=torch.bool, device=qq.device).tril(diagonal=k - q)
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = torch.softmax(scores.float(), dim=-1).to(qq.dtype)
+            return torch.matmul(probs, vv)
+        return make, eager, nbytes, ATTN_KERNELS["eager.causal" if causal else "eager"]
+    if impl == "sdpa_bias":  # SAM: a dense additive mask, default SDPA backends
+        return (lambda: (*make(), rnd(1, bh, q, k)),
+                lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3]), nbytes + bh * q * k * 2, 1)
+    backends = ([SDPBackend.FLASH_ATTENTION] if impl == "flash" else
+                [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])  # the LM's list
+
+    def sdpa(x):
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal)
+    return make, sdpa, nbytes, 1
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def _sync(dev: str):
+    import torch
+
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize(dev)
+
+
+def _time_calls(run: Callable[[int], object], n: int, st: Settings) -> float:
+    """Seconds per call: a CUDA graph of n calls replayed (events) on a GPU, perf_counter on a CPU."""
+    import torch
+
+    samples = []
+    if st.device.startswith("cuda"):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for j in range(2):
+                run(j)
+        torch.cuda.current_stream().wait_stream(side)
+        _sync(st.device)
+        graph = None
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for j in range(n):
+                    run(j)
+            replay = graph.replay
+        except Exception:  # not capturable: eager launches, timed the same way
+            graph = None
+            _sync(st.device)
+
+            def replay():
+                for j in range(n):
+                    run(j)
+        replay()
+        _sync(st.device)
+        for _ in range(st.repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            replay()
+            b.record()
+            b.synchronize()
+            samples.append(a.elapsed_time(b) / 1e3 / n)
+        del graph
+        return statistics.median(samples)
+    run(0)
+    for _ in range(st.repeats):
+        t0 = time.perf_counter()
+        for j in range(n):
+            run(j)
+        samples.append((time.perf_counter() - t0) / n)
+    return statistics.median(samples)
+
+
+def _estimate(run: Callable[[int], object], st: Settings) -> float:
+    """One call's time, roughly (to size the timed loop)."""
+    import torch
+
+    run(0)
+    _sync(st.device)
+    if st.device.startswith("cuda"):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run(0)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3
+    t0 = time.perf_counter()
+    run(0)
+    return time.perf_counter() - t0
+
+
+def measure_entry(name: str, coords: dict, st: Settings) -> float:
+    """Per-call time of one table entry (device time in a graph on a GPU), launch gaps included."""
+    make, op, set_bytes, _ = kernel_op(name, coords, st.device, st.experts)
+    copies = int(min(max(math.ceil(2 * st.l2_bytes / max(set_bytes, 1)), 1), 16 if st.quick else 64,
+                     max(st.memory_cap // max(set_bytes, 1), 1)))
+    sets = [make() for _ in range(copies)]
+    run = lambda j: op(sets[j % copies])  # noqa: E731
+    one = max(_estimate(run, st), 1e-7)
+    n = int(min(max(round(st.target_s / one), 1), st.max_inner))
+    n = max(n, min(copies, st.max_inner))
+    return _time_calls(run, n, st)
+
+
+def launch_costs(st: Settings) -> dict[str, float]:
+    """The per-launch costs (LAUNCH_KEYS)."""
+    import torch
+
+    x = torch.zeros(1, device=st.device)
+    n = 50 if st.quick else 200
+    if not st.device.startswith("cuda"):
+        per = _time_calls(lambda j: x.add_(1), n, st)
+        return {"graph_kernel_s": per, "eager_kernel_s": per, "host_op_s": per, "sync_s": 0.0, "graph_launch_s": 0.0}
+    graph_kernel = _time_calls(lambda j: x.add_(1), n, st)
+    eager = []
+    for _ in range(st.repeats):  # queue the launches behind a busy GPU: the device-side cost of each
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(2e7))  # ~10 ms of GPU time, so the host is far ahead when the adds run
+        a.record()
+        for _ in range(n):
+            x.add_(1)
+        b.record()
+        b.synchronize()
+        eager.append(a.elapsed_time(b) / 1e3 / n)
+    host = []
+    for _ in range(st.repeats):
+        torch.cuda._sleep(int(2e7))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.add_(1)
+        host.append((time.perf_counter() - t0) / n)
+        _sync(st.device)
+    syncs = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        x.add_(1)
+        x.item()  # launch, finish, copy one value to the host
+        syncs.append(time.perf_counter() - t0)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        x.add_(1)
+    replays = []
+    for _ in range(20):
+        _sync(st.device)
+        t0 = time.perf_counter()
+        g.replay()
+        replays.append(time.perf_counter() - t0)
+    _sync(st.device)
+    return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager),
+            "host_op_s": statistics.median(host), "sync_s": max(statistics.median(syncs) - statistics.median(host), 0.0),
+            "graph_launch_s": statistics.median(replays)}
+
+
+def kernel_count(name: str) -> int:
+    kind = table_kind(name)
+    if kind in ("attention", "attention_causal"):
+        impl = name.split(".")[1]
+        return ATTN_KERNELS["eager.causal" if impl == "eager" and kind == "attention_causal" else impl]
+    return 1
+
+
+def input_bytes(name: str, c: dict, st: Settings):
+    """Input bytes of one entry without allocating (for the caps)."""
+    kind = table_kind(name)
+    if kind == "gemm":
+        s = DTYPE_BYTES[name.split(".")[1]]
+        return None, None, (c["m"] * c["k"] + c["n"] * c["k"] + c["m"] * c["n"]) * s, 1
+    if kind == "grouped_gemm":
+        return None, None, st.experts * (c["tokens"] * (c["k"] + c["n"]) + c["n"] * c["k"]) * 2, 1
+    if kind == "memory":
+        return None, None, c["bytes"], 1
+    q, k = (c["s"], c["s"]) if kind == "attention_causal" else (c["q"], c["k"])
+    extra = c["bh"] * q * k * (2 if name.startswith("attention.sdpa_bias") else 0)
+    if name.startswith("attention.eager"):
+        extra = c["bh"] * q * k * 12  # scores, fp32 copy, probabilities
+    return None, None, c["bh"] * (2 * q + 2 * k) * c["d"] * 2 + extra, 1

@@ -1,0 +1,72 @@
+"""The strict schema of a calibration profile file (pydantic, unknown fields refused): see profile.py."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Device(Strict):
+    name: str
+    kind: Literal["cuda", "cpu"]
+    sm_count: int | None = None
+    memory_gb: float | None = None
+    l2_bytes: int | None = None
+
+
+class Ceilings(Strict):
+    flops_per_s: float
+    bytes_per_s: float
+    source: str
+
+
+class Launch(Strict):
+    graph_kernel_s: float
+    eager_kernel_s: float
+    host_op_s: float
+    sync_s: float
+    graph_launch_s: float
+
+
+class TableModel(Strict):
+    axes: dict[str, list[float]]
+    efficiency: list
+    measured: list | None = None
+    meta: dict[str, Any] = {}
+
+
+class Derivation(Strict):
+    source: dict[str, Any]
+    target: dict[str, Any]
+    ratios: dict[str, float | None]
+    method: str
+
+
+class ProfileModel(Strict):
+    format: str
+    format_version: int
+    created: str
+    device: Device
+    environment: dict[str, Any]
+    versions: dict[str, Any]
+    ceilings: Ceilings
+    launch: Launch
+    tables: dict[str, TableModel]
+    calibration: dict[str, Any]
+    derived: bool
+    derivation: Derivation | None = None
+
+
+def first_problem(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    where = ".".join(str(p) for p in e["loc"]) or "top level"
+    kind = e.get("type", "")
+    if kind == "missing":
+        return f"missing field {where!r}"
+    if kind == "extra_forbidden":
+        return f"unknown field {where!r}"
+    return f"field {where!r}: {e['msg']}"
