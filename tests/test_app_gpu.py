@@ -50,6 +50,14 @@ def fast_app() -> AppTest:
     return at
 
 
+def open_tab(at: AppTest, key: str, label: str) -> AppTest:
+    """Select a tab of an st.tabs(key=..., on_change="rerun") group (only the open tab's content runs)."""
+    at.session_state[key] = label
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def goto(at: AppTest, page: str) -> AppTest:
     at.switch_page(f"pages/{page}.py").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -60,16 +68,16 @@ def test_fast_mode_measured_sweep_on_cuda(store_env):
     from ui import sweeps
     from ui.measured import point_table
 
-    at = goto(fast_app(), "measured")
+    at = open_tab(goto(fast_app(), "measured"), "ms_tab", "New sweep")
     assert any("fast session mode" in m for m in texts(at, "markdown"))  # the sweep form names the mode
     at.multiselect(key="ms_modes").set_value(["tiny", "gundam"])
     at.text_input(key="ms_grids").set_value("1x1")
     at.text_input(key="ms_text").set_value("10")
     at.text_input(key="ms_batch").set_value("1")
     at.text_input(key="ms_steps").set_value("8")
-    at.number_input(key="ms_repeats").set_value(2)
-    at.number_input(key="ms_warmup").set_value(1)
-    at.get("form_submit_button")[0].click().run()  # the sweep form comes first
+    at.number_input(key="ms_repeats_cuda").set_value(2)  # per-device defaults: the keys name the device
+    at.number_input(key="ms_warmup_cuda").set_value(1)
+    at.button(key="ms_start").click().run()
     assert not at.exception and not at.error, texts(at, "error")
     runner = sweeps.runner()
     runner.join(TIMEOUT)
@@ -86,7 +94,7 @@ def test_fast_mode_measured_sweep_on_cuda(store_env):
     print(f"\nstored run {run['id'][:8]} '{run['name']}': session_mode={run['session_mode']}, "
           f"{run['n_done']}/{run['n_points']} done on {run['environment'].get('gpu_name')}")
     print(table.drop(columns=["message", "updated"]).to_string(index=False))
-    at.run()
+    at = open_tab(at, "ms_tab", "Runs")
     assert any(o.endswith("fast session mode") for o in at.multiselect(key="ms_runs").options)
 
 
