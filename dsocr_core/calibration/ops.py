@@ -204,14 +204,21 @@ def measure_entry(name: str, coords: dict, st: Settings) -> float:
 
 
 def launch_costs(st: Settings) -> dict[str, float]:
-    """The per-launch costs (LAUNCH_KEYS)."""
+    """The per-launch costs (LAUNCH_KEYS). GPU: an empty kernel in a graph; empty eager kernels queued behind a
+    busy GPU; the host time of an eager op (op_mix); a one-value round trip; a graph replay's host time. CPU: the
+    mean time of op_mix's ops is the per-launch cost (they run synchronously, host included), no host term."""
     import torch
 
     x = torch.zeros(1, device=st.device)
     n = 50 if st.quick else 200
-    if not st.device.startswith("cuda"):
-        per = _time_calls(lambda j: x.add_(1), n, st)
-        return {"graph_kernel_s": per, "eager_kernel_s": per, "host_op_s": per, "sync_s": 0.0, "graph_launch_s": 0.0}
+    if not st.device.startswith("cuda"):  # ops run synchronously: an op's cost is the launch cost, no host term
+        mix = op_mix(st.device)
+        for _ in range(2):  # first calls pay one-off setup
+            for op in mix:
+                op()
+        per = _time_calls(lambda j: mix[j % len(mix)](), n, st)
+        return {"graph_kernel_s": per, "eager_kernel_s": per, "host_op_s": 0.0, "sync_s": 0.0,
+                "graph_launch_s": 0.0}
     graph_kernel = _time_calls(lambda j: x.add_(1), n, st)
     eager = []
     for _ in range(st.repeats):  # queue the launches behind a busy GPU: the device-side cost of each
@@ -223,13 +230,20 @@ def launch_costs(st: Settings) -> dict[str, float]:
         b.record()
         b.synchronize()
         eager.append(a.elapsed_time(b) / 1e3 / n)
+    mix = op_mix(st.device)
+    for _ in range(2):  # first calls pay one-off setup (cuBLAS handles, kernel loading)
+        for op in mix:
+            op()
+    _sync(st.device)
+    rounds = max(n // len(mix), 1)
     host = []
     for _ in range(st.repeats):
-        torch.cuda._sleep(int(2e7))
+        torch.cuda._sleep(int(2e7))  # the GPU busy: launches queue, the loop measures the host alone
         t0 = time.perf_counter()
-        for _ in range(n):
-            x.add_(1)
-        host.append((time.perf_counter() - t0) / n)
+        for _ in range(rounds):
+            for op in mix:
+                op()
+        host.append((time.perf_counter() - t0) / (rounds * len(mix)))
         _sync(st.device)
     syncs = []
     for _ in range(20):
@@ -250,6 +264,24 @@ def launch_costs(st: Settings) -> dict[str, float]:
     return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager),
             "host_op_s": statistics.median(host), "sync_s": max(statistics.median(syncs) - statistics.median(host), 0.0),
             "graph_launch_s": statistics.median(replays)}
+
+
+def op_mix(dev: str) -> list[Callable[[], object]]:
+    """One eager call of each kind of op the reference model issues most (dsocr_core/model: linear layers,
+    elementwise products and sums, casts, the RMSNorm's pow and mean, softmax, top-k, gathers and scatters of
+    the expert loop, concatenation, SDPA) on tiny tensors: what one eager op costs the host, averaged over
+    the mix."""
+    import torch
+    import torch.nn.functional as F
+
+    a = torch.randn(4, 64, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(64, 64, device=dev, dtype=torch.bfloat16)
+    idx = torch.arange(4, device=dev)
+    q = torch.randn(1, 2, 4, 32, device=dev, dtype=torch.bfloat16)
+    return [lambda: F.linear(a, w), lambda: a * a, lambda: a + a, lambda: a.float(), lambda: a.pow(2),
+            lambda: a.mean(-1, keepdim=True), lambda: torch.softmax(a, -1), lambda: torch.topk(a, 2, -1),
+            lambda: a[idx], lambda: w.index_copy(0, idx, a), lambda: torch.cat([a, a]),
+            lambda: F.scaled_dot_product_attention(q, q, q)]
 
 
 def kernel_count(name: str) -> int:
