@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli import UserError, add_model_options, session_from_args
+from ..measure.scale_out import add_scale_out_options, scale_out_requested
 
 
 def _ints(text: str) -> list[int]:
@@ -51,18 +52,16 @@ def register(sub) -> None:
     p.add_argument("--calibrate", action="store_true", help="measure matmul and copy ceilings first (GPU)")
     p.add_argument("--export", type=Path, help="write the run to this .json or .csv when done")
     p.add_argument("--summary", type=Path, help="write the analytic-vs-measured summary (.md, plus .json beside)")
+    add_scale_out_options(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import sys
 
-    from tqdm import tqdm
-
-    from ..measure.sweep import run_sweep, sweep_workloads
-    from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
+    from ..measure.sweep import sweep_workloads
     from ..results.schema import MAX_NAME_CHARS
-    from ..results.store import RunStore, StoreError
+    from ..results.store import RunStore
     from ..tiling import MODES
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -82,7 +81,40 @@ def run(args) -> int:
     # resume with other settings ends here, in one line, with nothing measured
     store = RunStore(args.store)  # StoreCorrupt (a ValueError): one line, exit 2
     run_id = _resume_target(store, args) if args.resume else None
+    pool = None
+    if scale_out_requested(args):
+        if args.calibrate:
+            raise UserError("--calibrate measures one device; run `calibrate` on a worker's GPU instead of "
+                            "combining it with --workers / --ray-address")
+        from ..measure.scale_out import pool_from_args, pool_line
+
+        pool = pool_from_args(args, log=lambda line: print(line, file=sys.stderr, flush=True))  # ScaleOutError: exit 2
+        print(pool_line(pool), file=sys.stderr, flush=True)
+        try:
+            return _run_loaded(args, store, run_id, pool.lead, workloads, name, pool)
+        finally:
+            pool.close()
     session = session_from_args(args)
+    return _run_loaded(args, store, run_id, session, workloads, name, None)
+
+
+def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
+    """The sweep once the session (or, scaled out, the pool and its lead worker's session facts) is ready."""
+    import sys
+
+    from tqdm import tqdm
+
+    from ..measure.sweep import run_sweep
+    from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
+    from ..results.store import StoreError
+
+    if pool is not None:
+        from ..measure.scale_out import run_sweep_scaled
+
+        def sweep_fn(_session, *a, **k):
+            return run_sweep_scaled(pool, *a, **k)
+    else:
+        sweep_fn = run_sweep
     if run_id is not None:
         _check_resume_session(store, run_id, session)
     meta = {"logits": args.logits}
@@ -96,7 +128,7 @@ def run(args) -> int:
     sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
                  kind=args.kind)
     if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point
-        run_id = run_sweep(session, store, [], **sweep)
+        run_id = sweep_fn(session, store, [], **sweep)
     elif args.calibrate:
         store.update_run(run_id, meta={"calibration": meta["calibration"]})
     print(f"run {run_id}  ({'resumed' if args.resume else 'new'}; store {store.path}); resume it with "
@@ -108,7 +140,7 @@ def run(args) -> int:
         bar.update(done - bar.n)
 
     try:
-        run_sweep(session, store, workloads, run_id=run_id, progress=progress, **sweep)
+        sweep_fn(session, store, workloads, run_id=run_id, progress=progress, **sweep)
     except KeyboardInterrupt:
         bar.close()
         try:

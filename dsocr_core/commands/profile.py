@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..cli import UserError, add_model_options, session_from_args
+from ..measure.scale_out import add_scale_out_options, scale_out_requested
 
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 
@@ -50,6 +51,7 @@ def register(sub) -> None:
     p.add_argument("--hardware", help="hardware preset for the analytic time prediction (default: the run's GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary and stage statistics)")
+    add_scale_out_options(p)
     p.set_defaults(func=run)
 
 
@@ -62,7 +64,7 @@ def _resolve_run(store, prefix: str) -> str:
 
 def run(args) -> int:
     from ..measure.datasets import DatasetError, discover, sample
-    from ..measure.dataset_run import ProfileSettings, check_resume, create_dataset_run, run_dataset
+    from ..measure.dataset_run import ProfileSettings
     from ..results.store import RunStore
 
     settings = ProfileSettings(mode=args.mode, prompt=args.prompt, min_crops=args.min_crops, max_crops=args.max_crops,
@@ -82,7 +84,32 @@ def run(args) -> int:
 
         hardware = get_hardware(args.hardware)
     store = RunStore(args.store)
-    session = session_from_args(args)
+    if scale_out_requested(args):
+        if args.trace:
+            raise UserError("--trace (the operator breakdown) runs in one process; leave out --workers / "
+                            "--ray-address for it")
+        from ..measure.scale_out import pool_from_args, pool_line
+
+        pool = pool_from_args(args, log=lambda line: print(line, file=sys.stderr, flush=True))  # ScaleOutError: exit 2
+        print(pool_line(pool), file=sys.stderr, flush=True)
+        try:
+            return _run_loaded(args, store, pool.lead, dataset, samples, settings, hardware, pool)
+        finally:
+            pool.close()
+    return _run_loaded(args, store, session_from_args(args), dataset, samples, settings, hardware, None)
+
+
+def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool) -> int:
+    """The dataset run once the session (or, scaled out, the pool and its lead worker's session facts) is
+    ready."""
+    from ..measure.dataset_run import check_resume, create_dataset_run, run_dataset
+
+    create, run_fn = {}, run_dataset
+    if pool is not None:
+        from ..measure.scale_out import run_dataset_scaled
+
+        create = {"environment": pool.lead.info["environment"], "meta": {"scale_out": pool.describe()}}
+        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, **k)  # noqa: E731
     sampling = {"n": args.sample, "epochs": args.epochs, "seed": args.seed, "order": args.order,
                 "samples": len(samples)}
     if args.resume:
@@ -90,7 +117,7 @@ def run(args) -> int:
         check_resume(store, run_id, session, dataset, settings)
         store.update_run(run_id, meta={"sampling": sampling})
     else:
-        run_id = create_dataset_run(store, session, dataset, settings, sampling, name=args.name)
+        run_id = create_dataset_run(store, session, dataset, settings, sampling, name=args.name, **create)
     quiet = args.json or args.no_progress
     if not quiet:
         n_pdf = sum(p.pdf_page is not None for p in dataset.pages)
@@ -116,7 +143,7 @@ def run(args) -> int:
             bar.update(1)
 
     try:
-        run_dataset(session, store, run_id, samples, settings, progress=progress)
+        run_fn(session, store, run_id, samples, settings, progress=progress)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()

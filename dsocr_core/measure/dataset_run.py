@@ -199,15 +199,17 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
 
 # ---------------------------------------------------------------------------------------------- runs
 def create_dataset_run(store: RunStore, session: Session, dataset: Dataset, settings: ProfileSettings,
-                       sampling: dict, name: str | None = None, notes: str = "") -> str:
-    """A new run of kind `dataset`, with the data set, sampling, settings, session and model spec in its meta."""
+                       sampling: dict, name: str | None = None, notes: str = "", environment: dict | None = None,
+                       meta: dict | None = None) -> str:
+    """A new run of kind `dataset`, with the data set, sampling, settings, session and model spec in its meta.
+    `environment` (default: captured here) and `meta` (merged) let a scale-out driver record its workers'."""
     from .environment import capture_environment
 
     settings.validate()
     meta = {"dataset": dataset.describe(), "sampling": dict(sampling), "settings": settings.to_dict(),
-            "session": session.describe(), "spec": session.spec.model_dump(mode="json")}
+            "session": session.describe(), "spec": session.spec.model_dump(mode="json"), **(meta or {})}
     name = name or f"dataset {dataset.source.name} ({settings.mode})"
-    return store.create_run("dataset", name, capture_environment(str(session.device)), session.weights,
+    return store.create_run("dataset", name, environment or capture_environment(str(session.device)), session.weights,
                             dtype=session.dtype, attn=session.attn_impl, session_mode=session.session_mode, meta=meta,
                             notes=notes)
 

@@ -1,0 +1,190 @@
+"""Scale-out over Ray (CPU): one local Ray instance (2 CPUs) for the test session, 2 workers holding the tiny
+synthetic model (float32). The distributed sweep stores what the single-process one stores; a killed worker loses
+nothing; an interrupted driver resumes; bad worker counts and unreachable addresses are one-line errors; and
+nothing imports Ray unless asked to.
+
+The tests share one pool of 2 workers; the kill test leaves one alive and the CLI test (last) parks it, so they
+run in this order on purpose."""
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dsocr_core.cli import main
+from dsocr_core.measure.scale_out import ScaleOutError, check_address, check_same_gpus, check_workers
+from dsocr_core.measure.sweep import run_sweep, sweep_workloads
+from dsocr_core.results.store import RunStore
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'ray>=2.40'); the scale-out "
+                                                   "tests need a local Ray instance")
+LOAD = dict(synthetic="tiny", device="cpu", dtype="float32", seed=0)
+SWEEP = dict(repeats=1, warmup=0, seed=0)
+
+
+def workloads():
+    return sweep_workloads(["tiny", "gundam"], [(2, 1)], [10, 30], [1], [2], dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool(ray_instance):
+    from dsocr_core.measure.scale_out import WorkerPool
+
+    p = WorkerPool.start(LOAD, workers=2)
+    yield p
+    p.close()
+
+
+def by_key(store, run_id):
+    df = store.points(run_id)
+    return {k: g.set_index("stage") for k, g in df.groupby("key")}
+
+
+def test_commands_do_not_import_ray():
+    code = ("import sys, dsocr_core.commands.measure, dsocr_core.commands.profile, dsocr_core.measure.sweep, "
+            "dsocr_core.measure.dataset_run, dsocr_core.measure.scale_out; from dsocr_core.cli import build_parser; "
+            "build_parser().parse_args(['measure', '--synthetic', 'tiny']); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_argument_checks_without_ray():
+    assert check_workers(None) is None and check_workers(3) == 3
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ScaleOutError, match="at least 1"):
+            check_workers(bad)
+    assert check_address("auto") == "auto"
+    with pytest.raises(ScaleOutError, match="HOST:PORT"):
+        check_address("no port here")
+    with pytest.raises(ScaleOutError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        check_address("127.0.0.1:1")
+    same = [{"gpu_name": "NVIDIA H200"}] * 2
+    check_same_gpus(same)
+    mixed = same + [{"gpu_name": "NVIDIA A100-SXM4-40GB"}]
+    with pytest.raises(ScaleOutError, match="different GPU models .*--allow-mixed-gpus"):
+        check_same_gpus(mixed)
+    check_same_gpus(mixed, allow_mixed=True)
+
+
+@needs_ray
+def test_cli_bad_worker_count_and_unreachable_address(ray_instance, tmp_path, capsys):
+    base = ["measure", "--synthetic", "tiny", "--device", "cpu", "--dtype", "float32", "--modes", "tiny",
+            "--store", str(tmp_path / "runs.sqlite")]
+    for extra, message in ((["--workers", "0"], "--workers must be a whole number of at least 1, got 0"),
+                           (["--workers", "two"], "--workers must be a whole number of at least 1, got 'two'"),
+                           (["--workers", "64"], "--workers 64 asks for more workers than the Ray instance has CPU(s) (2)"),
+                           (["--ray-address", "127.0.0.1:1"], "cannot reach a Ray cluster at 127.0.0.1:1"),
+                           (["--ray-address", "http://x"], "--ray-address must be 'auto' or HOST:PORT"),
+                           (["--workers", "2", "--calibrate"], "--calibrate measures one device")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (extra, err)
+    assert ray_instance.is_initialized()  # a refused request leaves the shared instance alone
+
+
+@needs_ray
+def test_distributed_sweep_stores_the_single_process_points(pool, tmp_path):
+    from dsocr_core.measure.scale_out import run_sweep_scaled
+    from dsocr_core.runtime.session import Session
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    stats = {}
+    scaled = run_sweep_scaled(pool, store, workloads(), stats=stats, **SWEEP)
+    single = run_sweep(Session.load(**LOAD), store, workloads(), **SWEEP)
+    a, b = by_key(store, scaled), by_key(store, single)
+    assert set(a) == set(b) and len(a) == 4
+    for key in a:
+        assert (a[key].status == "done").all() and (b[key].status == "done").all()
+        assert a[key].flops.to_dict() == b[key].flops.to_dict()
+        assert a[key].kv_bytes.iloc[0] == b[key].kv_bytes.iloc[0]
+        where = a[key].extra.iloc[0]
+        assert where["node"] and where["node_id"] and where["worker"] in (0, 1) and where["gpu_name"] is None
+    assert {a[k].extra.iloc[0]["worker"] for k in a} == {0, 1}  # both workers measured
+    run = store.get_run(scaled)
+    assert run["meta"]["scale_out"]["workers"] == 2 and run["meta"]["repeats"] == 1
+    assert run["environment"]["device"] == "cpu" and run["flags"]["synthetic_weights"]
+    assert stats["results"] == 4 and stats["retried"] == 0 and stats["lost"] == 0
+
+
+@needs_ray
+def test_interrupted_driver_resumes_without_repeating_or_losing_points(pool, tmp_path):
+    from dsocr_core.measure.scale_out import run_sweep_scaled
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    seen = []
+    run_id = run_sweep_scaled(pool, store, workloads(), progress=lambda *a: seen.append(a[3]),
+                              should_stop=lambda: len(seen) >= 1, **SWEEP)
+    first = by_key(store, run_id)
+    assert 1 <= len(first) < 4 and all((g.status == "done").all() for g in first.values())
+    seen2 = []
+    run_sweep_scaled(pool, store, workloads(), run_id=run_id, progress=lambda *a: seen2.append(a[3]), **SWEEP)
+    assert seen2.count("skipped") == len(first) and seen2.count("done") == 4 - len(first)
+    after = by_key(store, run_id)
+    assert len(after) == 4 and store.get_run(run_id)["n_done"] == 4
+    for key, g in first.items():  # stored points were not measured again
+        assert after[key].updated_at.iloc[0] == g.updated_at.iloc[0]
+        assert after[key].median_s.to_dict() == g.median_s.to_dict()
+
+
+@needs_ray
+def test_killed_worker_loses_nothing_and_the_run_completes(ray_instance, pool, tmp_path):
+    from dsocr_core.measure.scale_out import run_sweep_scaled
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    killed = []
+
+    def progress(i, total, w, status):
+        if not killed:  # after the first result: kill the worker that has most queued (an item is lost there)
+            victim = max(pool.alive(), key=lambda w: len(w.in_flight))
+            killed.append(victim.index)
+            ray_instance.kill(victim.actor)
+
+    stats = {}
+    run_id = run_sweep_scaled(pool, store, workloads(), progress=progress, stats=stats, **SWEEP)
+    rows = pool.progress_rows()
+    points = by_key(store, run_id)
+    assert len(points) == 4 and all((g.status == "done").all() for g in points.values())
+    assert stats["retried"] >= 1 and stats["lost"] == 0
+    assert [r["alive"] for r in rows].count(False) == 1 and not rows[killed[0]]["alive"]
+    # every item the dead worker held was measured again by the survivor
+    assert {g.extra.iloc[0]["worker"] for k, g in points.items()} >= {1 - killed[0]}
+
+
+@needs_ray
+def test_profile_cli_spreads_pages_over_workers(ray_instance, pool, tmp_path, capsys):
+    from dsocr_core.grounding.samples import sample_pages
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    for p in list(sample_pages())[:3]:
+        shutil.copy(p, pages / p.name)
+    (pages / "zz_junk.jpg").write_bytes(b"\x00junk" * 10)
+    store = tmp_path / "runs.sqlite"
+    args = ["profile", "--pages", str(pages), "--synthetic", "tiny", "--device", "cpu", "--dtype", "float32",
+            "--mode", "tiny", "--max-new-tokens", "2", "--store", str(store), "--workers", "2", "--json"]
+    import ray
+
+    for w in pool.alive():  # the CLI starts its own pool: free the shared pool's CPUs first
+        ray.kill(w.actor)
+        w.alive = False
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["done"] == 3 and doc["summary"]["error"] == 1
+    rs = RunStore(store)
+    run_id = rs.list_runs("dataset")[0]["id"]
+    df = rs.points(run_id).drop_duplicates("key")
+    assert set(df.status) == {"done", "error"}
+    assert all(e["node"] and e["worker"] in (0, 1) for e in df.extra)
+    assert rs.get_run(run_id)["meta"]["scale_out"]["workers"] == 2
