@@ -193,7 +193,7 @@ def _estimate(run: Callable[[int], object], st: Settings) -> float:
 def measure_entry(name: str, coords: dict, st: Settings) -> float:
     """Per-call time of one table entry (device time in a graph on a GPU), launch gaps included."""
     make, op, set_bytes, _ = kernel_op(name, coords, st.device, st.experts)
-    copies = int(min(max(math.ceil(2 * st.l2_bytes / max(set_bytes, 1)), 1), 16 if st.quick else 64,
+    copies = int(min(max(math.ceil(2 * st.l2_bytes / max(set_bytes, 1)), 1), 4 if st.quick else 64,
                      max(st.memory_cap // max(set_bytes, 1), 1)))
     sets = [make() for _ in range(copies)]
     run = lambda j: op(sets[j % copies])  # noqa: E731
