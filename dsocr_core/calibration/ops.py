@@ -262,7 +262,8 @@ def launch_costs(st: Settings) -> dict[str, float]:
         replays.append(time.perf_counter() - t0)
     _sync(st.device)
     return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager),
-            "host_op_s": statistics.median(host), "sync_s": max(statistics.median(syncs) - statistics.median(host), 0.0),
+            "host_op_s": statistics.median(host),
+            "sync_s": max(statistics.median(syncs) - statistics.median(host), 0.0),
             "graph_launch_s": statistics.median(replays)}
 
 
