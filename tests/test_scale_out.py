@@ -26,7 +26,8 @@ SWEEP = dict(repeats=1, warmup=0, seed=0)
 
 
 def workloads():
-    return sweep_workloads(["tiny", "gundam"], [(2, 1)], [10, 30], [1], [2], dtype="float32")
+    """Four cheap points (the tiny mode: one 512x512 view; a gundam tile grid costs 3x more on this CPU)."""
+    return sweep_workloads(["tiny"], [(1, 1)], [10, 20, 30, 40], [1], [2], dtype="float32")
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +77,29 @@ def test_argument_checks_without_ray():
     with pytest.raises(ScaleOutError, match="different GPU models .*--allow-mixed-gpus"):
         check_same_gpus(mixed)
     check_same_gpus(mixed, allow_mixed=True)
+
+
+def test_a_worker_records_oom_and_errors_as_statuses(monkeypatch):
+    """The worker's own loop (no Ray needed): a raising measure_point becomes a status, as in one process."""
+    import types
+
+    import torch
+
+    import dsocr_core.measure.sweep as sweep_mod
+    from dsocr_core.measure.scale_out import WorkItem, Worker
+
+    worker = Worker(0)
+    calls = []
+    worker.session = types.SimpleNamespace(attn_impl="sdpa", device=torch.device("cpu"),
+                                           model=types.SimpleNamespace(set_attn_impl=calls.append))
+    w = workloads()[0]
+    for exc, status in ((torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "oom"),
+                        (RuntimeError("bad shape"), "error")):
+        monkeypatch.setattr(sweep_mod, "measure_point", lambda *a, _e=exc, **k: (_ for _ in ()).throw(_e))
+        out = worker.measure(WorkItem("point", "k", w, SWEEP))
+        assert out["status"] == status and out["stages"] is None and out["worker_s"] >= 0
+        assert str(exc) in out["message"]
+    assert calls == ["sdpa", "sdpa"]  # the session's attention is restored after every point
 
 
 @needs_ray
@@ -168,7 +192,7 @@ def test_profile_cli_spreads_pages_over_workers(ray_instance, pool, tmp_path, ca
 
     pages = tmp_path / "pages"
     pages.mkdir()
-    for p in list(sample_pages())[:3]:
+    for p in list(sample_pages())[:2]:
         shutil.copy(p, pages / p.name)
     (pages / "zz_junk.jpg").write_bytes(b"\x00junk" * 10)
     store = tmp_path / "runs.sqlite"
@@ -181,7 +205,7 @@ def test_profile_cli_spreads_pages_over_workers(ray_instance, pool, tmp_path, ca
         w.alive = False
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["summary"]["done"] == 3 and doc["summary"]["error"] == 1
+    assert doc["summary"]["done"] == 2 and doc["summary"]["error"] == 1
     rs = RunStore(store)
     run_id = rs.list_runs("dataset")[0]["id"]
     df = rs.points(run_id).drop_duplicates("key")
