@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +213,46 @@ def test_profile_cli_spreads_pages_over_workers(ray_instance, pool, tmp_path, ca
     assert set(df.status) == {"done", "error"}
     assert all(e["node"] and e["worker"] in (0, 1) for e in df.extra)
     assert rs.get_run(run_id)["meta"]["scale_out"]["workers"] == 2
+
+
+@needs_ray
+def test_dashboard_sweep_on_ray_workers_reports_progress_per_worker(ray_instance, tmp_path):
+    """ui/scale_out.py's background job (the measured-sweep form's 'Local Ray workers' choice), without a page."""
+    import types
+
+    from ui import scale_out as ui_scale_out
+    from ui import sweeps
+
+    model = types.SimpleNamespace(source="synthetic", preset="tiny", checkpoint=None, device="cpu", dtype="float32",
+                                  attn="sdpa", session_mode="reference")
+    store = RunStore(tmp_path / "runs.sqlite")
+    scale = {"workers": 2, "address": None, "allow_mixed_gpus": False}
+    start = ui_scale_out.starter(scale, model)
+    job = start(None, store, workloads()[:2], name="ui sweep", label="tiny", repeats=1, warmup=0)
+    sweeps.runner().join(timeout=240)
+    assert not job.running and job.error is None, job.error
+    assert job.handled == 2 and job.statuses["done"] == 2
+    rows = job.worker_rows
+    assert len(rows) == 2 and sum(r["done"] for r in rows) == 2 and all(r["node"] for r in rows)
+    assert store.get_run(job.run_id)["n_done"] == 2
+    assert store.get_run(job.run_id)["meta"]["started_from"] == "dashboard"
+
+
+def test_measured_page_forms_offer_ray_workers(tmp_path, monkeypatch):
+    """The measured-sweep and dataset-run forms carry the 'where to run' inputs; by default nothing changes."""
+    from streamlit.testing.v1 import AppTest
+
+    (tmp_path / "reference").mkdir()
+    monkeypatch.setenv("DSOCR_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setenv("DSOCR_REFERENCE_DIR", str(tmp_path / "reference"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("pages/measured.py").run()
+    at.session_state["ms_tab"] = "New sweep"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    place = at.radio(key="ms_place")
+    assert place.value == "here" and set(place.options) >= {"This process (the sidebar's loaded model)",
+                                                            "Local Ray workers (one per GPU)", "A Ray cluster"}
+    assert at.number_input(key="ms_workers").value == 2  # on the CPU
+    assert at.text_input(key="ms_address").value == "auto"

@@ -11,7 +11,7 @@ from dsocr_core import tiling
 from dsocr_core.grounding import samples
 
 from . import measured as ms
-from . import resources, sweeps
+from . import resources, scale_out, sweeps
 from .runs import run_mode, run_title
 
 
@@ -50,6 +50,7 @@ def new_run_form(settings, session) -> None:
         epochs = c[2].number_input("Epochs", 1, 100, 1, key="ds_epochs")
         max_new = c[3].number_input("Max new tokens", 1, 8192, 8 if cpu else 256, key="ds_tokens")
         name = st.text_input("Run name (optional)", "", key="ds_name")
+        scale = scale_out.inputs("ds", cpu)  # None: this process
         submitted = st.form_submit_button("Start dataset run", type="primary", disabled=runner.busy)
     if not submitted:
         return
@@ -64,6 +65,10 @@ def new_run_form(settings, session) -> None:
         store = resources.run_store().store
         sampling = {"n": int(n), "epochs": int(epochs), "seed": 0, "order": "random", "samples": len(picked),
                     "started_from": "dashboard"}
+        if scale is not None:  # on Ray workers: the run is recorded once they are up (ui/scale_out.py)
+            scale_out.start_dataset(scale, settings.model, store, data, picked, ps, sampling, label=settings.model.label,
+                                    name=name.strip() or f"dataset {data.source.name} ({mode}, Ray workers)")
+            return
         run_id = dataset_run.create_dataset_run(
             store, session, data, ps, sampling,
             name=name.strip() or f"dataset {data.source.name} ({mode}, {session.session_mode} mode)")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dsocr_core import tiling
 
-from . import inputs, measured, resources, sweeps
+from . import inputs, measured, resources, scale_out, sweeps
 
 MAX_POINTS = 500  # per sweep started from the page
 # Warm-up runs and timed repeats per point, by device. CPU: the first run of a shape pays one-off costs (allocator
@@ -57,14 +57,16 @@ def sweep_form(settings, session) -> None:
         weights = _weights(session, workloads, settings.hardware, passes) if workloads else None
         if workloads:
             st.caption(estimate_text(settings, session, workloads, weights, passes, int(warmup), int(repeats)))
+        scale = scale_out.inputs("ms", cpu)  # None: this process
         submitted = st.button("Start sweep", type="primary", disabled=runner.busy, key="ms_start")
     if not submitted:
         return
     try:
         if problem:
             raise inputs.InputError(problem)
-        job = runner.start(session, resources.run_store().store, workloads, name=name, label=settings.model.label,
-                           repeats=int(repeats), warmup=int(warmup), weights=weights)
+        start = runner.start if scale is None else scale_out.starter(scale, settings.model)
+        job = start(session, resources.run_store().store, workloads, name=name, label=settings.model.label,
+                    repeats=int(repeats), warmup=int(warmup), weights=weights)
         st.session_state["ms_started"] = id(job)  # the Runs tab adds this sweep to the chosen runs
     except (inputs.InputError, ValueError) as exc:
         st.error(f"Cannot start this sweep: {exc}")
@@ -157,6 +159,7 @@ def progress_panel(kind: str = "sweep") -> None:
                 st.caption(f"No {what} started from this server yet." if job is None else f"No {what} running.")
             return
         st.progress(job.fraction, text=f"{measured.md(job.name)}: {job.summary()}")
+        scale_out.worker_panel(job)  # per-worker progress of a job on Ray workers
         if job.running:
             st.caption(f"Measuring: {job.current or 'starting ...'} · labelled *{job.label}* · "
                        f"{job.session_mode} session mode")
