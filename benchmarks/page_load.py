@@ -14,10 +14,11 @@ in Debian's headless Chromium through Playwright (never a downloaded browser) an
 stale); the parity page has no chart before a run, so its first control ("Run both paths") stands in. "Done" is
 the end of the script run (the app idle). The LAST line printed is one JSON object with every figure.
 
-    python benchmarks/page_load.py [--rounds 5] [--chromium /usr/bin/chromium] [--root CHECKOUT]
+    python benchmarks/page_load.py [--rounds 5] [--cold-runs 1] [--chromium /usr/bin/chromium] [--root CHECKOUT]...
 
---root times another checkout of the dashboard (e.g. an older commit unpacked with `git archive`), for before/after
-figures taken with the same benchmark.
+--root times a checkout of the dashboard (default: this one); given twice, e.g. with an older commit unpacked by
+`git archive OLD | tar -x -C /tmp/before`, it compares them: cold runs alternate between the checkouts and every
+warm round measures each in turn, so a busy shared machine weighs on both alike.
 """
 from __future__ import annotations
 
@@ -108,86 +109,133 @@ def switch_to(page, title: str, h1: str, marker: str) -> tuple[float, float]:
     return wait_ready(page, h1, marker, t0)
 
 
+class Server:
+    """`streamlit run app.py` of one checkout on a free port, with its own temporary run store."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.tmp = Path(tempfile.mkdtemp(prefix="dsocr-pageload-"))
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        t0 = time.perf_counter()
+        self.proc = start_server(port, self.tmp / "runs.sqlite", self.tmp / "server.log", root)
+        self.start_s = time.perf_counter() - t0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def cold_visits(browser, server: Server) -> dict[str, tuple[float, float]]:
+    """The first visit of every page after the server started: the URL, then the sidebar links in turn."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1200})
+    page = ctx.new_page()
+    out = {}
+    t0 = time.perf_counter()
+    page.goto(server.url)
+    out["Overview"] = wait_ready(page, PAGES[0][2], PAGES[0][3], t0)
+    for title, _, h1, marker in PAGES[1:]:
+        out[title] = switch_to(page, title, h1, marker)
+    ctx.close()
+    return out
+
+
+def setting_change(page) -> tuple[float, float]:
+    """The analytic page's sweep axis changed (batch size <-> crop count) until the chart's x axis names it."""
+    switch_to(page, "Analytic sweep", "Analytic sweep", "chart")
+    x = page.locator("[data-testid='stMain'] [data-testid='stVegaLiteChart']").first.inner_html()
+    axis, label = (("Crop count (Gundam tiles)", "crop count") if "batch size" in x else ("Batch size", "batch size"))
+    t0 = time.perf_counter()
+    page.locator("[data-testid='stMain'] [data-testid='stRadio'] label", has_text=axis).first.click()
+    page.wait_for_function(
+        """(label) => [...document.querySelectorAll(
+             "[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
+             c => c.innerHTML.includes(label) && !c.closest("[data-stale='true']"))""",
+        arg=label, timeout=120_000, polling="raf")
+    first = time.perf_counter() - t0
+    page.wait_for_function(IDLE_JS, timeout=120_000, polling=50)
+    return first, time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="warm rounds; medians are reported")
+    ap.add_argument("--cold-runs", type=int, default=1, help="fresh servers per checkout for the cold figures")
     ap.add_argument("--chromium", default="/usr/bin/chromium")
-    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose app.py is timed")
+    ap.add_argument("--root", type=Path, action="append",
+                    help="a checkout whose app.py is timed (repeat to compare checkouts; default: this one)")
     args = ap.parse_args()
+    roots = [r.resolve() for r in (args.root or [ROOT])]
     from playwright.sync_api import sync_playwright
 
-    tmp = Path(tempfile.mkdtemp(prefix="dsocr-pageload-"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    t_start = time.perf_counter()
-    proc = start_server(port, tmp / "runs.sqlite", tmp / "server.log", args.root.resolve())
-    server_s = time.perf_counter() - t_start
-    out = {"server_start_s": round(server_s, 2), "cold": {}, "switch": {}, "new_tab": {}, "analytic_setting": None}
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
-            ctx = browser.new_context(viewport={"width": 1440, "height": 1200})
-            page = ctx.new_page()
-            # cold: the first visit of every page after the server started
-            t0 = time.perf_counter()
-            page.goto(url)
-            out["cold"]["Overview"] = wait_ready(page, PAGES[0][2], PAGES[0][3], t0)
-            for title, _, h1, marker in PAGES[1:]:
-                out["cold"][title] = switch_to(page, title, h1, marker)
-            # warm page switches, round robin
-            switch: dict[str, list] = {t: [] for t, *_ in PAGES}
-            for _ in range(args.rounds):
-                for title, _, h1, marker in PAGES:
-                    switch[title].append(switch_to(page, title, h1, marker))
-            # a changed analytic setting: the sweep axis, until the chart's x axis names the new one
-            switch_to(page, "Analytic sweep", "Analytic sweep", "chart")
-            setting = []
-            axes = [("Batch size", "batch size"), ("Crop count (Gundam tiles)", "crop count")]
-            for axis, label in axes * args.rounds:
-                t0 = time.perf_counter()
-                page.locator("[data-testid='stMain'] [data-testid='stRadio'] label", has_text=axis).first.click()
-                page.wait_for_function(
-                    """(label) => [...document.querySelectorAll(
-                         "[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
-                         c => c.innerHTML.includes(label) && !c.closest("[data-stale='true']"))""",
-                    arg=label, timeout=120_000, polling="raf")
-                first = time.perf_counter() - t0
-                page.wait_for_function(IDLE_JS, timeout=120_000, polling=50)
-                setting.append((first, time.perf_counter() - t0))
-            # new tabs of the same browser on the warm server
-            fresh: dict[str, list] = {t: [] for t, *_ in PAGES}
-            for _ in range(args.rounds):
-                for title, path, h1, marker in PAGES:
-                    tab = ctx.new_page()
-                    t0 = time.perf_counter()
-                    tab.goto(f"{url}/{path}")
-                    fresh[title].append(wait_ready(tab, h1, marker, t0))
-                    tab.close()
-            ctx.close()
-            browser.close()
-    finally:
-        proc.terminate()
+    med = lambda pairs: [round(statistics.median(v[i] for v in pairs), 2) for i in (0, 1)]  # noqa: E731
+    results = {str(r): {"cold": {t: [] for t, *_ in PAGES}, "switch": {t: [] for t, *_ in PAGES},
+                        "new_tab": {t: [] for t, *_ in PAGES}, "setting": [], "server_start_s": []} for r in roots}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
+        # cold: a fresh server per checkout and run, the checkouts alternating (the same machine load for each)
+        for _ in range(args.cold_runs):
+            for root in roots:
+                server = Server(root)
+                try:
+                    results[str(root)]["server_start_s"].append(server.start_s)
+                    for title, v in cold_visits(browser, server).items():
+                        results[str(root)]["cold"][title].append(v)
+                finally:
+                    server.stop()
+        # warm: every checkout's server running, rounds alternating between them
+        servers = [Server(root) for root in roots]
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            tabs = []
+            for server in servers:
+                ctx = browser.new_context(viewport={"width": 1440, "height": 1200})
+                page = ctx.new_page()
+                page.goto(server.url)
+                wait_ready(page, PAGES[0][2], PAGES[0][3], time.perf_counter())
+                for title, _, h1, marker in PAGES[1:]:
+                    switch_to(page, title, h1, marker)  # every page once: caches filled
+                tabs.append((server, ctx, page))
+            for _ in range(args.rounds):
+                for server, ctx, page in tabs:
+                    r = results[str(server.root)]
+                    for title, _, h1, marker in PAGES:
+                        r["switch"][title].append(switch_to(page, title, h1, marker))
+                    r["setting"].append(setting_change(page))
+                    for title, path, h1, marker in PAGES:  # a new tab of the same browser (HTTP cache warm)
+                        tab = ctx.new_page()
+                        t0 = time.perf_counter()
+                        tab.goto(f"{server.url}/{path}")
+                        r["new_tab"][title].append(wait_ready(tab, h1, marker, t0))
+                        tab.close()
+            for _, ctx, _ in tabs:
+                ctx.close()
+        finally:
+            for server in servers:
+                server.stop()
+        browser.close()
 
-    def med(pairs):
-        return [round(statistics.median(v[i] for v in pairs), 2) for i in (0, 1)]
-
-    for title in switch:
-        out["switch"][title] = med(switch[title])
-        out["new_tab"][title] = med(fresh[title])
-        out["cold"][title] = [round(v, 2) for v in out["cold"][title]]
-    out["analytic_setting"] = med(setting)
-    print(f"server start (health check answers): {server_s:.2f} s; figures: first chart / script done, seconds")
-    print(f"{'page':16s} {'cold':>13s} {'switch (med)':>14s} {'new tab (med)':>16s}")
-    for title in switch:
-        c, s, f = out["cold"][title], out["switch"][title], out["new_tab"][title]
-        print(f"{title:16s} {c[0]:6.2f}/{c[1]:<6.2f} {s[0]:7.2f}/{s[1]:<6.2f} {f[0]:9.2f}/{f[1]:<6.2f}")
-    print(f"analytic setting changed (sweep axis): {out['analytic_setting'][0]:.2f} s to the new chart, "
-          f"{out['analytic_setting'][1]:.2f} s to done")
-    out.update(rounds=args.rounds, cpus=os.cpu_count(), python=platform.python_version())
+    out = {"checkouts": {}, "rounds": args.rounds, "cold_runs": args.cold_runs, "cpus": os.cpu_count(),
+           "python": platform.python_version(), "load_average_after": list(os.getloadavg())}
+    for root in roots:
+        r = results[str(root)]
+        summary = {"server_start_s": round(statistics.median(r["server_start_s"]), 2),
+                   "cold": {t: med(v) for t, v in r["cold"].items()},
+                   "switch": {t: med(v) for t, v in r["switch"].items()},
+                   "new_tab": {t: med(v) for t, v in r["new_tab"].items()},
+                   "analytic_setting": med(r["setting"])}
+        out["checkouts"][str(root)] = summary
+        print(f"\n{root} (server start {summary['server_start_s']:.2f} s); first chart / script done, seconds, "
+              "medians")
+        print(f"{'page':16s} {'cold':>13s} {'switch':>14s} {'new tab':>16s}")
+        for title, *_ in PAGES:
+            c, w, f = summary["cold"][title], summary["switch"][title], summary["new_tab"][title]
+            print(f"{title:16s} {c[0]:6.2f}/{c[1]:<6.2f} {w[0]:7.2f}/{w[1]:<6.2f} {f[0]:9.2f}/{f[1]:<6.2f}")
+        a = summary["analytic_setting"]
+        print(f"analytic setting changed (sweep axis): {a[0]:.2f} s to the new chart, {a[1]:.2f} s to done")
     print(json.dumps(out))
 
 

@@ -70,11 +70,12 @@ with right:
                        "two generation paths are real.")
         else:
             st.success(f"**{model.label}**")
-        cols = st.columns(4)
+        cols = st.columns(2)  # two per row: four in a half-width column cut 'reference' to 'refer...'
         cols[0].metric("Parameters", f"{d['parameters'] / 1e6:,.1f} M")
-        cols[1].metric("Dtype", d["dtype"])
-        cols[2].metric("Device", d["device"])
-        cols[3].metric("Session mode", d["session_mode"])
+        cols[1].metric("Session mode", d["session_mode"])
+        cols = st.columns(2)
+        cols[0].metric("Dtype", d["dtype"])
+        cols[1].metric("Device", d["device"])
         st.table(pd.DataFrame({"": ["source", "weights", "tokenizer", "LM attention"],
                                "value": [d["source"], d["detail"], d["tokenizer"], d["attn"]]}).set_index(""))
         if d.get("fallback_tokenizer"):

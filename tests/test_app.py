@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import time
 import zlib
@@ -20,6 +21,7 @@ from dsocr_core.results.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
+os.environ["DSOCR_VALIDATE_CHARTS"] = "1"  # every chart drawn in these tests is checked against the Vega-Lite schema
 LABEL = "synthetic tiny model on CPU (random weights)"
 
 

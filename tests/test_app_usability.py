@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from dsocr_core.results.store import RunStore
-from test_app import (LABEL, bomb_png, chart_rows, charts, fake_gpu_run, goto, make_app, open_tab,  # noqa: F401 (fixtures)
-                      texts, with_reference, no_reference)
+from test_app import (LABEL, bomb_png, chart_rows, charts, fake_gpu_run, goto, make_app, no_reference,  # noqa: F401
+                      open_tab, texts, with_reference)  # (the two fixtures are used by name)
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,13 @@
 """Altair chart builders. They draw frames that dsocr_core computed; none of them computes a cost."""
 from __future__ import annotations
 
+import functools
+import os
+
 import altair as alt
 import pandas as pd
+
+VALIDATE_ENV = "DSOCR_VALIDATE_CHARTS"  # set (the app tests do): every chart is checked against the Vega-Lite schema
 
 STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
 STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
@@ -14,9 +19,14 @@ UNITS = {  # name -> (factor applied to the base unit, axis suffix)
 }
 
 
-def _finish(chart):
-    """Every chart: legend labels and titles never cut ('at the calib...', 'NVIDIA H200 SXM (datas...')."""
-    return chart.configure_legend(labelLimit=0, titleLimit=0)
+def finish(chart):
+    """Every chart: legend labels and titles never cut ('at the calib...', 'NVIDIA H200 SXM (datas...'). And no
+    JSON-schema validation of the spec when the page draws it (a quarter of a warm page run; the charts are built
+    the same way every time, and the app tests validate them all with DSOCR_VALIDATE_CHARTS=1)."""
+    chart = chart.configure_legend(labelLimit=0, titleLimit=0)
+    if not os.environ.get(VALIDATE_ENV):
+        object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return chart
 
 
 def _x(field: str, title: str, data: pd.DataFrame, log: bool = False) -> alt.X:
@@ -82,7 +92,7 @@ def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colou
     chart = alt.Chart(data).mark_line(point=True).encode(**enc).properties(height=height)
     if several and side_by_side:
         chart = chart.properties(width=320).facet(column=alt.Column("config:N", title=None))
-    return _finish(chart.interactive() if not (several and side_by_side) else chart)
+    return finish(chart.interactive() if not (several and side_by_side) else chart)
 
 
 def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
@@ -105,7 +115,7 @@ def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
         tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip(f"{x_field}:Q", format=",.3~g", title="intensity"),
                                                    alt.Tooltip(f"{y_field}:Q", format="~s", title="FLOP/s")],
     )
-    return _finish(alt.layer(roof, dots).properties(title=title, height=height).interactive())
+    return finish(alt.layer(roof, dots).properties(title=title, height=height).interactive())
 
 
 def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str, column: str | None = None,
@@ -131,7 +141,7 @@ def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str,
     chart = alt.Chart(data).mark_bar().encode(**enc).properties(height=height)
     if column:
         chart = chart.properties(width=300).facet(column=alt.Column(f"{column}:N", title=None))
-    return _finish(chart)
+    return finish(chart)
 
 
 def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str, x_title: str,
@@ -173,12 +183,12 @@ def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str
         x=xs, y=ys, color=colour, shape=alt.Shape("run:N", title="measured run") if "run" in m else alt.Undefined,
         tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip("value:Q", format=",.4~g", title=f"measured {unit}")]
         + spread))
-    return _finish(alt.layer(*layers).properties(height=340).interactive())
+    return finish(alt.layer(*layers).properties(height=340).interactive())
 
 
 def params_bar(data: pd.DataFrame) -> alt.Chart:
-    return alt.Chart(data).mark_bar().encode(
+    return finish(alt.Chart(data).mark_bar().encode(
         x=alt.X("parameters:Q", title="parameters", axis=alt.Axis(format="~s")),
         y=alt.Y("group:N", sort="-x", title=None, axis=alt.Axis(labelOverlap=False)),
         tooltip=["group", alt.Tooltip("parameters:Q", format=",")],
-    ).properties(height=22 * len(data) + 20)  # no legend: nothing to finish
+    ).properties(height=22 * len(data) + 20))

@@ -10,8 +10,8 @@ import streamlit as st
 from dsocr_core import tiling
 from dsocr_core.grounding import samples
 
+from . import charts, resources, scale_out, sweeps
 from . import measured as ms
-from . import resources, scale_out, sweeps
 from .runs import run_mode, run_title
 
 
@@ -25,12 +25,13 @@ def _view(store_path: str, run_id: str, version: str):
 
 def _histogram(latency: pd.DataFrame) -> alt.Chart:
     data = latency.assign(ms=latency["value"] * 1e3)
-    return alt.Chart(data).mark_bar().encode(
+    return charts.finish(alt.Chart(data).mark_bar().encode(
         x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="milliseconds"),
         y=alt.Y("count():Q", title="samples"),
         color=alt.Color("metric:N", legend=None),
         tooltip=["metric", alt.Tooltip("count():Q")],
-    ).properties(height=220, width=360).facet(column=alt.Column("metric:N", title=None)).resolve_scale(x="independent")
+    ).properties(height=220, width=360).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
+        x="independent"))
 
 
 def new_run_form(settings, session) -> None:
