@@ -3,8 +3,8 @@ synthetic model (float32). The distributed sweep stores what the single-process 
 nothing; an interrupted driver resumes; bad worker counts and unreachable addresses are one-line errors; and
 nothing imports Ray unless asked to.
 
-The tests share one pool of 2 workers; the kill test leaves one alive and the CLI test (last) parks it, so they
-run in this order on purpose."""
+The tests share one pool of 2 workers: the kill test leaves one alive, the Ctrl-C test kills it, the CLI test
+then starts its own; they run in this order on purpose."""
 import importlib.util
 import json
 import shutil
@@ -185,6 +185,25 @@ def test_killed_worker_loses_nothing_and_the_run_completes(ray_instance, pool, t
     assert [r["alive"] for r in rows].count(False) == 1 and not rows[killed[0]]["alive"]
     # every item the dead worker held was measured again by the survivor
     assert {g.extra.iloc[0]["worker"] for k, g in points.items()} >= {1 - killed[0]}
+
+
+@needs_ray
+def test_ctrl_c_kills_the_workers_and_keeps_what_is_stored(ray_instance, pool, tmp_path):
+    """Ctrl-C in the driver (a KeyboardInterrupt while it waits): queued items are cancelled, the workers killed,
+    the stored points stay; the shared Ray instance (not the pool's own) stays up."""
+    from dsocr_core.measure.scale_out import run_sweep_scaled
+
+    assert pool.alive(), "runs after the kill test, with its surviving worker"
+    store = RunStore(tmp_path / "runs.sqlite")
+
+    def progress(*_):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep_scaled(pool, store, workloads(), progress=progress, **SWEEP)
+    (run,) = store.list_runs()
+    assert run["n_points"] == run["n_done"] == 1  # written before the interrupt, kept
+    assert not pool.alive() and ray_instance.is_initialized()
 
 
 @needs_ray
