@@ -191,8 +191,10 @@ def test_parity_upload_shows_both_renderings(page, server, shots):
     settle(page)
     inputs = page.locator("[data-testid='stFileUploaderDropzoneInput']")
     inputs.nth(0).set_input_files(str(ROOT / "data" / "samples" / "card.png"))
+    page.locator("[data-testid='stFileChipName']", has_text="card.png").wait_for()  # uploaded, listed
     settle(page)
     inputs.nth(1).set_input_files(str(ROOT / "data" / "samples" / "card.grounding.txt"))  # as a vendor output
+    page.locator("[data-testid='stFileChipName']", has_text="card.grounding.txt").wait_for()
     settle(page)
     page.get_by_role("button", name="Run both paths").click()
     page.get_by_text("Parity passed").wait_for(timeout=120_000)
