@@ -194,6 +194,8 @@ def test_dashboard_shows_an_imported_markdown_name_as_text(tmp_path, monkeypatch
     monkeypatch.setenv("DSOCR_REFERENCE_DIR", str(tmp_path / "reference"))
     at = AppTest.from_file(os.path.join(os.path.dirname(__file__), "..", "app.py"), default_timeout=120).run()
     at.switch_page("pages/measured.py").run()
+    at.session_state["ms_tab"] = "Import / export"  # the measured page draws only its open tab
+    at.run()
     at.file_uploader(key="ms_import").set_value(("run.json", scratch.export_json(run_id).encode(),
                                                  "application/json")).run()
     assert not at.exception and any("Imported" in s for s in (e.value for e in at.success))
