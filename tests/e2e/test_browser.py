@@ -199,6 +199,9 @@ def test_parity_upload_shows_both_renderings(page, server, shots):
     page.get_by_role("button", name="Run both paths").click()
     page.get_by_text("Parity passed").wait_for(timeout=120_000)
     settle(page)
+    # the three renderings (their captions appear with the images, which can trail the text on a busy machine)
+    sync_api.expect(page.locator("[data-testid='stMain'] [data-testid='stImageCaption']")).to_have_count(
+        3, timeout=60_000)
     captions = page.locator("[data-testid='stImageCaption']").all_inner_texts()
     assert any(c.startswith("one-shot:") for c in captions), captions
     assert any(c.startswith("separated:") for c in captions), captions
