@@ -35,6 +35,9 @@ DECODE_BUCKET = 256  # the fast engine's static-cache length bucket (fast/engine
 REF_STEP_OPS = 18  # reference decode step outside the layers: token choice, history, positions, RoPE tables
 REF_PREFILL_OPS = 12  # reference prefill outside the layers: positions, RoPE tables, logits slicing
 FAST_STEP_OPS = 7  # fast decode at batch > 1: the greedy choice and history update outside the graph
+# the fused batch-1 step's own kernels (fast/decode_kernels.py) have their own tables; a profile without them (a
+# CPU, or one measured before they existed) falls back to memory.gemv / attention.flash (predict._candidates)
+FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
 
 
 @dataclass
@@ -185,7 +188,7 @@ def _vision(c: Call) -> Plan:
         return Plan(rest_launches=calls * (2 + (0 if c.fast else 6 * (g != s.clip_pos_grid))))
     if kind == "clip.self_attn":
         heads = s.clip_heads
-        return Plan([
+        plan = Plan([
             Kernel("gemm", dict(m=v * n, n=3 * cw, k=cw), v * 6 * n * cw * cw,
                    v * 4 * n * cw * dt + calls * (3 * cw * cw + 3 * cw) * dt, calls),
             Kernel("attention.sdpa", dict(bh=v * heads, q=n, k=n, d=cw // heads),
@@ -193,20 +196,39 @@ def _vision(c: Call) -> Plan:
             Kernel("gemm", dict(m=v * n, n=cw, k=cw), v * 2 * n * cw * cw,
                    v * 2 * n * cw * dt + calls * (cw * cw + cw) * dt, calls),
         ], rest_launches=calls * 2)  # head merge, residual add
+        return _clip_packed(c, plan, v * n, skip=(1,)) if c.fast else plan
     if kind == "clip.mlp":
         m = s.clip_mlp_dim
-        return Plan([
+        plan = Plan([
             Kernel("gemm", dict(m=v * n, n=m, k=cw), v * 2 * n * cw * m,
                    v * (n * cw + n * m) * dt + calls * (cw * m + m) * dt, calls),
             Kernel("gemm", dict(m=v * n, n=cw, k=m), v * 2 * n * cw * m,
                    v * (n * m + n * cw) * dt + calls * (m * cw + cw) * dt, calls),
         ], rest_launches=calls * (2 if c.fast else 4))  # quick_gelu (3 ops eager, 1 compiled), residual
+        return _clip_packed(c, plan, v * n) if c.fast else plan
     if kind == "projector":
         f, h, din = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim
         return Plan([Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
                             v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)],
                     rest_launches=calls * 2)  # SAM features flattened, concatenation
     raise KeyError(kind)
+
+
+def _clip_packed(c: Call, plan: Plan, rows, skip: tuple[int, ...] = ()) -> Plan:
+    """The fast engine runs every view group's CLIP rows through each layer together (fast/vision.run_clip,
+    packed): one GEMM over all groups' rows, reading the weights once. This group's part of it is its share of
+    the rows: the GEMMs are looked up at the packed M, their launches and weight reads split by the share.
+    Attention (`skip`) still runs per group (the groups' sequence lengths differ)."""
+    share = np.where(c.packed_rows > 0, rows / np.maximum(c.packed_rows, 1e-9), 0.0)
+    for i, k in enumerate(plan.kernels):
+        if i in skip:
+            continue
+        weights = k.coords["n"] * k.coords["k"] * c.dt
+        k.coords = dict(k.coords, m=c.packed_rows)
+        k.launches = share
+        k.real_bytes = k.nbytes - c.calls * weights + share * weights
+    plan.rest_launches = plan.rest_launches * share
+    return plan
 
 
 # ------------------------------------------------------------------------------------------------------ LM
@@ -248,10 +270,13 @@ def _lm_attn(c: Call) -> Plan:
     o = Kernel("gemm", dict(m=t, n=h, k=h), 2 * t * h * h, (2 * t * h + h * h) * dt, 1.0, by_batch=True)
     kv.by_batch = True  # the static cache: this step's entry only
     if c.fused:  # norm + q/k/v GEMV + RoPE + cache write; attention; o_proj + residual: 3 kernels
-        qkv.table = o.table = kv.table = "memory.gemv"
+        qkv.table = o.table = kv.table = FUSED_GEMV
+        cached = b * sk * 2 * h * dt  # flash-decoding reads the slots up to the position, not the whole bucket
+        attn.table, attn.real_bytes = FUSED_ATTENTION, 4 * t * h * dt + cached
+        attn.coords = dict(attn.coords, bytes=cached)  # bh, q, k, d kept for the fallback to attention.flash
         qkv.coords, o.coords = dict(bytes=qkv.real_bytes), dict(bytes=o.nbytes)
         kv.coords, kv.launches = dict(bytes=qkv.real_bytes), 0.0
-        return Plan([qkv, attn, o, kv], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv",
+        return Plan([qkv, attn, o, kv], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
                     rest_by_batch=True)
     return Plan([qkv, attn, o, kv], rest_launches=2.0, rest_real_bytes=9 * t * h * dt,
                 rest_by_batch=True)  # RoPE, head merge
@@ -262,8 +287,8 @@ def _rms(c: Call) -> Plan:
     if c.mode == "reference":
         return Plan(rest_launches=8.0)  # float, pow, mean, + eps, rsqrt, *, to, * weight
     real = 2 * el * c.dt + c.spec.hidden_size * c.dt  # one fused kernel: read x, write the output
-    if c.fused:  # inside the next GEMV kernel, which reads x anyway
-        return whole("memory.gemv", dict(bytes=c.cost.bytes), c, 0.0, real_bytes=el * c.dt)
+    if c.fused:  # inside the next GEMV kernel, which reads x anyway: timed at that kernel's size (q/k/v)
+        return whole(FUSED_GEMV, dict(bytes=3 * c.spec.hidden_size ** 2 * c.dt), c, 0.0, real_bytes=el * c.dt)
     return whole("memory.norm", dict(bytes=real), c, 1.0, real_bytes=real)
 
 
@@ -279,6 +304,16 @@ def _swiglu(c: Call, inner: int, *, weight_experts=1.0, tokens=None) -> tuple[Ke
     return gu, down
 
 
+def _fused_moe_bytes(c: Call) -> tuple[float, float]:
+    """Weight bytes of the fused step's two MoE kernels that several rows share: the router kernel (fp32 router
+    + the shared experts' gate/up) and the down kernel (the routed and the shared experts' down). Each row's part
+    is timed at its kernel's size: a GEMV's efficiency depends on the bytes the whole launch streams."""
+    s, dt = c.spec, c.dt
+    h, si = s.hidden_size, s.shared_intermediate_size
+    routed = s.num_experts_per_tok * s.moe_intermediate_size
+    return s.n_routed_experts * h * FP32 + 2 * si * h * dt, (routed + si) * h * dt
+
+
 def _lm_mlp(c: Call) -> Plan:
     s, dt = c.spec, c.dt
     h, t = s.hidden_size, c.b * c.sq
@@ -291,8 +326,8 @@ def _lm_mlp(c: Call) -> Plan:
         gu.launches, gu.coords = 1.0, dict(m=t, n=2 * s.intermediate_size, k=h)  # one GEMM over stacked w13
         if c.fused:
             for k in (gu, down):
-                k.table, k.coords = "memory.gemv", dict(bytes=k.real_bytes if k.real_bytes is not None else k.nbytes)
-            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv")
+                k.table, k.coords = FUSED_GEMV, dict(bytes=k.real_bytes if k.real_bytes is not None else k.nbytes)
+            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
         return Plan([gu, down], rest_launches=2.0, rest_real_bytes=t * (3 * s.intermediate_size + 3 * h) * dt)
     e, k = s.n_routed_experts, s.num_experts_per_tok
     if c.kind == "lm.mlp.gate":
@@ -300,8 +335,8 @@ def _lm_mlp(c: Call) -> Plan:
         if ref:
             return Plan([router], rest_launches=5.0)  # x.float(), W.float(), softmax, topk, * scale
         if c.fused:  # router logits, softmax, top-k and the shared experts' gate/up SwiGLU: one kernel
-            router.table, router.coords = "memory.gemv", dict(bytes=c.cost.bytes)
-            return Plan([router], rest_launches=0.0, rest_table="memory.gemv")
+            router.table, router.coords = FUSED_GEMV, dict(bytes=_fused_moe_bytes(c)[0])
+            return Plan([router], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
         return Plan([router], rest_launches=3.0)  # softmax, top-k, shared-slot ids
     if c.kind == "lm.mlp.experts":
         im = s.moe_intermediate_size
@@ -314,12 +349,12 @@ def _lm_mlp(c: Call) -> Plan:
             gu.coords, down.coords = dict(m=per, n=im, k=h), dict(m=per, n=h, k=im)
             gu.launches, down.launches = 2 * e_act, e_act
             return Plan([gu, down], rest_launches=4 + 4 * e_act + 5, syncs=1.0, host_ops=3 * e_act)
-        if c.fused:  # routed gate/up + SwiGLU; down + weighted sum + residual: 2 kernels
+        if c.fused:  # routed gate/up + SwiGLU; down (with the shared experts' down) + weighted sum + residual
             for kk in (gu, down):
-                kk.table = "memory.gemv"
-                kk.coords = dict(bytes=kk.real_bytes if kk.real_bytes is not None else kk.nbytes)
+                kk.table = FUSED_GEMV
+            gu.coords, down.coords = dict(bytes=gu.real_bytes), dict(bytes=_fused_moe_bytes(c)[1])
             gu.launches, down.launches = 1.0, 1.0
-            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv")
+            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
         gu.table = down.table = "grouped_gemm"
         gu.coords, down.coords = dict(tokens=per, n=2 * im, k=h), dict(tokens=per, n=h, k=im)
         gu.launches, down.launches = 1.0, 1.0
@@ -331,11 +366,11 @@ def _lm_mlp(c: Call) -> Plan:
             gu.real_bytes = None
             return Plan([gu, down], rest_launches=3.0)  # SiLU, product, y + shared
         gu.launches = down.launches = 0.0  # run inside the routed kernels (two extra experts of width 896)
-        if c.fused:
-            for kk in (gu, down):
-                kk.table = "memory.gemv"
-                kk.coords = dict(bytes=kk.real_bytes if kk.real_bytes is not None else kk.nbytes)
-            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv")
+        if c.fused:  # gate/up inside the router's kernel, down inside the routed experts' down kernel
+            router_kernel, down_kernel = _fused_moe_bytes(c)
+            gu.table = down.table = FUSED_GEMV
+            gu.coords, down.coords = dict(bytes=router_kernel), dict(bytes=down_kernel)
+            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
         gu.table = down.table = "grouped_gemm"
         gu.coords = dict(tokens=t, n=2 * s.moe_intermediate_size, k=h)
         down.coords = dict(tokens=t, n=h, k=s.moe_intermediate_size)
@@ -353,8 +388,8 @@ def _lm_other(c: Call) -> Plan:
             scatter = np.where(np.asarray(c.img) > 0, 1.0, 0.0)
             ops = REF_STEP_OPS if decode else 1 + scatter * (3 * c.b + 1) + REF_PREFILL_OPS
             return Plan(rest_launches=ops)
-        if c.fused:
-            return Plan(rest_launches=0.0, rest_table="memory.gemv", graph_launches=0.5)  # 2 steps per replay
+        if c.fused:  # the embedding row is read inside the first q/k/v kernel; 2 steps per graph replay
+            return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV, graph_launches=0.5)
         if decode:
             return Plan(rest_launches=1.0 + FAST_STEP_OPS, host_ops=FAST_STEP_OPS, graph_launches=1.0)
         return Plan(rest_launches=2.0, graph_launches=1.0)  # embedding, image-slot index_copy
@@ -364,8 +399,8 @@ def _lm_other(c: Call) -> Plan:
         lr = c.logit_rows
         head = Kernel("gemm", dict(m=lr, n=v, k=h), 2 * lr * h * v, (lr * h + v * h + lr * v) * dt, 1.0)
         if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice
-            head.table, head.coords, head.launches = "memory.gemv", dict(bytes=head.nbytes), 2.0
-            return Plan([head], rest_launches=0.0, rest_real_bytes=0.0, rest_table="memory.gemv")
+            head.table, head.coords, head.launches = FUSED_GEMV, dict(bytes=head.nbytes), 2.0
+            return Plan([head], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
         return Plan([head], rest_launches=1.0)  # .float()
     raise KeyError(c.kind)
 

@@ -116,6 +116,10 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
             square = lambda c: dict(bh=c["bh"], q=c["s"], k=c["s"], d=c["d"])  # noqa: E731
             out += [(f"attention.{parts[1]}", square), ("attention.sdpa", square)]
         return out
+    if name == "memory.fused_attention":  # the fused decode kernel; else the flash table at its shape
+        return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
+    if name == "memory.fused_gemv":
+        return [(name, same), ("memory.gemv", same), ("memory.elementwise", same), ("memory.copy", same)]
     if name.startswith("memory."):
         return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
     raise SpecError(f"unknown kernel table {name!r}")

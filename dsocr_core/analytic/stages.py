@@ -25,7 +25,7 @@ from .params import param_counts
 from .points import Points
 from .predict import PREDICTED, predictor_for
 from .roofline import bound_of
-from .vision import view_rows
+from .vision import clip_tokens, view_rows
 
 STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "total")
 BASE_STAGES = ("sam", "clip", "projector", "prefill", "decode")
@@ -49,9 +49,12 @@ def vision_rows(spec: ModelSpec, pts: Points) -> list[Row]:
     tile = _view_rows(spec, info.tile_size, dt) if info.crop_mode else [(s, k, p, Cost()) for s, k, p, _ in glob]
     rows = []
     calls_t = (tiles > 0).astype(float)
-    base = dict(spec=spec, phase="vision", dt=dt, dtype=pts.dtype, batch=b)
+    tile_side = info.tile_size if info.crop_mode else info.base_size
+    # all views' CLIP rows: the fast engine packs them through each CLIP layer together (analytic/kernels.py)
+    packed = b * clip_tokens(spec, info.base_size) + (tiles * clip_tokens(spec, tile_side) if info.crop_mode else 0.0)
+    base = dict(spec=spec, phase="vision", dt=dt, dtype=pts.dtype, batch=b, packed_rows=packed)
     ctx = (dict(base, side=info.base_size, views=b, calls=1.0),
-           dict(base, side=info.tile_size if info.crop_mode else info.base_size, views=tiles, calls=calls_t))
+           dict(base, side=tile_side, views=tiles, calls=calls_t))
     for (stage, kind, paths, g), (_, _, _, t) in zip(glob, tile):
         part_g = g.scaled(b, 1.0)  # one call over the batch's global views
         part_t = t.scaled(tiles, calls_t)  # one call over all tiles, if any

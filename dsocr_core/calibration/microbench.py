@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ops import GROUPED_EXPERTS, Settings, input_bytes, kernel_count, launch_costs, measure_entry
+from .ops import FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, Settings, input_bytes, kernel_count, launch_costs, measure_entry
 from .profile import KIND_AXES, LAUNCH_KEYS, Profile, build_profile, entry_work, table_kind
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
@@ -65,6 +65,11 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
                                 "d": [64, 128]},
             "attention.eager.causal": {"bh": [1, 8, 64], "s": [16, 256, 1024, 4096], "d": [64, 128]},
             "gemm.float32": small, "gemm.float16": small}
+    if device.startswith("cuda"):  # the fused batch-1 decode kernels (Triton; a GPU only): weight GEMVs from
+        # 0.3 MB (a router) to 335 MB (the lm_head), attention over 16 to 16,384 cached tokens
+        out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
+        out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in
+                                                   (16, 64, 256, 1024, 4096, 16384)]}
     return out
 
 

@@ -20,6 +20,10 @@ from .profile import table_kind
 
 ATTN_KERNELS = {"sdpa": 1, "flash": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10}
 GROUPED_EXPERTS = 64
+# The fused decode kernels are timed at the LM's widths (hidden 1280, 10 heads of 128): their block sizes are tuned
+# for them, and the table's one axis (bytes read) then moves with the weight rows or the cached tokens.
+FUSED_WIDTH, FUSED_HEADS, FUSED_HEAD_DIM = 1280, 10, 128
+FUSED_ATTN_SLOT_BYTES = 2 * FUSED_HEADS * FUSED_HEAD_DIM * 2  # one cached token's keys and values, bf16
 
 
 @dataclass
@@ -74,6 +78,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
     if kind == "memory":
         what = name.split(".")[1]
         nbytes = max(int(c["bytes"]), 64)
+        if what.startswith("fused_"):
+            return _fused_op(what, nbytes, dev, rnd)
         if what == "copy":
             n = nbytes // 4  # bf16 elements: read + write = bytes
             return (lambda: (rnd(n), torch.empty(n, device=dev, dtype=torch.bfloat16)),
@@ -115,6 +121,52 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         with sdpa_kernel(backends):
             return F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal)
     return make, sdpa, nbytes, 1
+
+
+def _fused_op(what: str, nbytes: int, dev: str, rnd):
+    """The fast engine's fused batch-1 decode kernels, launched as the engine launches them (programmatic
+    dependent launch on sm90+, so a graph of them overlaps each launch with the previous kernel's run):
+    fused_gemv is the o_proj GEMV + residual kernel over a [rows, 1280] weight (every weight-reading kernel of the
+    step is this GEMV with its neighbours' elementwise work folded in); fused_attention the flash-decoding kernel
+    over `nbytes` of cached keys and values."""
+    import torch
+
+    from ..fast.decode_kernels import BLOCKS, _attention, _oproj_residual
+    from ..fast.triton_kernels import next_pow2, triton
+
+    if not dev.startswith("cuda"):
+        raise RuntimeError("the fused decode kernels run on a CUDA GPU only")
+    pdl = torch.cuda.get_device_capability(dev)[0] >= 9
+    launch = {"PDL": True, "launch_pdl": True} if pdl else {}
+    if what == "fused_gemv":
+        bn, bk, warps = BLOCKS["oproj"]
+        rows = max(nbytes // (2 * FUSED_WIDTH) // bn * bn, bn)
+        make = lambda: (rnd(FUSED_WIDTH), rnd(rows, FUSED_WIDTH), rnd(rows))  # noqa: E731
+
+        def gemv(x):
+            _oproj_residual[(rows // bn,)](x[0], x[1], x[2], H=FUSED_WIDTH, BN=bn, BK=min(bk, next_pow2(FUSED_WIDTH)),
+                                           num_warps=warps, **launch)
+        return make, gemv, (rows * FUSED_WIDTH + FUSED_WIDTH + 2 * rows) * 2, 1
+    if what != "fused_attention":
+        raise ValueError(f"unknown fused kernel {what!r}")
+    chunk, _, warps = BLOCKS["attention"]
+    length = max(nbytes // FUSED_ATTN_SLOT_BYTES, 1)
+    splits = triton.cdiv(length, chunk)
+    h, d = FUSED_HEADS, FUSED_HEAD_DIM
+
+    def make():
+        kc, vc = rnd(h, splits * chunk, d), rnd(h, splits * chunk, d)
+        scratch = (torch.empty(h * splits, device=dev), torch.empty(h * splits, device=dev),
+                   torch.empty(h * splits, d, device=dev), torch.zeros(h, dtype=torch.int32, device=dev))
+        pos = torch.full((1,), length - 1, dtype=torch.long, device=dev)
+        return rnd(h, d), kc, vc, pos, scratch, torch.empty(h, d, device=dev, dtype=torch.bfloat16)
+
+    def attend(x):
+        q, kc, vc, pos, (m, l_, acc, cnt), o = x
+        _attention[(h, splits)](q, kc, vc, pos, m, l_, acc, cnt, o, splits, kc.stride(0), kc.stride(1),
+                                vc.stride(0), vc.stride(1), d ** -0.5, D=d, CHUNK=chunk, BS=next_pow2(splits),
+                                num_warps=warps, **launch)
+    return make, attend, 2 * h * splits * chunk * d * 2, 1
 
 
 # ---------------------------------------------------------------------------------------------- timing

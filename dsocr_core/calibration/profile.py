@@ -53,7 +53,9 @@ KIND_AXES = {
     "attention_causal": ("bh", "s", "d"),
     "grouped_gemm": ("tokens", "n", "k"),
 }
-MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv")
+MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention")
+# fused_gemv / fused_attention: the fast engine's own batch-1 decode kernels (fast/decode_kernels.py), by bytes
+# read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so)
 ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash")
 
 
