@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         base = Session.load(synthetic=synthetic, device=args.device, dtype=dtype, session_mode="reference")
         spec = base.spec
-    result = {"profile": profile.summary(), "environment": capture_environment(args.device),
+    result = {"profile": profile.summary(), "environment": capture_environment(args.device),  # where this ran
               "settings": {"quick": quick, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps,
                            "repeats": repeats, "logits": args.logits, "work": args.work, "overlap": args.overlap,
                            "device": args.device,
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "predicted_s": pred, "error": err})
         summary = summarize([r for r in rows if r["status"] == "done"])
         entry = {"run_id": run_id, "points": rows, "summary": summary,
+                 "measured_environment": store.get_run(run_id).get("environment"),  # where the points were measured
                  "not_done": sum(r["status"] != "done" for r in rows),
                  "not_measured_yet": len({point_key(w) for w in workloads} - store.finished_keys(run_id))}
         if args.count_kernels and args.device.startswith("cuda") and session is not None:

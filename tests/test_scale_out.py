@@ -275,3 +275,24 @@ def test_measured_page_forms_offer_ray_workers(tmp_path, monkeypatch):
                                                             "Local Ray workers (one per GPU)", "A Ray cluster"}
     assert at.number_input(key="ms_workers").value == 2  # on the CPU
     assert at.text_input(key="ms_address").value == "auto"
+
+
+@needs_ray
+def test_calibrate_cli_writes_one_profile_per_worker(ray_instance, pool, tmp_path, capsys):
+    """calibrate --workers 2: each worker (no model loaded) calibrates its device; one labelled profile each."""
+    from dsocr_core.calibration.profile import load_profile
+
+    for w in pool.alive():  # free the shared pool's CPUs for the calibration workers
+        ray_instance.kill(w.actor)
+        w.alive = False
+    out = tmp_path / "node.json"
+    assert main(["calibrate", "--device", "cpu", "--quick", "--workers", "2", "--no-progress", "--out", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["failed"] == [] and len(doc["profiles"]) == 2
+    paths = sorted(p["profile"] for p in doc["profiles"])
+    assert all(Path(p).name.startswith("node.") and Path(p).name.endswith(".json") for p in paths)
+    assert len(set(paths)) == 2  # one file per worker, never one overwriting the other
+    for p in paths:
+        prof = load_profile(p)
+        assert prof.device["kind"] == "cpu" and prof.raw["calibration"]["quick"] is True
+        assert prof.table("gemm.bfloat16") is not None

@@ -4,11 +4,16 @@
     python -m dsocr_core calibrate --device cpu --quick --out /tmp/cpu.json         # tiny shapes, seconds
     python -m dsocr_core calibrate --derive-from h200.json --target h100-sxm --out h100_derived.json
     python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
+    python -m dsocr_core calibrate --workers 8 --out out/node.json    # every GPU of a node at once (Ray):
+                                                                      # out/node.<host>.gpu<i>.json each (CPU: .worker<i>)
 """
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+from ..measure.scale_out import add_scale_out_options, scale_out_requested
 
 
 def register(sub) -> None:
@@ -30,6 +35,7 @@ def register(sub) -> None:
                                              "matches no preset")
     p.add_argument("--show", metavar="FILE", help="print a summary of a profile and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_scale_out_options(p)
     p.set_defaults(func=run)
 
 
@@ -75,6 +81,9 @@ def run(args) -> int:
         raise UserError("calibrate: --target and --source-hardware go with --derive-from")
     if not args.budget_s > 0:
         raise UserError(f"calibrate: --budget-s must be positive, got {args.budget_s}")
+    tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
+    if scale_out_requested(args):
+        return _run_scaled(args, tables)
     from ..calibration.microbench import run_microbench
 
     bar = None
@@ -90,7 +99,6 @@ def run(args) -> int:
             bar.total = total
         bar.set_postfix_str(name, refresh=False)
         bar.update(done - bar.n)
-    tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     try:
         prof = run_microbench(args.device, quick=args.quick, budget_s=args.budget_s, progress=progress,
                               tables=tables)
@@ -107,3 +115,52 @@ def run(args) -> int:
     print(json.dumps({"profile": str(path), "device": prof.device_name, "elapsed_s": prof.raw["calibration"]
                       ["elapsed_s"], "complete": prof.raw["calibration"]["complete"]}))
     return 0
+
+
+def _run_scaled(args, tables) -> int:
+    """One calibration per Ray worker (one per GPU), all at once; a profile file per GPU. Workers load no model.
+    Each profile's environment names its node and GPU; a line per GPU compares their GEMM efficiency, so a slow
+    or throttled GPU stands out before its profile is used."""
+    import numpy as np
+
+    from ..calibration.profile import ProfileError, profile_from_dict
+    from ..cli import UserError
+    from ..measure.scale_out import ScaleOutError, calibrate_scaled, pool_from_args, pool_line
+
+    try:
+        pool = pool_from_args(args, log=lambda m: print(m, file=sys.stderr, flush=True), load=False)
+    except ScaleOutError as exc:
+        raise UserError(f"calibrate: {exc}") from None
+    with pool:
+        print(pool_line(pool), file=sys.stderr, flush=True)
+        results = calibrate_scaled(pool, args.device, {"quick": args.quick, "budget_s": args.budget_s,
+                                                       "tables": tables})
+    out = Path(args.out)
+    written, failed = [], []
+    for r in results:
+        where = f"{r.get('node')} GPU {r.get('gpu_index')} ({r.get('gpu_name') or 'cpu'})"
+        if "error" in r:
+            failed.append(f"{where}: {r['error']}")
+            continue
+        slot = f"gpu{r['gpu_index']}" if r.get("gpu_index") is not None else f"worker{r.get('worker')}"
+        name = out if len(results) == 1 else out.with_name(f"{out.stem}.{_safe(r.get('node'))}.{_safe(slot)}{out.suffix}")
+        try:
+            prof = profile_from_dict(r["profile"], source=where)
+            path = prof.save(name)
+        except (OSError, ProfileError) as exc:
+            failed.append(f"{where}: cannot write {name}: {exc}")
+            continue
+        gemm = prof.table("gemm.bfloat16")
+        median = float(np.median(gemm.efficiency)) if gemm is not None else float("nan")
+        written.append({"profile": str(path), "where": where, "gemm_bf16_median_efficiency": round(median, 4),
+                        "elapsed_s": prof.raw["calibration"]["elapsed_s"]})
+        print(f"{where}: {path} (GEMM bf16 median efficiency {median:.3f}, {prof.raw['calibration']['elapsed_s']} s)")
+    for line in failed:
+        print(f"not calibrated: {line}", file=sys.stderr)
+    print(json.dumps({"profiles": written, "failed": failed}))
+    return 0 if written and not failed else 1
+
+
+def _safe(text) -> str:
+    """A file-name part from a host name or GPU index."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in str(text))[:64] or "x"

@@ -127,6 +127,13 @@ class Worker:
                 "describe": s.describe(), "environment": capture_environment(str(s.device)),
                 **self.where(str(s.device))}
 
+    def calibrate(self, device: str, options: dict) -> dict:
+        """A calibration profile of this worker's GPU (no model is loaded): the profile's dict plus where."""
+        from ..calibration.microbench import run_microbench
+
+        prof = run_microbench(device, **options)
+        return {"profile": prof.to_dict(), **self.where(device)}
+
     def measure(self, item: WorkItem) -> dict:
         """One item -> {status, message, stages, kv_bytes, resolved, extra, worker_s}. Exceptions become statuses
         (sweep.failure), exactly as the single-process loops record them."""
@@ -217,14 +224,15 @@ class WorkerPool:
         self.infos = infos
         self.settings = settings
         self.owns_ray = owns_ray
-        self.lead = RemoteSession(infos[0])
+        self.lead = RemoteSession(infos[0]) if "weights" in infos[0] else None  # None: no model loaded
 
     @classmethod
     def start(cls, load_args: dict, workers: int | None = None, address: str | None = None,
-              allow_mixed_gpus: bool = False, log: Callable[[str], None] | None = None) -> "WorkerPool":
+              allow_mixed_gpus: bool = False, log: Callable[[str], None] | None = None,
+              load: bool = True) -> "WorkerPool":
         """Start (or join, with `address`) Ray, create the actors, refuse mixed GPU models, load the sessions.
         `load_args`: Session.load's keyword arguments (checkpoint, synthetic, seed, device, dtype, attn,
-        session_mode, engine_options)."""
+        session_mode, engine_options); with `load=False` (calibration) only `device` is used and no model loads."""
         workers = check_workers(workers)
         if address is None and workers is None:
             raise ScaleOutError("give --workers N (a local Ray instance) or --ray-address (a cluster)")
@@ -275,8 +283,9 @@ class WorkerPool:
                 wheres = ray.get([a.where.remote(load_args["device"]) for a in actors])
                 check_same_gpus(wheres, allow_mixed_gpus)
                 if log:
-                    log(f"{workers} worker(s) on {', '.join(sorted({w['node'] for w in wheres}))}; loading the model")
-                infos = ray.get([a.load.remote(load_args) for a in actors])
+                    log(f"{workers} worker(s) on {', '.join(sorted({w['node'] for w in wheres}))}"
+                        + ("; loading the model" if load else ""))
+                infos = ray.get([a.load.remote(load_args) for a in actors]) if load else wheres
             except BaseException:
                 for a in actors:
                     ray.kill(a)
@@ -432,6 +441,21 @@ class WorkerPool:
         return stats
 
 
+def calibrate_scaled(pool: WorkerPool, device: str, options: dict) -> list[dict]:
+    """Every worker calibrates its own GPU at once (run_microbench's options: quick, budget_s, tables); returns
+    [{profile (dict), node, gpu_index, gpu_name, worker}] in worker order. A worker that dies is reported as
+    {error, node, ...}; the others' profiles are kept."""
+    ray = _ray()
+    refs = [w.actor.calibrate.remote("cpu" if device == "cpu" else "cuda", options) for w in pool.workers]
+    out = []
+    for w, ref in zip(pool.workers, refs):
+        try:
+            out.append(ray.get(ref))
+        except Exception as exc:  # noqa: BLE001 - a dead actor or a failed calibration: keep the others
+            out.append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", **w.where})
+    return out
+
+
 def _where_extra(result: dict) -> dict:
     return {k: result["where"].get(k) for k in WHERE_KEYS} if result.get("where") else {}
 
@@ -534,7 +558,7 @@ def run_dataset_scaled(pool: WorkerPool, store, run_id: str, samples: Sequence, 
 
 # ---------------------------------------------------------------------------------------------- command line
 def add_scale_out_options(p) -> None:
-    """--workers, --ray-address, --allow-mixed-gpus (measure, profile). Parsing them imports nothing."""
+    """--workers, --ray-address, --allow-mixed-gpus (measure, profile, calibrate). Parsing them imports nothing."""
     g = p.add_argument_group("scale-out over Ray (optional; without these Ray is not used)")
     g.add_argument("--workers", metavar="N", help="start a local Ray instance with N workers, one per GPU "
                                                   "(on --device cpu: one per CPU core), each holding the model")
@@ -549,18 +573,22 @@ def scale_out_requested(args) -> bool:
     return getattr(args, "workers", None) is not None or getattr(args, "ray_address", None) is not None
 
 
-def pool_from_args(args, log: Callable[[str], None] | None = None) -> WorkerPool:
-    """The WorkerPool the model options and the scale-out options describe (ScaleOutError: one line, exit 2)."""
+def pool_from_args(args, log: Callable[[str], None] | None = None, load: bool = True) -> WorkerPool:
+    """The WorkerPool the model options and the scale-out options describe (ScaleOutError: one line, exit 2).
+    load=False (calibrate): the workers load no model; only --device is read."""
     workers = args.workers
     if workers is not None:
         try:
             workers = int(str(workers).strip())
         except ValueError:
             raise ScaleOutError(f"--workers must be a whole number of at least 1, got {args.workers!r}") from None
-    load_args = dict(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                     session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
+    if load:
+        load_args = dict(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
+                         session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
+    else:
+        load_args = dict(device=args.device)
     return WorkerPool.start(load_args, workers=workers, address=args.ray_address,
-                            allow_mixed_gpus=args.allow_mixed_gpus, log=log)
+                            allow_mixed_gpus=args.allow_mixed_gpus, log=log, load=load)
 
 
 def pool_line(pool: WorkerPool) -> str:
