@@ -76,7 +76,7 @@ def test_pdf_pages_render_at_the_chosen_dpi(tmp_path):
     assert abs(small.size[0] - cw * 72 / 150) <= 1 and abs(small.size[1] - ch * 72 / 150) <= 1
     with pytest.raises(ImageError, match="no page 3"):
         render_pdf_page(tmp_path / "doc.pdf", 2)
-    with pytest.raises(ImageError, match="MP limit"):
+    with pytest.raises(ImageError, match="megapixel limit for a PDF page"):
         render_pdf_page(tmp_path / "doc.pdf", 0, dpi=144, max_pixels=10_000)
 
 

@@ -283,3 +283,20 @@ def test_synthetic_untiled_and_workload():
         synthetic_inputs("small", (2, 2))
     with pytest.raises(PromptError):
         synthetic_inputs("gundam", text_tokens=0)
+
+
+def test_every_pixel_limit_refusal_is_worded_the_same():
+    """Our header check and Pillow's own bomb check (which fires first above ~89 MP) give the one message."""
+    pattern = (r"image data \(\d+ bytes\): ([\d,]+ x [\d,]+ = )?[\d,]+ megapixels is over the [\d,]+-megapixel limit "
+               r"for a page image \(refused before decoding, as a possible decompression bomb\); downscale the page")
+    ours = pytest.raises(ImageError)
+    with ours:
+        load_image(png_bytes(Image.new("1", (3000, 3000))), max_pixels=1_000_000)
+    with pytest.raises(ImageError) as pillow:
+        load_image(png_bytes(Image.new("1", (10000, 10000))), max_pixels=10**12)
+    import re
+
+    assert re.fullmatch(pattern, str(ours.excinfo.value)), str(ours.excinfo.value)
+    assert "9 megapixels is over the 1-megapixel limit" in str(ours.excinfo.value)
+    assert re.fullmatch(pattern, str(pillow.value)), str(pillow.value)
+    assert "100 megapixels is over the 89-megapixel limit" in str(pillow.value)

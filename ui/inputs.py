@@ -110,24 +110,7 @@ def _strip_prefix(message: str) -> str:
     return re.sub(r"^image data \(\d+ bytes\): ", "", message)
 
 
-def pixel_limit_message(pixels: int, size: tuple[int, int] | None = None) -> str:
-    """The one message for a page over the pixel limit, whatever refused it (our size check, or Pillow's own
-    decompression-bomb check, which fires first above its 89,478,485-pixel default with a different text)."""
-    from dsocr_core.runtime.inputs import MAX_PIXELS
-
-    dims = f"{size[0]:,} x {size[1]:,} = " if size else ""
-    return (f"{dims}{pixels / 1e6:,.0f} megapixels is over the {MAX_PIXELS / 1e6:,.0f}-megapixel limit for a page "
-            "image (refused before decoding, as a possible decompression bomb); downscale the page")
-
-
 def _page_problem(message: str) -> str:
-    """load_image's message for the page, with every 'too many pixels' refusal worded the same way."""
-    message = _strip_prefix(message)
-    ours = re.search(r"(\d+)x(\d+) = [\d.]+ MP exceeds", message)
-    if ours:
-        w, h = int(ours.group(1)), int(ours.group(2))
-        return pixel_limit_message(w * h, (w, h))
-    pillow = re.search(r"Image size \((\d+) pixels\) exceeds limit", message)
-    if pillow:
-        return pixel_limit_message(int(pillow.group(1)))
-    return message
+    """load_image's message for the page (every 'too many pixels' refusal is already worded the same way there:
+    dsocr_core.runtime.inputs.pixel_limit_message), without its generic source prefix."""
+    return _strip_prefix(message)

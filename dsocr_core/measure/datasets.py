@@ -27,7 +27,7 @@ from typing import Literal, Sequence
 
 from PIL import Image
 
-from ..runtime.inputs import MAX_PIXELS, ImageError, load_image
+from ..runtime.inputs import MAX_PIXELS, ImageError, load_image, pixel_limit_message
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 PDF_SUFFIX = ".pdf"
@@ -226,8 +226,8 @@ def render_pdf_page(path: str | Path, index: int, dpi: int = DEFAULT_DPI, max_pi
             if w <= 0 or h <= 0:
                 raise ImageError(f"{path} page {index + 1}: zero size")
             if w * h > max_pixels:  # refuse before rendering, not after allocating
-                raise ImageError(f"{path} page {index + 1}: {w}x{h} at {dpi} dpi exceeds the "
-                                 f"{max_pixels / 1e6:.0f} MP limit")
+                raise ImageError(f"{path} page {index + 1} at {dpi} dpi: "
+                                 f"{pixel_limit_message(w * h, (w, h), max_pixels, 'PDF page')}")
             image = page.render(scale=dpi / 72).to_pil()
         finally:
             page.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,13 +99,32 @@ def load_image(source: ImageSource, max_pixels: int = MAX_PIXELS) -> Image.Image
     return _decode(data, what, max_pixels)
 
 
+def pixel_limit_message(pixels: int, size: tuple[int, int] | None = None, max_pixels: int = MAX_PIXELS,
+                        what: str = "page image") -> str:
+    """The one message for an image over the pixel limit, whatever refused it: our size check (from the header,
+    before decoding), Pillow's own decompression-bomb check (which fires first above its 89,478,485-pixel default,
+    with a text of its own) or a PDF page's size at the rendering resolution. The CLI, the dataset runs and the
+    dashboard all show this text."""
+    dims = f"{size[0]:,} x {size[1]:,} = " if size else ""
+    return (f"{dims}{pixels / 1e6:,.0f} megapixels is over the {max_pixels / 1e6:,.0f}-megapixel limit for a {what} "
+            "(refused before decoding, as a possible decompression bomb); downscale the page")
+
+
 def _check_size(size: tuple[int, int], what: str, max_pixels: int) -> None:
     w, h = size
     if w <= 0 or h <= 0:
         raise ImageError(f"{what}: the image has zero size ({w}x{h})")
     if w * h > max_pixels:
-        raise ImageError(f"{what}: {w}x{h} = {w * h / 1e6:.0f} MP exceeds the {max_pixels / 1e6:.0f} MP limit "
-                         "(possible decompression bomb)")
+        raise ImageError(f"{what}: {pixel_limit_message(w * h, (w, h), max_pixels)}")
+
+
+def _bomb(what: str, exc: BaseException, max_pixels: int) -> ImageError:
+    """Pillow's decompression-bomb refusal, in the one pixel-limit message (its text names the pixel count)."""
+    found = re.search(r"Image size \((\d+) pixels\)", str(exc))
+    if found:  # Pillow's warning is an error here, so its limit applies where it is below ours
+        limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
+        return ImageError(f"{what}: {pixel_limit_message(int(found.group(1)), None, limit)}")
+    return ImageError(f"{what}: refused as a possible decompression bomb ({_one_line(exc)})")
 
 
 def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
@@ -113,10 +133,8 @@ def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             image = Image.open(io.BytesIO(data))
-        except Image.DecompressionBombError as exc:
-            raise ImageError(f"{what}: refused as a possible decompression bomb ({_one_line(exc)})") from None
-        except Image.DecompressionBombWarning as exc:
-            raise ImageError(f"{what}: refused as a possible decompression bomb ({_one_line(exc)})") from None
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise _bomb(what, exc, max_pixels) from None
         except Exception:  # noqa: BLE001 - PIL raises UnidentifiedImageError, OSError, SyntaxError, ...
             raise ImageError(f"{what}: not a readable image file") from None
         _check_size(image.size, what, max_pixels)  # from the header, before any pixel is decoded
@@ -125,7 +143,7 @@ def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
             image = ImageOps.exif_transpose(image)
             rgb = image.convert("RGB")
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise ImageError(f"{what}: refused as a possible decompression bomb ({_one_line(exc)})") from None
+            raise _bomb(what, exc, max_pixels) from None
         except Exception as exc:  # noqa: BLE001 - truncated or corrupt data
             raise ImageError(f"{what}: the image data is truncated or corrupt ({_one_line(exc)})") from None
     _check_size(rgb.size, what, max_pixels)
