@@ -11,6 +11,9 @@ from pathlib import Path
 
 from PIL import Image
 
+# the one wording of a refused page (the pixel limit above all), shared with the dataset-run uploads
+from dsocr_core.measure.uploads import page_problem as _page_problem, pixel_limit_message  # noqa: F401
+
 MAX_LIST = 200  # values per typed list: the analytic sweep is cheap, the charts are not
 TEXT_SUFFIXES = (".mmd", ".md", ".txt")
 
@@ -104,30 +107,3 @@ def read_text(name: str, data: bytes) -> str:
         raise InputError(f"{name}: not UTF-8 text (byte {exc.start} cannot be decoded); save the vendor output "
                          "as UTF-8") from None
 
-
-def _strip_prefix(message: str) -> str:
-    """load_image names bytes sources 'image data (N bytes)'; the page already names the file."""
-    return re.sub(r"^image data \(\d+ bytes\): ", "", message)
-
-
-def pixel_limit_message(pixels: int, size: tuple[int, int] | None = None) -> str:
-    """The one message for a page over the pixel limit, whatever refused it (our size check, or Pillow's own
-    decompression-bomb check, which fires first above its 89,478,485-pixel default with a different text)."""
-    from dsocr_core.runtime.inputs import MAX_PIXELS
-
-    dims = f"{size[0]:,} x {size[1]:,} = " if size else ""
-    return (f"{dims}{pixels / 1e6:,.0f} megapixels is over the {MAX_PIXELS / 1e6:,.0f}-megapixel limit for a page "
-            "image (refused before decoding, as a possible decompression bomb); downscale the page")
-
-
-def _page_problem(message: str) -> str:
-    """load_image's message for the page, with every 'too many pixels' refusal worded the same way."""
-    message = _strip_prefix(message)
-    ours = re.search(r"(\d+)x(\d+) = [\d.]+ MP exceeds", message)
-    if ours:
-        w, h = int(ours.group(1)), int(ours.group(2))
-        return pixel_limit_message(w * h, (w, h))
-    pillow = re.search(r"Image size \((\d+) pixels\) exceeds limit", message)
-    if pillow:
-        return pixel_limit_message(int(pillow.group(1)))
-    return message
