@@ -173,6 +173,8 @@ def progress_panel(kind: str = "sweep") -> None:
             st.warning("Stopped; every point measured before the stop is in the store.")
         else:
             st.success(f"Finished ({job.session_mode} session mode).")
+        if job.note:
+            st.caption(measured.md(job.note))
         if job.run_id:
             st.dataframe(measured.point_table(job.store.points(job.run_id)), hide_index=True, width="stretch")
         if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
