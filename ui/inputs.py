@@ -16,6 +16,11 @@ from dsocr_core.measure.uploads import page_problem as _page_problem, pixel_limi
 
 MAX_LIST = 200  # values per typed list: the analytic sweep is cheap, the charts are not
 TEXT_SUFFIXES = (".mmd", ".md", ".txt")
+PROMPTS = {  # the vendor's prompts a page offers ('custom' besides)
+    "grounding": "<image>\n<|grounding|>Convert the document to markdown.",
+    "free OCR": "<image>\nFree OCR.",
+    "figure": "<image>\nParse the figure.",
+}
 
 
 class InputError(ValueError):

@@ -14,13 +14,8 @@ from dsocr_core.measure import parity_run as parity
 from dsocr_core.measure.sweep import is_oom
 
 from . import resources
-from .inputs import Page
+from .inputs import PROMPTS, Page  # noqa: F401 - PROMPTS: the parity page's choices
 
-PROMPTS = {
-    "grounding": "<image>\n<|grounding|>Convert the document to markdown.",
-    "free OCR": "<image>\nFree OCR.",
-    "figure": "<image>\nParse the figure.",
-}
 THIRD = {"vendor": "vendor output", "sample": "sample layout (drawn)"}
 MAX_PREVIEW = 900  # pixels: renderings are downscaled for the browser
 
