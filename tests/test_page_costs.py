@@ -74,7 +74,7 @@ def test_each_page_beside_its_analytic_bound_and_prediction(two_runs, quick_pred
     long = pc.page_stage_long(pages)
     assert set(long["stage"]) == set(pc.METRICS.values()) and len(long) == 8 * len(pc.METRICS)
     assert long[["measured_s", "analytic_s", "predicted_s"]].notna().all().all()
-    assert set(long["crops"]) == {1.0} and long["prompt_tokens"].nunique() == 1  # tiny mode: one global view
+    assert set(long["crop_count"]) == {1.0} and long["prompt_tokens"].nunique() == 1  # tiny mode: one global view
     assert done["source"].str.endswith((".png", ".jpg", ".pdf")).all()
     no_pred = pc.page_stage_long(stats.page_table(store, run_id, get_hardware("h200")))
     assert no_pred["predicted_s"].isna().all() and no_pred["analytic_s"].notna().all()

@@ -7,6 +7,7 @@ import pandas as pd
 
 from dsocr_core.results.page_costs import METRICS, X_AXES
 
+from .charts import _x as x_channel  # whole-number ticks, a domain around a single value
 from .charts import finish
 
 SERIES = {"measured": "#4c78a8", "analytic bound": "#595959", "predicted": "#f58518"}
@@ -14,10 +15,10 @@ DASH = {"measured": [1, 0], "analytic bound": [6, 4], "predicted": [1, 0]}
 STAGE_SORT = list(METRICS.values())
 
 
-def page_stages(long: pd.DataFrame, x: str = "crops", columns: int = 4) -> alt.FacetChart:
+def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> alt.FacetChart:
     """Each page's stage times (points) against its crop grid or prompt length, with the analytic bound (dashed)
     and, where the frame has it, the predicted time (solid) of the same workloads drawn through them (their mean
-    at each x). One panel per stage, each with its own y scale."""
+    at each x). One panel per stage, each with its own log y scale (a CPU run sits decades above a GPU bound)."""
     keep = list(dict.fromkeys(["label", "grid", "prompt_tokens", "stage", x]))
     series = {"measured": "measured_s", "analytic bound": "analytic_s", "predicted": "predicted_s"}
     parts = []
@@ -29,25 +30,39 @@ def page_stages(long: pd.DataFrame, x: str = "crops", columns: int = 4) -> alt.F
             parts.append(part.dropna(subset=["ms"]))
     data = pd.concat(parts, ignore_index=True)
     present = [s for s in SERIES if s in set(data["series"])]
-    colour = alt.Color("series:N", title=None, scale=alt.Scale(domain=present, range=[SERIES[s] for s in present]))
-    xs = alt.X(f"{x}:Q", title=X_AXES.get(x, x), scale=alt.Scale(zero=False),
-               axis=alt.Axis(format="d", tickMinStep=1))
+    colour = alt.Color("series:N", title=None, scale=alt.Scale(domain=present, range=[SERIES[s] for s in present]),
+                       legend=alt.Legend(orient="top"))
+    data = data[data["ms"] > 0]
+    xs = x_channel(x, X_AXES.get(x, x), data)
+    ys = alt.Y("ms:Q", title="ms (log scale)", scale=alt.Scale(type="log"))
     base = alt.Chart()
     points = base.mark_point(filled=True, size=60, opacity=0.8).encode(
-        x=xs, y=alt.Y("ms:Q", title="ms", scale=alt.Scale(zero=False)), color=colour,
+        x=xs, y=ys, color=colour,
         tooltip=["label:N", "grid:N", alt.Tooltip("prompt_tokens:Q", title="prompt tokens"),
                  alt.Tooltip("ms:Q", format=",.4~g", title="measured ms")],
     ).transform_filter(alt.datum.series == "measured")
     lines = base.mark_line(point=alt.OverlayMarkDef(size=20)).encode(
-        x=xs, y=alt.Y("mean(ms):Q", title="ms"), color=colour,
+        x=xs, y=alt.Y("mean(ms):Q", title="ms (log scale)", scale=alt.Scale(type="log")), color=colour,
         strokeDash=alt.StrokeDash("series:N", legend=None,
                                   scale=alt.Scale(domain=present, range=[DASH[s] for s in present])),
         tooltip=[alt.Tooltip("series:N"), alt.Tooltip(f"{x}:Q", title=X_AXES.get(x, x)),
                  alt.Tooltip("mean(ms):Q", format=",.4~g", title="ms (mean at this x)")],
     ).transform_filter(alt.datum.series != "measured")
-    chart = alt.layer(lines, points, data=data).properties(width=230, height=190).facet(
+    chart = alt.layer(lines, points, data=data).properties(width=215, height=180).facet(
         facet=alt.Facet("stage:N", title=None, sort=STAGE_SORT), columns=columns).resolve_scale(y="independent")
     return finish(chart)
+
+
+def latency_histogram(latency: pd.DataFrame) -> alt.FacetChart:
+    """Histograms of TTFT and TPOT over the samples (dataset_stats.distributions)."""
+    data = latency.assign(ms=latency["value"] * 1e3)
+    return finish(alt.Chart(data).mark_bar().encode(
+        x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="milliseconds"),
+        y=alt.Y("count():Q", title="samples"),
+        color=alt.Color("metric:N", legend=None),
+        tooltip=["metric", alt.Tooltip("count():Q")],
+    ).properties(height=200, width=330).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
+        x="independent"))
 
 
 def spread(table: pd.DataFrame) -> alt.LayerChart:
@@ -73,11 +88,11 @@ def operators(table: pd.DataFrame) -> alt.Chart:
     """Self time of a stage's top operators (readable names; the full name in the tooltip)."""
     return finish(alt.Chart(table).mark_bar(color="#72b7b2").encode(
         x=alt.X("self_ms:Q", title="self time (ms)"),
-        y=alt.Y("short:N", title=None, sort="-x", axis=alt.Axis(labelLimit=420)),
+        y=alt.Y("short:N", title=None, sort="-x", axis=alt.Axis(labelLimit=420, labelOverlap=False)),
         tooltip=[alt.Tooltip("operator:N", title="full name"), alt.Tooltip("calls:Q"),
                  alt.Tooltip("self_ms:Q", format=",.4~g", title="self ms"),
                  alt.Tooltip("share:Q", format=".1%", title="share of the stage")],
-    ).properties(height=24 * max(len(table), 1) + 30))
+    ).properties(height=28 * max(len(table), 1) + 30))
 
 
 def compare_stages(stages: pd.DataFrame, names: tuple[str, str]) -> alt.Chart:

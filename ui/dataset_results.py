@@ -16,6 +16,7 @@ from . import measured as ms
 from .runs import run_title
 
 VIEWS = ["Per page", "Distribution", "Slowest pages", "Operators", "Compare runs", "Tables"]
+MODEL_STAGES = ("sam", "clip", "projector", "prefill", "decode")
 SLOW_METRICS = {"wall_s": "page wall time", "ttft_s": "TTFT", "decode_s": "LM decode", "tpot_s": "TPOT",
                 "prefill_s": "LM prefill", "sam_s": "SAM"}
 
@@ -59,6 +60,8 @@ def distribution(view) -> None:
     spread = pc.stage_spread(view.pages)
     st.altair_chart(charts.spread(spread))
     st.caption("Per stage over the done samples: bar p10-p90, tick the median, whisker min-max (log scale).")
+    if not view.latency.empty:
+        st.altair_chart(charts.latency_histogram(view.latency))
     table = spread.drop(columns=["metric"]).copy()
     for c in ("min", "p10", "median", "mean", "p90", "max", "std"):
         table[c] = table[c] * 1e3
@@ -101,9 +104,11 @@ def operators(view) -> None:
                 "`python -m dsocr_core profile ... --trace`.")
         return
     breakdown = pc.operator_breakdown(view.operators, top=10)
-    stages = list(dict.fromkeys(breakdown["stage"]))
+    present = list(dict.fromkeys(breakdown["stage"]))
+    stages = [s for s in MODEL_STAGES if s in present] + [s for s in present if s not in MODEL_STAGES]
     c = st.columns(2)
-    stage = c[0].selectbox("Stage", stages, key="ds_op_stage")
+    stage = c[0].selectbox("Stage", stages, key="ds_op_stage", help="Model stages first; 'preprocess' is loading "
+                           "and preparing the page, 'outside' the work between the stages (token choice).")
     devices = sorted(set(breakdown.loc[breakdown["stage"] == stage, "device"]))
     device = c[1].selectbox("Device", devices, key="ds_op_device") if len(devices) > 1 else devices[0]
     part = breakdown[(breakdown["stage"] == stage) & (breakdown["device"] == device)]
@@ -134,7 +139,8 @@ def compare(store, view, runs: list[dict], hardware, prediction) -> None:
                             key="ds_compare")
     other = load_view(store, others[other_id], hardware, prediction)
     cmp = pc.compare_runs(view.pages, other.pages)
-    names = (f"A: {view.run['name'][:40]}", f"B: {others[other_id]['name'][:40]}")
+    names = (f"A: {view.run['name'][:40]} ({view.run['id'][:6]})",
+             f"B: {others[other_id]['name'][:40]} ({other_id[:6]})")
     if not cmp.shared:
         st.warning("These two runs share no page (compared by file, then by page name).")
         return

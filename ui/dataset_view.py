@@ -149,13 +149,12 @@ def render(store, runs: list[dict], settings, prediction=None) -> None:
                 "(or a checkpoint on a GPU); it appears here.")
         return
     by_id = {r["id"]: r for r in runs}
+    # A run started here is shown once it is in the store: a new widget key (the browser keeps a widget's old
+    # choice when its options change, so setting the old key's state is not enough), then the user's choice.
     started = st.session_state.get("ds_started")
-    if started in by_id and st.session_state.get("ds_started_shown") != started:
-        st.session_state["ds_run"] = started  # a run started here is shown once it is in the store
-        st.session_state["ds_started_shown"] = started
-    if st.session_state.get("ds_run") not in by_id:
-        st.session_state.pop("ds_run", None)
-    run_id = st.selectbox("Dataset run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="ds_run")
+    key, index = ("ds_run", 0) if started not in by_id else (f"ds_run_{started[:8]}", list(by_id).index(started))
+    run_id = st.selectbox("Dataset run", list(by_id), index=index, format_func=lambda i: run_title(by_id[i]),
+                          key=key)
     run = by_id[run_id]
     st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
     gpu_preset = ms.run_ceilings(run)[0]

@@ -24,8 +24,8 @@ from ..measure.kernel_names import short_name
 # (page-table column, what the dashboard calls it), in the order a page runs
 METRICS = {"sam_s": "SAM", "clip_s": "CLIP", "projector_s": "projector", "prefill_s": "LM prefill",
            "ttft_s": "TTFT", "decode_s": "LM decode", "tpot_s": "TPOT"}
-X_AXES = {"crops": "crop tiles (grid width x height)", "prompt_tokens": "prompt length (tokens)"}
-LONG_COLUMNS = ("label", "page", "pdf_page", "epoch", "source", "mode", "grid", "crops", "prompt_tokens",
+X_AXES = {"crop_count": "crop tiles (grid width x height)", "prompt_tokens": "prompt length (tokens)"}
+LONG_COLUMNS = ("label", "page", "pdf_page", "epoch", "source", "mode", "grid", "crop_count", "prompt_tokens",
                 "image_w", "image_h", "metric", "stage", "measured_s", "analytic_s", "predicted_s")
 SPREAD_COLUMNS = ("metric", "stage", "n", "min", "p10", "median", "mean", "p90", "max", "std")
 OTHERS = "(other operators)"
@@ -45,7 +45,7 @@ def _num(frame: pd.DataFrame, col: str) -> np.ndarray:
 def page_stage_long(pages: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
     """LONG_COLUMNS: one row per done sample and metric, its measured time beside the analytic (roofline) time
     and the predicted time of the same page's workload (NaN where the page table has no such column: no
-    hardware, or no prediction). `crops` = grid width x height (1 for the modes without tiles)."""
+    hardware, or no prediction). `crop_count` = grid width x height (1 for the modes without tiles)."""
     done = _done(pages)
     parts = []
     for metric in metrics:
@@ -55,7 +55,7 @@ def page_stage_long(pages: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame
                                                              "grid", "prompt_tokens", "image_w", "image_h")
                              if c in done})
         gw, gh = _num(done, "grid_w"), _num(done, "grid_h")
-        part["crops"] = gw * gh
+        part["crop_count"] = gw * gh
         part["metric"] = metric
         part["stage"] = METRICS.get(metric, metric)
         part["measured_s"] = _num(done, metric)
