@@ -112,3 +112,37 @@ def test_path_source_still_works_and_no_uploads_is_an_error(no_reference, tmp_pa
     at.number_input(key="ds_tokens").set_value(2)
     job = start(at)
     assert job.handled == 1 and RunStore().get_run(job.run_id)["meta"]["sampling"]["pages_from"] == "path"
+
+
+def test_a_run_over_stored_uploads_can_be_stopped_and_keeps_its_pages(no_reference):
+    """Uploads already kept (by the core, as the page keeps them) are listed; a run of 3 epochs is stopped after
+    its first page: every page finished before the stop is stored, the rest never started."""
+    import time
+
+    from dsocr_core.measure.uploads import UploadStore
+
+    ups = UploadStore(no_reference / "uploads")  # beside $DSOCR_STORE, where the page keeps them
+    ups.add("a.png", page_png(seed=1))
+    ups.add("b.png", page_png(seed=2))
+    at = open_tab(goto(make_app(), "measured"), "ms_tab", "Dataset runs")
+    assert "2 file(s), 2 page(s)" in shown(at, "markdown")
+    at.checkbox(key=f"up_use_{ups.list()[1].id}").uncheck()  # run a.png only
+    at.number_input(key="ds_epochs").set_value(3)
+    at.number_input(key="ds_tokens").set_value(2)
+    [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
+    from ui import sweeps
+
+    runner = sweeps.runner()
+    job = runner.job
+    assert job.total == 3 and job.kind == "dataset"
+    deadline = time.time() + 120
+    while job.handled < 1 and job.running and time.time() < deadline:
+        time.sleep(0.1)
+    runner.stop()  # what the 'Stop after the current page' button does
+    job = wait_for_sweep()
+    assert job.stopped and job.error is None and 1 <= job.handled < 3
+    run = RunStore().get_run(job.run_id)
+    assert run["n_points"] == run["n_done"] == job.handled
+    at.run()
+    assert "Stopped" in shown(at, "warning")
+    assert "a.png" in shown(at, "markdown") and f"{job.handled} / 0 / 0" in [m.value for m in at.metric][1]

@@ -48,6 +48,9 @@ def render(store, view, runs: list[dict], hardware, prediction) -> None:
 
 def per_page(view) -> None:
     long = pc.page_stage_long(view.pages)
+    if long.empty:
+        st.info("No stage time was recorded for the finished pages.")
+        return
     x = st.radio("Against", list(pc.X_AXES), format_func=pc.X_AXES.get, horizontal=True, key="ds_x")
     st.altair_chart(charts.page_stages(long, x))
     has_pred = long["predicted_s"].notna().any()

@@ -14,7 +14,7 @@ from dsocr_core.measure import parity_run as parity
 from dsocr_core.measure.sweep import is_oom
 
 from . import resources
-from .inputs import PROMPTS, Page  # noqa: F401 - PROMPTS: the parity page's choices
+from .inputs import Page
 
 THIRD = {"vendor": "vendor output", "sample": "sample layout (drawn)"}
 MAX_PREVIEW = 900  # pixels: renderings are downscaled for the browser
