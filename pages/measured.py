@@ -4,7 +4,7 @@ import streamlit as st
 
 import ui
 from dsocr_core.results.store import RunImportError
-from ui import dataset_view, live, resources, runs_tab
+from ui import dataset_view, live, resources, runs_tab, sweeps
 from ui import measured as ms
 from ui.runs import run_title
 
@@ -62,9 +62,12 @@ if tabs[2].open:
 
 if tabs[3].open:
     with tabs[3]:
-        with st.expander("New dataset run", expanded=False):
+        datasets = [r for r in all_runs if r["kind"] == "dataset"]
+        with st.expander("New dataset run: upload your pages (or give a folder) and profile them",
+                         expanded=not datasets or sweeps.runner().busy):
             session = resources.page_session(settings)
             if session is not None:
                 dataset_view.new_run_form(settings, session)
-            live.progress_panel("dataset")
-        dataset_view.render(store, [r for r in all_runs if r["kind"] == "dataset"], settings)
+        live.progress_panel("dataset")
+        prediction = None  # TODO: ui.prediction.predicted_hardware(settings) once the profile picker is merged
+        dataset_view.render(store, datasets, settings, prediction)

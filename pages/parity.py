@@ -66,8 +66,8 @@ with left:
 with right:
     modes = list(tiling.MODES)
     mode = st.selectbox("Mode", modes, index=modes.index("tiny" if model.on_cpu else "gundam"), key="pa_mode")
-    prompt_kind = st.selectbox("Prompt", [*parity_view.PROMPTS, "custom"], key="pa_prompt")
-    prompt = parity_view.PROMPTS.get(prompt_kind) or st.text_area("Custom prompt (must contain <image> once)",
+    prompt_kind = st.selectbox("Prompt", [*inputs.PROMPTS, "custom"], key="pa_prompt")
+    prompt = inputs.PROMPTS.get(prompt_kind) or st.text_area("Custom prompt (must contain <image> once)",
                                                                   "<image>\nFree OCR.", key="pa_custom")
     max_new = st.number_input("Max new tokens", 1, 8192, 64 if model.on_cpu else 512, key="pa_tokens")
     run = st.button("Run both paths", type="primary", disabled=not pages, key="pa_run")

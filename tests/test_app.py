@@ -561,8 +561,9 @@ def test_dataset_run_started_from_the_page_records_the_session_mode(no_reference
     pages.mkdir()
     shutil.copy(sample_pages()[-1], pages / "card.png")
     at = open_tab(goto(make_app(), "measured"), "ms_tab", "Dataset runs")
+    at.radio(key="ds_source_kind").set_value("path").run()  # uploads are the default (tests/test_app_dataset.py)
     at.text_input(key="ds_source").set_value(str(pages))
-    at.number_input(key="ds_pages").set_value(1)
+    at.number_input(key="ds_pages_path").set_value(1)
     at.number_input(key="ds_tokens").set_value(3)
     submit = [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0]
     submit.click().run()
@@ -572,7 +573,7 @@ def test_dataset_run_started_from_the_page_records_the_session_mode(no_reference
     run = RunStore().get_run(job.run_id)
     assert run["kind"] == "dataset" and run["session_mode"] == "reference" and run["n_done"] == 1
     at.run()
-    assert at.selectbox(key="ds_run").value == job.run_id
+    assert at.selectbox(key=f"ds_run_{job.run_id[:8]}").value == job.run_id  # a run started here is shown
     assert any("reference session mode" in c for c in texts(at, "caption"))
     at.text_input(key="ds_source").set_value(str(tmp_path / "nowhere"))
     [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()

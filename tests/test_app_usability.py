@@ -226,7 +226,8 @@ def test_pages_without_a_model_never_import_torch():
     """The sidebar and the analytic, measured and MFU pages' modules import no torch (2-3 s on a small machine);
     only the model pages do, and app.py warms it up in the background."""
     code = ("import sys; import ui.sidebar, ui.analytic_view, ui.forms, ui.runs_tab, ui.live, ui.measured, "
-            "ui.dataset_view, ui.charts, ui.inputs, dsocr_core.results.analytic_join; "
+            "ui.dataset_view, ui.dataset_results, ui.dataset_charts, ui.uploads_view, ui.charts, ui.inputs, "
+            "dsocr_core.results.analytic_join, dsocr_core.results.page_costs, dsocr_core.measure.uploads; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

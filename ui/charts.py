@@ -11,7 +11,7 @@ VALIDATE_ENV = "DSOCR_VALIDATE_CHARTS"  # set (the app tests do): every chart is
 
 STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
 STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
-INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens"}  # whole-number x axes
+INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens", "prompt_tokens"}  # whole-number x axes
 DASHES = {"datasheet roofline": [8, 4], "calibrated roofline": [2, 3]}  # both analytic lines dashed, told apart
 UNITS = {  # name -> (factor applied to the base unit, axis suffix)
     "FLOPs": (1.0, "FLOPs"), "bytes": (1.0, "bytes"), "GB": (1e-9, "GB"), "ms": (1e3, "ms"), "s": (1.0, "s"),

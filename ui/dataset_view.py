@@ -1,55 +1,93 @@
-"""The 'Dataset runs' section of the measured page: runs of kind `dataset` (real pages profiled one by one, with
-`python -m dsocr_core profile` or from this page in the sidebar's model and session mode), read through
-dsocr_core.results.dataset_stats."""
+"""The 'Dataset runs' section of the measured page: a new dataset run over the user's uploaded pages (or pages
+from a path on this machine) in the sidebar's model, device and session mode, and the stored runs of kind
+`dataset` (recorded here or with `python -m dsocr_core profile`), read through dsocr_core.results.dataset_stats
+and shown by ui.dataset_results."""
 from __future__ import annotations
 
-import altair as alt
-import pandas as pd
+import json
+from pathlib import Path
+
 import streamlit as st
 
 from dsocr_core import tiling
 from dsocr_core.grounding import samples
 
-from . import charts, resources, scale_out, sweeps
+from . import dataset_results, inputs, resources, scale_out, sweeps, uploads_view
 from . import measured as ms
 from .runs import run_mode, run_title
 
+SOURCES = {"uploads": "Uploaded pages", "path": "A folder, list file, PDF or image on this machine"}
+
 
 @st.cache_data(max_entries=8, show_spinner="Reading the dataset run ...")
-def _view(store_path: str, run_id: str, version: str):
+def _view(store_path: str, run_id: str, version: str, hw_json: str | None, prediction_key: str | None,
+          _prediction=None):
+    """load_dataset_run, cached per run version, roofline ceilings and prediction (the prediction Hardware is
+    not hashable: `prediction_key` names it)."""
     from dsocr_core.results import dataset_stats as stats
     from dsocr_core.results.store import RunStore
+    from dsocr_core.spec import Hardware
 
-    return stats.load_dataset_run(RunStore(store_path), run_id)
-
-
-def _histogram(latency: pd.DataFrame) -> alt.Chart:
-    data = latency.assign(ms=latency["value"] * 1e3)
-    return charts.finish(alt.Chart(data).mark_bar().encode(
-        x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="milliseconds"),
-        y=alt.Y("count():Q", title="samples"),
-        color=alt.Color("metric:N", legend=None),
-        tooltip=["metric", alt.Tooltip("count():Q")],
-    ).properties(height=220, width=360).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
-        x="independent"))
+    hw = None if hw_json is None else Hardware.model_validate_json(hw_json)
+    return stats.load_dataset_run(RunStore(store_path), run_id, hw, prediction=_prediction)
 
 
+def prediction_key(prediction) -> str | None:
+    """What a prediction Hardware's numbers depend on: its ceilings and its Prediction's summary (profile label,
+    session mode, work convention)."""
+    if prediction is None:
+        return None
+    pred = getattr(prediction, "prediction", None)
+    summary = pred.summary() if pred is not None else {}
+    return prediction.model_dump_json() + json.dumps(summary, sort_keys=True, default=str)
+
+
+def load_view(store, run: dict, hardware, prediction=None):
+    return _view(str(store.path), run["id"], resources.run_version(run), resources.to_json(hardware),
+                 prediction_key(prediction), _prediction=prediction)
+
+
+# ---------------------------------------------------------------------------------------------- a new run
 def new_run_form(settings, session) -> None:
-    """Widgets of a new dataset run over pages on this machine (the bundled sample pages by default), in the
-    sidebar's model and session mode; starts it in the background on submit."""
+    """Where the pages come from (uploads by default), the run's settings, and a button that starts it in the
+    background in the sidebar's model, device and session mode."""
     runner = sweeps.runner()
     cpu = settings.model.on_cpu
+    kind = st.radio("Pages", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="ds_source_kind")
+    chosen = uploads_view.panel() if kind == "uploads" else None
     with st.form("new_dataset"):
-        st.markdown(f"Model: **{settings.model.label}** · dtype {session.dtype} · "
-                    f"**{resources.mode_text(session)}**")
-        source = st.text_input("Pages: a folder, a list file, a PDF or an image on this machine",
-                               str(samples.DEFAULT_DIR), key="ds_source")
+        st.markdown(f"Model: **{settings.model.label}** · device **{settings.model.device}** · dtype {session.dtype} "
+                    f"· **{resources.mode_text(session)}** (model, device and session mode: in the sidebar)")
+        source = None
+        if kind == "path":
+            source = st.text_input("Pages: a folder, a list file, a PDF or an image on this machine",
+                                   str(samples.DEFAULT_DIR), key="ds_source")
         c = st.columns(4)
         modes = list(tiling.MODES)
-        mode = c[0].selectbox("Mode", modes, index=modes.index("tiny" if cpu else "gundam"), key="ds_mode")
-        n = c[1].number_input("Pages per epoch", 1, 100_000, 2 if cpu else 8, key="ds_pages")
-        epochs = c[2].number_input("Epochs", 1, 100, 1, key="ds_epochs")
+        mode = c[0].selectbox("Mode", modes, index=modes.index("tiny" if cpu else "gundam"), key="ds_mode",
+                              help="tiny / small / base / large: one global view; gundam modes add crop tiles "
+                                   "within the crop limits.")
+        min_crops = c[1].number_input("Min crops (gundam)", 1, tiling.MAX_CROPS, 2, key="ds_min_crops")
+        max_crops = c[2].number_input("Max crops (gundam)", 1, tiling.MAX_CROPS, 9, key="ds_max_crops")
+        dpi = c[3].number_input("PDF dpi", 18, 1200, 144, key="ds_dpi", help="PDF pages are rendered at this "
+                                "resolution (144, as the vendor does).")
+        c = st.columns([2, 3])
+        prompt_kind = c[0].selectbox("Prompt", [*inputs.PROMPTS, "custom"], key="ds_prompt")
+        custom = c[1].text_input("Custom prompt (with <image> once; used when the prompt is 'custom')",
+                                 "<image>\nFree OCR.", key="ds_custom")
+        c = st.columns(4)
+        n = c[0].number_input("Pages per epoch (0 = all)", 0, 100_000, 0 if kind == "uploads" else (2 if cpu else 8),
+                              key=f"ds_pages_{kind}")
+        epochs = c[1].number_input("Epochs", 1, 100, 1, key="ds_epochs")
+        seed = c[2].number_input("Sampling seed", 0, 2**31 - 1, 0, key="ds_seed",
+                                 help="Each epoch takes its pages in an order shuffled by this seed.")
         max_new = c[3].number_input("Max new tokens", 1, 8192, 8 if cpu else 256, key="ds_tokens")
+        c = st.columns([2, 1, 1])
+        trace = c[0].checkbox("Operator breakdown (torch.profiler pass after the timed pages)", False,
+                              key="ds_trace", help="Profiles the first pages again under torch.profiler: top "
+                              "operators per stage and a Chrome trace to download.")
+        trace_pages = c[1].number_input("Traced pages", 1, 8, 1, key="ds_trace_pages")
+        trace_tokens = c[2].number_input("Traced tokens per page", 1, 512, 8 if cpu else 32, key="ds_trace_tokens")
         name = st.text_input("Run name (optional)", "", key="ds_name")
         scale = scale_out.inputs("ds", cpu)  # None: this process
         submitted = st.form_submit_button("Start dataset run", type="primary", disabled=runner.busy)
@@ -60,40 +98,68 @@ def new_run_form(settings, session) -> None:
     try:
         if runner.busy:
             raise resources.Busy("a measured sweep or dataset run is already running; stop it or wait for it")
-        data = datasets.discover(source)
-        picked = datasets.sample(data.pages, int(n), int(epochs), seed=0)
-        ps = dataset_run.ProfileSettings(mode=mode, max_new_tokens=int(max_new)).validate()
-        store = resources.run_store().store
-        sampling = {"n": int(n), "epochs": int(epochs), "seed": 0, "order": "random", "samples": len(picked),
-                    "started_from": "dashboard"}
-        if scale is not None:  # on Ray workers: the run is recorded once they are up (ui/scale_out.py)
-            scale_out.start_dataset(scale, settings.model, store, data, picked, ps, sampling, label=settings.model.label,
-                                    name=name.strip() or f"dataset {data.source.name} ({mode}, Ray workers)")
-            return
-        run_id = dataset_run.create_dataset_run(
-            store, session, data, ps, sampling,
-            name=name.strip() or f"dataset {data.source.name} ({mode}, {session.session_mode} mode)")
-        runner.start_dataset(session, store, run_id, picked, ps, name=store.get_run(run_id)["name"],
-                             label=settings.model.label)
-        st.session_state["ds_started"] = run_id
+        prompt = inputs.PROMPTS.get(prompt_kind) or custom
+        ps = dataset_run.ProfileSettings(mode=mode, prompt=prompt, min_crops=int(min_crops),
+                                         max_crops=int(max_crops), max_new_tokens=int(max_new),
+                                         dpi=int(dpi)).validate()
+        if kind == "uploads":
+            data = uploads_view.upload_store().dataset(chosen, dpi=int(dpi))
+            where = "uploaded pages"
+        else:
+            data = datasets.discover(source)
+            where = data.source.name
+        picked = datasets.sample(data.pages, int(n) or None, int(epochs), seed=int(seed))
+        if scale is not None and trace:
+            raise ValueError("the operator breakdown runs in this process; untick it to run on Ray workers")
+        _start(settings, session, data, picked, ps, kind, int(n) or None, int(epochs), int(seed),
+               name.strip() or f"dataset {where} ({mode}, {session.session_mode} mode)", scale,
+               {"pages": int(trace_pages), "tokens": int(trace_tokens)} if trace else None)
     except (datasets.DatasetError, ValueError) as exc:
-        st.error(f"Cannot start this dataset run: {exc}")
+        st.error(f"Cannot start this dataset run: {ms.md(exc)}")
     except resources.Busy as exc:
         st.warning(str(exc))
 
 
-def render(store, runs: list[dict], settings) -> None:
+def _start(settings, session, data, picked, ps, kind, n, epochs, seed, name, scale, trace) -> None:
+    from dsocr_core.measure import dataset_run
+
+    store = resources.run_store().store
+    sampling = {"n": n, "epochs": epochs, "seed": seed, "order": "random", "samples": len(picked),
+                "started_from": "dashboard", "pages_from": kind}
+    if scale is not None:  # on Ray workers: the run is recorded once they are up (ui/scale_out.py)
+        scale_out.start_dataset(scale, settings.model, store, data, picked, ps, sampling, label=settings.model.label,
+                                name=f"{name} (Ray workers)")
+        return
+    run_id = dataset_run.create_dataset_run(store, session, data, ps, sampling, name=name)
+    if trace is not None:
+        trace["out_dir"] = str(Path(store.path).parent / "traces" / run_id)
+    sweeps.runner().start_dataset(session, store, run_id, picked, ps, name=name, label=settings.model.label,
+                                  trace=trace)
+    st.session_state["ds_started"] = run_id
+
+
+# ---------------------------------------------------------------------------------------------- the runs
+def render(store, runs: list[dict], settings, prediction=None) -> None:
+    """The chosen dataset run: its summary, per-stage table, and the per-page views (ui.dataset_results);
+    `prediction`: a Hardware carrying a calibration profile's prediction (its predicted times are drawn), or
+    None."""
     if not runs:
-        st.info("No dataset runs in the store. Start one above, or record one with `python -m dsocr_core profile "
-                "--pages FOLDER --synthetic tiny --device cpu --max-new-tokens 32` (or a checkpoint on a GPU); "
-                "it appears here.")
+        st.info("No dataset runs in the store yet. Upload your pages above and start one, or record one with "
+                "`python -m dsocr_core profile --pages FOLDER --synthetic tiny --device cpu --max-new-tokens 32` "
+                "(or a checkpoint on a GPU); it appears here.")
         return
     by_id = {r["id"]: r for r in runs}
-    run_id = st.selectbox("Dataset run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="ds_run")
+    # A run started here is shown once it is in the store: a new widget key (the browser keeps a widget's old
+    # choice when its options change, so setting the old key's state is not enough), then the user's choice.
+    started = st.session_state.get("ds_started")
+    key, index = ("ds_run", 0) if started not in by_id else (f"ds_run_{started[:8]}", list(by_id).index(started))
+    run_id = st.selectbox("Dataset run", list(by_id), index=index, format_func=lambda i: run_title(by_id[i]),
+                          key=key)
     run = by_id[run_id]
-    flags = ms.flag_notes(run)
-    st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *flags])}")
-    view = _view(str(store.path), run_id, resources.run_version(run))
+    st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
+    gpu_preset = ms.run_ceilings(run)[0]
+    hardware = gpu_preset or settings.hardware
+    view = load_view(store, run, hardware, prediction)
     s = view.summary
     c = st.columns(5)
     c[0].metric("Samples", s["samples"])
@@ -101,15 +167,14 @@ def render(store, runs: list[dict], settings) -> None:
     c[2].metric("Pages / s", "n/a" if s["pages_per_s"] is None else f"{s['pages_per_s']:.3g}")
     c[3].metric("Tokens / page", "n/a" if s["tokens_per_page"] is None else f"{s['tokens_per_page']:.0f}")
     c[4].metric("Output tokens / s", "n/a" if s["output_tokens_per_s"] is None else f"{s['output_tokens_per_s']:.3g}")
-    for err in s["errors"][:10]:
-        st.caption(f"{ms.md(err['label'])}: {ms.md(err['message'])}")
-    if not view.latency.empty:
-        st.altair_chart(_histogram(view.latency))
+    if s["errors"]:
+        st.warning(f"**{len(s['errors'])} page(s) skipped or failed** (the run went on with the rest):\n\n"
+                   + "\n".join(f"* {ms.md(e['label'])}: {ms.md(e['message'])}" for e in s["errors"][:50]))
+    bound = (f"the roofline of {hardware.name} ({'the run’s GPU' if gpu_preset else 'the sidebar’s ceilings'})")
+    predicted = (f"; predicted: {ms.md(prediction.prediction.summary().get('label') or prediction.name)}"
+                 if prediction is not None and getattr(prediction, "prediction", None) is not None else
+                 "; no predicted time (no calibration profile chosen)")
+    st.caption(f"Analytic bound: {ms.md(bound)}{predicted}.")
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")
     st.dataframe(view.stages, hide_index=True, width="stretch")
-    st.markdown("**Per page**")
-    st.dataframe(view.pages.drop(columns=["key", "text"], errors="ignore"), hide_index=True, width="stretch",
-                 height=300)
-    if not view.operators.empty:
-        st.markdown("**Top operators per stage (torch.profiler)**")
-        st.dataframe(view.operators, hide_index=True, width="stretch", height=300)
+    dataset_results.render(store, view, runs, hardware, prediction)

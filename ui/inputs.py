@@ -11,8 +11,16 @@ from pathlib import Path
 
 from PIL import Image
 
+# the one wording of a refused page (the pixel limit above all), shared with the dataset-run uploads
+from dsocr_core.measure.uploads import page_problem as _page_problem, pixel_limit_message  # noqa: F401
+
 MAX_LIST = 200  # values per typed list: the analytic sweep is cheap, the charts are not
 TEXT_SUFFIXES = (".mmd", ".md", ".txt")
+PROMPTS = {  # the vendor's prompts a page offers ('custom' besides)
+    "grounding": "<image>\n<|grounding|>Convert the document to markdown.",
+    "free OCR": "<image>\nFree OCR.",
+    "figure": "<image>\nParse the figure.",
+}
 
 
 class InputError(ValueError):
@@ -104,13 +112,3 @@ def read_text(name: str, data: bytes) -> str:
         raise InputError(f"{name}: not UTF-8 text (byte {exc.start} cannot be decoded); save the vendor output "
                          "as UTF-8") from None
 
-
-def _strip_prefix(message: str) -> str:
-    """load_image names bytes sources 'image data (N bytes)'; the page already names the file."""
-    return re.sub(r"^image data \(\d+ bytes\): ", "", message)
-
-
-def _page_problem(message: str) -> str:
-    """load_image's message for the page (every 'too many pixels' refusal is already worded the same way there:
-    dsocr_core.runtime.inputs.pixel_limit_message), without its generic source prefix."""
-    return _strip_prefix(message)

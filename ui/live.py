@@ -141,6 +141,17 @@ def history_ratio(settings, session) -> tuple[float | None, str]:
     return measured / predicted, f"from {used} earlier run{'s' if used > 1 else ''} of this model on this device"
 
 
+def recent_pages(store, run_id: str, n: int = 5):
+    """The last `n` pages a dataset run measured: label, status (and why, for a failed page), TTFT, TPOT, wall."""
+    from dsocr_core.results.dataset_stats import page_table
+
+    pages = page_table(store, run_id, analytic=False).sort_values("updated_at").tail(n).iloc[::-1]
+    out = pages[["label", "epoch", "status", "message"]].copy()
+    for col, name in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("wall_s", "page wall (ms)")):
+        out[name] = pages[col] * 1e3
+    return out
+
+
 def progress_panel(kind: str = "sweep") -> None:
     """The running (or last) job of this kind ("sweep" | "dataset"): progress bar, stop button, its points from
     the store."""
@@ -173,8 +184,12 @@ def progress_panel(kind: str = "sweep") -> None:
             st.warning("Stopped; every point measured before the stop is in the store.")
         else:
             st.success(f"Finished ({job.session_mode} session mode).")
-        if job.run_id:
+        if job.note:
+            st.caption(measured.md(job.note))
+        if job.run_id and kind == "sweep":
             st.dataframe(measured.point_table(job.store.points(job.run_id)), hide_index=True, width="stretch")
+        elif job.run_id:
+            st.dataframe(recent_pages(job.store, job.run_id), hide_index=True, width="stretch")
         if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
             st.session_state[f"{prefix}_seen_finish"] = id(job)
             st.rerun(scope="app")  # the finished run now shows in the run list

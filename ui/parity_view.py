@@ -16,11 +16,6 @@ from dsocr_core.measure.sweep import is_oom
 from . import resources
 from .inputs import Page
 
-PROMPTS = {
-    "grounding": "<image>\n<|grounding|>Convert the document to markdown.",
-    "free OCR": "<image>\nFree OCR.",
-    "figure": "<image>\nParse the figure.",
-}
 THIRD = {"vendor": "vendor output", "sample": "sample layout (drawn)"}
 MAX_PREVIEW = 900  # pixels: renderings are downscaled for the browser
 

@@ -42,6 +42,7 @@ class SweepJob:
     stop: threading.Event = field(default_factory=threading.Event)
     weights: list[float] | None = None  # relative cost of each point (analytic time x passes), for the ETA
     last_done: float | None = None  # when the last point (or page) finished
+    note: str | None = None  # e.g. why a dataset run's operator breakdown was skipped
 
     def done_one(self, status: str) -> None:
         self.statuses[status] += 1
@@ -124,11 +125,13 @@ class SweepRunner:
         return self._start(job, self._run, (job, session, store, list(workloads), repeats, warmup))
 
     def start_dataset(self, session, store, run_id: str, samples: list, settings, *, name: str,
-                      label: str) -> SweepJob:
-        """A dataset run (dsocr_core.measure.dataset_run, already created as `run_id`) in the background."""
+                      label: str, trace: dict | None = None) -> SweepJob:
+        """A dataset run (dsocr_core.measure.dataset_run, already created as `run_id`) in the background; with
+        `trace` ({"pages", "tokens", "out_dir"}), then a torch.profiler pass over its first pages, whose operator
+        breakdown is kept in the run (and its Chrome trace in out_dir)."""
         job = SweepJob(name=name, label=label, total=len(samples), store=store, run_id=run_id,
                        session_mode=session.session_mode, kind="dataset")
-        return self._start(job, self._run_dataset, (job, session, store, list(samples), settings))
+        return self._start(job, self._run_dataset, (job, session, store, list(samples), settings, trace))
 
     def _start(self, job: SweepJob, target, args) -> SweepJob:
         with self._guard:
@@ -177,7 +180,7 @@ class SweepRunner:
             job.finished_at = time.time()
 
     @staticmethod
-    def _run_dataset(job: SweepJob, session, store, samples: list, settings) -> None:
+    def _run_dataset(job: SweepJob, session, store, samples: list, settings, trace: dict | None = None) -> None:
         from dsocr_core.measure import dataset_run
 
         def progress(_i, _n, sample, status):
@@ -190,11 +193,27 @@ class SweepRunner:
                 job.current = "starting"
                 dataset_run.run_dataset(session, store, job.run_id, samples, settings, progress=progress,
                                         should_stop=job.stop.is_set)
+                if trace is not None and not job.stopped:
+                    _trace_dataset(job, session, store, samples, settings, trace)
         except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
             job.current = ""
             job.finished_at = time.time()
+
+
+def _trace_dataset(job: SweepJob, session, store, samples: list, settings, trace: dict) -> None:
+    """The operator breakdown of a finished dataset run (measure.operators; the timed pages are already stored)."""
+    from dsocr_core.measure.operators import profile_operators, store_operator_profile
+
+    job.current = f"operator breakdown: torch.profiler over {trace['pages']} page(s), {trace['tokens']} tokens each"
+    try:
+        prof = profile_operators(session, samples, settings, n_pages=int(trace["pages"]),
+                                 max_new_tokens=int(trace["tokens"]), out_dir=trace.get("out_dir"))
+    except ValueError as exc:  # no readable page
+        job.note = f"operator breakdown skipped: {exc}"
+        return
+    store_operator_profile(store, job.run_id, prof)
 
 
 @st.cache_resource(show_spinner=False)

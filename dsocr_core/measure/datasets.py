@@ -248,3 +248,13 @@ def load_page(page: Page, dpi: int = DEFAULT_DPI, max_pixels: int = MAX_PIXELS) 
     if page.pdf_page is not None:
         return render_pdf_page(page.path, page.pdf_page, dpi, max_pixels)
     return load_image(page.path, max_pixels)
+
+
+def thumbnail(page: Page, max_side: int = 256, dpi: int = 36) -> Image.Image:
+    """A small RGB picture of the page, at most `max_side` pixels on its longer side (PDF pages rendered at a low
+    `dpi` first). Raises ImageError, as load_page does."""
+    if page.error is not None:
+        raise ImageError(page.error)
+    image = render_pdf_page(page.path, page.pdf_page, dpi) if page.pdf_page is not None else load_image(page.path)
+    image.thumbnail((max_side, max_side))
+    return image

@@ -2,8 +2,9 @@
 prediction for each page beside its measurement.
 
 Entry points (all read the run store; none imports streamlit):
-    page_table(store, run_id, hardware=None)      one row per sample (page x epoch): shape, times, FLOPs, memory,
-                                                  tokens, output and detections, and analytic_* columns
+    page_table(store, run_id, hardware=None, prediction=None)
+                                                  one row per sample (page x epoch): shape, times, FLOPs, memory,
+                                                  tokens, output and detections, analytic_* and predicted_* columns
     stage_summary(pages)                          per stage/metric: n, mean, median, p90, std, min, max, and the
                                                   analytic mean beside the measured one
     distributions(pages, metrics)                 long table (one row per sample and metric) for histograms and
@@ -25,7 +26,9 @@ mode, tile grid, text tokens, decode steps actually run, batch 1, the run's dtyp
 with the run's model spec: analytic_<stage>_tensor_flops (FlopCounterMode's convention, comparable to the
 measured <stage>_flops) and, given a Hardware (or when the run's GPU matches a preset), the roofline time
 analytic_<stage>_s, analytic_ttft_s and analytic_tpot_s (decode time / steps). CPU runs get no time prediction
-unless a hardware is passed.
+unless a hardware is passed. Given a `prediction` (a Hardware carrying a calibration profile's Prediction,
+analytic.predict.with_profile), also the predicted time predicted_<stage>_s, predicted_ttft_s and predicted_tpot_s
+of the same workloads (the time model on the profile's ceilings, in the prediction's session mode).
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ from .store import RunStore
 STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode")
 ANALYTIC_STAGES = (*STAGES, "total")
 PAGE_COLUMNS = (
-    "point_id", "key", "label", "page", "pdf_page", "epoch", "status", "message", "mode", "grid", "grid_w", "grid_h",
+    "point_id", "key", "label", "page", "pdf_page", "epoch", "source", "status", "message", "mode", "grid", "grid_w", "grid_h",
     "image_w", "image_h", "image_slots", "prompt_tokens", "text_tokens", "generated_tokens", "decode_steps", "eos",
     *(f"{s}_s" for s in STAGES), "ttft_s", "tpot_s", "decode_step_mean_s", "preprocess_s", "generation_s", "wall_s",
     *(f"{s}_flops" for s in STAGES), "total_flops", "flops_source", "peak_memory_bytes", "kv_bytes", "blocks",
@@ -63,9 +66,11 @@ SUMMARY_COLUMNS = ("metric", "stage", "unit", "n", "mean", "median", "p90", "std
 
 
 # ---------------------------------------------------------------------------------------------- per page
-def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, analytic: bool = True) -> pd.DataFrame:
-    """One row per sample of a dataset run (PAGE_COLUMNS, then analytic_* columns). Times in seconds, FLOPs
-    counted (<NA> where not counted), memory in bytes (CUDA only). Raises RunNotFound."""
+def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, analytic: bool = True,
+               prediction: Hardware | None = None) -> pd.DataFrame:
+    """One row per sample of a dataset run (PAGE_COLUMNS, then analytic_* and, with a `prediction`, predicted_*
+    columns). Times in seconds, FLOPs counted (<NA> where not counted), memory in bytes (CUDA only). Raises
+    RunNotFound."""
     run = store.get_run(run_id)
     pts = store.points(run_id)
     base = pts.drop_duplicates("point_id").set_index("point_id")
@@ -77,6 +82,7 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
     for col in ("page", "pdf_page", "epoch"):
         frame[col] = [k.get(col) for k in keys]
     frame["label"] = [e.get("label") or k.get("page") for e, k in zip(extras, keys)]
+    frame["source"] = [e.get("source") for e in extras]  # the page's file when measured (uploads: content-addressed)
     for col in ("status", "message", "updated_at", "mode", "grid_w", "grid_h", "image_w", "image_h", "image_slots",
                 "text_tokens", "decode_steps", "kv_bytes"):
         frame[col] = base[col]
@@ -111,9 +117,12 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
     if analytic:
         spec = run_spec(run)
         hw = hardware if hardware is not None else run_ceilings(run)[0]  # the datasheet preset
-        frame = pd.concat([frame, analytic_columns(frame, spec, hw, run.get("dtype") or "bfloat16",
-                                                   run.get("attn") or "sdpa",
-                                                   (run["meta"].get("settings") or {}).get("logits", "all"))], axis=1)
+        how = dict(dtype=run.get("dtype") or "bfloat16", attn=run.get("attn") or "sdpa",
+                   logits=(run["meta"].get("settings") or {}).get("logits", "all"))
+        parts = [frame, analytic_columns(frame, spec, hw, **how)]
+        if prediction is not None:
+            parts.append(predicted_columns(frame, spec, prediction, **how))
+        frame = pd.concat(parts, axis=1)
     frame.attrs["run_id"] = run_id
     frame.attrs["label"] = run.get("label")
     return frame
@@ -129,19 +138,11 @@ def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | 
                      dtype: str = "bfloat16", attn: str = "sdpa", logits: str = "all") -> pd.DataFrame:
     """analytic_* columns aligned with `pages` (NaN for samples that did not finish): one vectorised
     evaluation per mode over all the run's page workloads."""
-    from ..analytic import Points, evaluate
-
     cols = [f"analytic_{s}_tensor_flops" for s in ANALYTIC_STAGES]
     if hardware is not None:
         cols += [f"analytic_{s}_s" for s in ANALYTIC_STAGES] + ["analytic_ttft_s", "analytic_tpot_s"]
     out = pd.DataFrame(np.nan, index=pages.index, columns=cols, dtype="float64")
-    ok = (pages["status"] == "done") & pages[["grid_w", "grid_h", "text_tokens", "decode_steps"]].notna().all(axis=1)
-    for mode, group in pages[ok].groupby("mode"):
-        crops = np.stack([group["grid_w"].astype("int64").to_numpy(), group["grid_h"].astype("int64").to_numpy()], -1)
-        steps = group["decode_steps"].astype("int64").to_numpy()
-        pts = Points.build(mode=str(mode), crops=crops, text_tokens=group["text_tokens"].astype("int64").to_numpy(),
-                           decode_steps=steps, batch=1, dtype=dtype, attn=attn, logits=logits)
-        ev = evaluate(spec, pts, hardware)
+    for group, steps, ev in _evaluated(pages, spec, hardware, dtype, attn, logits):
         for s in ANALYTIC_STAGES:
             out.loc[group.index, f"analytic_{s}_tensor_flops"] = ev[s]["tensor_flops"].astype("float64")
             if hardware is not None:
@@ -152,6 +153,38 @@ def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | 
                 tpot = np.where(steps > 0, ev["decode"]["time_s"] / np.maximum(steps, 1), np.nan)
             out.loc[group.index, "analytic_tpot_s"] = tpot
     return out
+
+
+def predicted_columns(pages: pd.DataFrame, spec: ModelSpec, prediction: Hardware, dtype: str = "bfloat16",
+                      attn: str = "sdpa", logits: str = "all") -> pd.DataFrame:
+    """predicted_<stage>_s, predicted_ttft_s and predicted_tpot_s aligned with `pages` (NaN for samples that did
+    not finish): the time model of `prediction` (a Hardware carrying a Prediction) for each page's workload."""
+    cols = [f"predicted_{s}_s" for s in ANALYTIC_STAGES] + ["predicted_ttft_s", "predicted_tpot_s"]
+    out = pd.DataFrame(np.nan, index=pages.index, columns=cols, dtype="float64")
+    if getattr(prediction, "prediction", None) is None:
+        raise ValueError("predicted_columns needs a Hardware carrying a prediction (analytic.predict.with_profile)")
+    for group, steps, ev in _evaluated(pages, spec, prediction, dtype, attn, logits):
+        for s in ANALYTIC_STAGES:
+            out.loc[group.index, f"predicted_{s}_s"] = ev[s]["predicted_s"].astype("float64")
+        out.loc[group.index, "predicted_ttft_s"] = (ev["vision"]["predicted_s"]
+                                                    + ev["prefill"]["predicted_s"]).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.loc[group.index, "predicted_tpot_s"] = np.where(
+                steps > 0, ev["decode"]["predicted_s"] / np.maximum(steps, 1), np.nan)
+    return out
+
+
+def _evaluated(pages: pd.DataFrame, spec: ModelSpec, hardware, dtype: str, attn: str, logits: str):
+    """(group of done pages of one mode, their decode steps, analytic.evaluate of their workloads), per mode."""
+    from ..analytic import Points, evaluate
+
+    ok = (pages["status"] == "done") & pages[["grid_w", "grid_h", "text_tokens", "decode_steps"]].notna().all(axis=1)
+    for mode, group in pages[ok].groupby("mode"):
+        crops = np.stack([group["grid_w"].astype("int64").to_numpy(), group["grid_h"].astype("int64").to_numpy()], -1)
+        steps = group["decode_steps"].astype("int64").to_numpy()
+        pts = Points.build(mode=str(mode), crops=crops, text_tokens=group["text_tokens"].astype("int64").to_numpy(),
+                           decode_steps=steps, batch=1, dtype=dtype, attn=attn, logits=logits)
+        yield group, steps, evaluate(spec, pts, hardware)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -301,10 +334,12 @@ class DatasetRunView:
     files: dict = field(default_factory=dict)  # operator CSV / trace paths, when recorded
 
 
-def load_dataset_run(store: RunStore, run_id: str, hardware: Hardware | None = None) -> DatasetRunView:
-    """Everything the dataset-run section shows, from one call."""
+def load_dataset_run(store: RunStore, run_id: str, hardware: Hardware | None = None,
+                     prediction: Hardware | None = None) -> DatasetRunView:
+    """Everything the dataset-run section shows, from one call (`hardware`: the roofline's ceilings, default the
+    run's GPU preset; `prediction`: a Hardware carrying a calibration profile's prediction, or None)."""
     run = store.get_run(run_id)
-    pages = page_table(store, run_id, hardware)
+    pages = page_table(store, run_id, hardware, prediction=prediction)
     ops_meta = run["meta"].get("operators") or {}
     return DatasetRunView(
         run=run, pages=pages, stages=stage_summary(pages), latency=distributions(pages),

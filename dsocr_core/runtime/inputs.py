@@ -25,12 +25,11 @@ import torch
 from PIL import Image, ImageOps
 
 from ..tiling import HF_CROP_RANGE, TokenCounts, crop_grid, mode_info, token_counts
+from .image_limits import MAX_FILE_BYTES, MAX_PIXELS, pixel_limit_message  # noqa: F401 - re-exported
 from .tokenizer import BOS_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, Tokenizer, load_tokenizer
 
 PAD_COLOR = (127, 127, 127)  # int(0.5 * 255) per channel: the vendor's fill for padded views
 MEAN = STD = 0.5
-MAX_PIXELS = 64_000_000  # larger images are refused as possible decompression bombs
-MAX_FILE_BYTES = 256 * 1024 * 1024
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 
 ImageSource = Any  # str | os.PathLike | bytes | bytearray | memoryview | binary file object | PIL.Image.Image
@@ -97,17 +96,6 @@ def load_image(source: ImageSource, max_pixels: int = MAX_PIXELS) -> Image.Image
     if len(data) > MAX_FILE_BYTES:
         raise ImageError(f"{what}: larger than the {MAX_FILE_BYTES // 2**20} MiB limit")
     return _decode(data, what, max_pixels)
-
-
-def pixel_limit_message(pixels: int, size: tuple[int, int] | None = None, max_pixels: int = MAX_PIXELS,
-                        what: str = "page image") -> str:
-    """The one message for an image over the pixel limit, whatever refused it: our size check (from the header,
-    before decoding), Pillow's own decompression-bomb check (which fires first above its 89,478,485-pixel default,
-    with a text of its own) or a PDF page's size at the rendering resolution. The CLI, the dataset runs and the
-    dashboard all show this text."""
-    dims = f"{size[0]:,} x {size[1]:,} = " if size else ""
-    return (f"{dims}{pixels / 1e6:,.0f} megapixels is over the {max_pixels / 1e6:,.0f}-megapixel limit for a {what} "
-            "(refused before decoding, as a possible decompression bomb); downscale the page")
 
 
 def _check_size(size: tuple[int, int], what: str, max_pixels: int) -> None:

@@ -211,6 +211,44 @@ def test_parity_upload_shows_both_renderings(page, server, shots):
     snap(page, shots, "parity", 2100)
 
 
+def test_profile_uploaded_pages(page, server, shots):
+    """Issue 18: upload generated pages, a PDF and bad files on the measured page's 'Dataset runs' tab, see the
+    bad ones listed with the reason, run a short dataset run of the tiny model on the CPU, see the charts."""
+    from page_files import locked_pdf, page_jpeg, page_pdf, page_png
+
+    open_page(page, server, "Measured sweep")
+    page.get_by_role("tab", name="Dataset runs").click()
+    settle(page)
+    files = [("scan.png", "image/png", page_png(seed=1)), ("receipt.jpg", "image/jpeg", page_jpeg()),
+             ("slides.pdf", "application/pdf", page_pdf(2)), ("notes.png", "image/png", b"not an image at all"),
+             ("locked.pdf", "application/pdf", locked_pdf())]
+    page.locator("[data-testid='stFileUploaderDropzoneInput']").first.set_input_files(
+        [{"name": n, "mimeType": m, "buffer": b} for n, m, b in files])
+    main = page.locator("[data-testid='stMain']")
+    main.get_by_text("2 file(s) skipped").wait_for(timeout=60_000)
+    main.get_by_text("3 file(s), 4 page(s)", exact=False).wait_for(timeout=60_000)
+    settle(page)
+    text = main_text(page)
+    assert "notes.png: not a page image or a PDF" in text and "locked.pdf: the PDF is password-protected" in text
+    tokens = page.get_by_label("Max new tokens")
+    tokens.fill("2")
+    tokens.press("Tab")
+    page.get_by_role("button", name="Start dataset run").click()
+    main.get_by_text("Finished (reference session mode)").wait_for(timeout=180_000)
+    settle(page)
+    # the run is shown: per-page stage times with the analytic bound through them (one chart, a panel per stage)
+    sync_api.expect(main.locator(CHART)).to_have_count(1, timeout=60_000)
+    main.get_by_text("Analytic bound: the roofline of").wait_for()
+    assert "Done / error / oom" in main_text(page)
+    snap(page, shots, "dataset", 2300)
+    page.get_by_role("tab", name="Distribution").click()
+    settle(page)
+    sync_api.expect(main.locator(CHART)).to_have_count(2, timeout=60_000)  # the spread per stage, TTFT / TPOT
+    page.get_by_role("tab", name="Slowest pages").click()
+    settle(page)
+    sync_api.expect(main.locator("[data-testid='stImage'] img")).to_have_count(4, timeout=60_000)
+
+
 PAGES = [("Overview", "DeepSeek-OCR inference cost"), ("Analytic sweep", "Analytic sweep"),
          ("Measured sweep", "Measured sweep"), ("Vendor parity", "Vendor parity"), ("MFU", "MFU and MBU")]
 
