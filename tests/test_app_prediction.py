@@ -189,3 +189,28 @@ def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profi
     frame = chart_frames(at.get("vega_lite_chart")[0])  # FLOPs tab: no roofline there, nothing predicted
     assert frame and "series" not in frame[0]
 
+
+
+def test_compare_run_predicts_each_point_as_the_analytic_model_does(tmp_path):
+    """The measured pages' predicted time is the time model's, point by point (one evaluation, not a second
+    implementation): compare_run(prediction=...) equals stage_totals on the same ProfiledHardware."""
+    from dsocr_core import analytic
+    from dsocr_core.analytic.predict import with_profile
+    from dsocr_core.hardware import PRESETS
+    from dsocr_core.results import analytic_join
+    from dsocr_core.spec import ModelSpec
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = fake_gpu_run(store, session_mode="fast")
+    prof = uniform_profile(989e12, 4.8e12, efficiency=0.5, launch=5e-6, name="NVIDIA H200", kind="cuda")
+    hw = with_profile(PRESETS["h200"], prof, "fast")
+    df = analytic_join.compare_run(store, run_id, prediction=hw)
+    points = store.points(run_id).drop_duplicates("key").set_index("key")
+    for _, row in df[df["stage"] != "decode_step"].iterrows():
+        one = analytic.stage_totals(ModelSpec(), analytic_join.point_workload(points.loc[row["point"]]), hw)
+        assert row["predicted_s"] == pytest.approx(one[row["stage"]]["predicted_s"], rel=1e-9)
+        assert row["time_err_predicted"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+    assert df["predicted_session_mode"].eq("fast").all() and (~df["predicted_derived"]).all()
+    summary = analytic_join.summarize(df)
+    assert all(s["time_err_predicted_median"] is not None for s in summary.values())
+    assert "predicted_s" not in analytic_join.compare_run(store, run_id)  # without a profile: as before

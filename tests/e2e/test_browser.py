@@ -185,7 +185,7 @@ def test_analytic_predicted_series_from_a_chosen_profile(page, server, shots):
     side.get_by_role("combobox", name="Calibration profile").click()
     page.get_by_role("option", name=re.compile(r"cpu_quick\.json")).click()
     settle(page)
-    side.get_by_text("CPU profile: it predicts runs on this CPU", exact=False).wait_for()
+    side.get_by_text(re.compile(r"profile, measured quick .* CPU profile: it predicts runs on this CPU")).wait_for()
     page.get_by_role("tab", name="Time").click()
     settle(page)
     page.wait_for_function(  # the legend of the time chart names both series
