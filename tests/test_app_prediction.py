@@ -134,8 +134,11 @@ def test_a_malformed_profile_names_the_problem_and_falls_back_to_the_roofline(da
     good = (data / "profiles" / "h200.json").read_bytes()
     at.sidebar.file_uploader(key="sb_profile_upload").set_value(("h200 copy.json", good, "application/json")).run()
     assert not texts(at.sidebar, "error") and "NVIDIA H200 profile" in sidebar_text(at)
-    assert (data / "uploaded_profiles" / "h200_copy.json").exists()  # kept, and listed from now on
+    kept = data / "uploaded_profiles" / "h200_copy.json"
+    assert kept.exists()  # kept, and listed from now on
+    mtime = kept.stat().st_mtime_ns
     at.run()
+    assert kept.stat().st_mtime_ns == mtime  # not rewritten on every run (the cache key holds the mtime)
     picker = at.sidebar.selectbox(key="sb_profile")
     assert "h200_copy.json (uploaded)" in picker.options and picker.value == "upload"
     assert "NVIDIA H200 profile" in sidebar_text(at)

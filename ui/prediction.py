@@ -126,8 +126,11 @@ def choose(path: Path, origin: str) -> ProfileChoice:
 
 def _save_upload(name: str, data: bytes) -> Path:
     """Validate an uploaded profile and keep it in the uploaded folder (raises ProfileError naming the upload)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name) or "profile.json"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name).lstrip(".") or "profile.json"
     safe = safe if safe.endswith(".json") else f"{safe}.json"
+    out = uploaded_dir() / safe
+    if out.is_file() and out.read_bytes() == data:
+        return out  # kept on an earlier run: not rewritten (a new mtime would make every cached frame recompute)
     with tempfile.TemporaryDirectory(prefix="dsocr-profile-") as tmp:
         trial = Path(tmp) / safe
         trial.write_bytes(data)
@@ -135,7 +138,6 @@ def _save_upload(name: str, data: bytes) -> Path:
             load_profile(trial)  # the same checks, and messages, as a file in data/profiles
         except ProfileError as exc:
             raise ProfileError(str(exc).replace(str(trial), f"the uploaded file {name}")) from None
-    out = uploaded_dir() / safe
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_name(f".{out.name}.part")
     tmp_out.write_bytes(data)
