@@ -209,14 +209,14 @@ def _capacity(v: View) -> None:
         m[3].metric("Pages / day", f"{cap['pages_per_day']:,.0f}")
         m[4].metric("Memory", f"{cap['memory_bytes'] / 1e9:,.1f} GB")
         m[5].metric("Fits", "yes" if cap["fits"] else "no")
-        if "predicted_ttft_s" in cap:  # the time model beside the bounds (never above them: a bound is a floor)
+        if "predicted_ttft_s" in cap:  # the time model beside the bounds
             m = st.columns(6)
             m[0].metric("Predicted TTFT", f"{cap['predicted_ttft_s'] * 1e3:,.1f} ms")
             m[1].metric("Predicted TPOT", f"{cap['predicted_tpot_s'] * 1e3:,.2f} ms")
             m[2].metric("Predicted request", f"{cap['predicted_request_s']:,.2f} s")
             m[3].metric("Predicted pages / day", f"{cap['predicted_pages_per_day']:,.0f}")
     st.caption("TTFT, TPOT, request and pages/day above: roofline bounds on each configuration's hardware."
-               + (" Predicted: the time model of the chosen profile." if v.pkey else ""))
+               + (" Predicted: the time model of the chosen profile, for the profile's device." if v.pkey else ""))
     st.caption(v.pred_note)
     if ttft_target > 0 or tpot_target > 0:
         st.markdown("**What a GPU needs to meet the targets**")

@@ -195,7 +195,10 @@ def note(settings, mode: str | None = None) -> str:
     c = getattr(settings, "profile", None)
     if c is None:
         return HOW_TO
-    return f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode."
+    # the time model runs on the profile's ceilings and tables: its figures are for the profile's device, whatever
+    # hardware a roofline beside it uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
+    return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode: times on the "
+            "profile's device, whichever hardware the roofline beside them uses.")
 
 
 # ------------------------------------------------------------------------------------------- the sidebar

@@ -192,7 +192,6 @@ def test_analytic_predicted_series_from_a_chosen_profile(page, server, shots):
         """() => [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
              c => c.innerHTML.includes('predicted') && c.innerHTML.includes('roofline'))""")
     text = main_text(page)
-    assert "roofline and predicted time per stage" in text or "Predicted with" in text
     assert "Predicted with" in text and "No prediction" not in text
     snap(page, shots, "analytic_predicted", 1400)
 
