@@ -217,3 +217,28 @@ def test_compare_run_predicts_each_point_as_the_analytic_model_does(tmp_path):
     summary = analytic_join.summarize(df)
     assert all(s["time_err_predicted_median"] is not None for s in summary.values())
     assert "predicted_s" not in analytic_join.compare_run(store, run_id)  # without a profile: as before
+
+
+def test_the_prediction_interface_keeps_the_sidebar_roofline(cpu_quick):
+    """ui.prediction's interface (other dashboard code is written against it): current_profile(settings) and
+    predicted_hardware(settings), the sidebar's ceilings carrying the profile's prediction in the sidebar's mode;
+    the cache key rebuilds the same Hardware inside cached functions."""
+    from types import SimpleNamespace
+
+    from dsocr_core.hardware import PRESETS
+    from ui import prediction
+
+    h200 = PRESETS["h200"]
+    settings = SimpleNamespace(profile=prediction.choose(cpu_quick, "calibrated here"), hardware=h200,
+                               model=SimpleNamespace(session_mode="reference"))
+    prof = prediction.current_profile(settings)
+    assert prof.device["kind"] == "cpu" and prof is prediction.current_profile(settings)  # loaded once
+    hw = prediction.predicted_hardware(settings)
+    assert (hw.peak_flops, hw.bandwidth, hw.name) == (h200.peak_flops, h200.bandwidth, h200.name)
+    assert hw.prediction.profile is prof and hw.prediction.session_mode == "reference"
+    again = prediction.attach(h200, prediction.key(settings))
+    assert again.model_dump() == hw.model_dump() and again.prediction.profile is prof
+    assert prediction.attach(None, prediction.key(settings, "fast")).prediction.session_mode == "fast"
+    none = SimpleNamespace(profile=None, hardware=h200, model=settings.model)
+    assert prediction.current_profile(none) is None and prediction.predicted_hardware(none) is None
+    assert prediction.key(none) is None and prediction.attach(h200, None) is h200
