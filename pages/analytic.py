@@ -9,7 +9,7 @@ import streamlit as st
 import ui
 from dsocr_core.spec import SpecError
 from ui import analytic as an
-from ui import analytic_view, forms, inputs, resources
+from ui import analytic_view, forms, inputs, prediction, resources
 
 settings = ui.page_setup()
 st.title("Analytic sweep")
@@ -49,7 +49,8 @@ try:
     else:
         configs = [(req_a, hw_a)]
     spec_json = spec.model_dump_json()
-    frames = [resources.sweep_frame(spec_json, hw.model_dump_json(), req.to_json()) for req, hw in configs]
+    pkey = prediction.key(settings)  # the sidebar's profile and session mode (None: roofline only)
+    frames = [resources.sweep_frame(spec_json, hw.model_dump_json(), req.to_json(), pkey) for req, hw in configs]
 except (inputs.InputError, SpecError, pydantic.ValidationError, ValueError) as exc:
     st.error(f"Cannot evaluate these settings: {exc}")
     st.stop()
@@ -62,7 +63,8 @@ x = an.x_field(axis, x_kind)
 log_y = c2.checkbox("Log y axis", value=True, key="an_logy")
 side = c3.radio("Two configurations", ["overlaid", "side by side"], horizontal=True, key="an_layout",
                 disabled=len(configs) == 1) == "side by side"
-view = analytic_view.View(configs, frames, spec_json, specs[spec_kind], axis, x, an.X_FIELDS[x], log_y, side)
+view = analytic_view.View(configs, frames, spec_json, specs[spec_kind], axis, x, an.X_FIELDS[x], log_y, side,
+                          pkey, prediction.note(settings))
 
 # Only the open tab runs (on_change="rerun"): a page switch or a changed setting draws one tab, not nine.
 for name, tab in zip(analytic_view.TABS, st.tabs(analytic_view.TABS, key="an_tab", on_change="rerun")):

@@ -29,7 +29,7 @@ tabs = st.tabs(["Runs", "New sweep", "Import / export", "Dataset runs"], key="ms
 
 if tabs[0].open:
     with tabs[0]:
-        runs_tab.render(store, runs, references)
+        runs_tab.render(store, runs, references, settings)
 
 if tabs[1].open:
     with tabs[1]:

@@ -1,13 +1,14 @@
 """MFU: per-stage MFU and MBU of a measured run against the datasheet and the calibrated peaks, the measured
-points on the roofline, and the time each stage would take at the limit."""
+points on the roofline, and each stage's measured time beside its predicted time (with a calibration profile
+chosen in the sidebar, in the run's own session mode) and its time at the limit."""
 import pandas as pd
 import streamlit as st
 
 import ui
 from dsocr_core.results.analytic_join import FLAG_NOTE, summarize, summary_frame
-from ui import charts, resources
+from ui import charts, prediction, resources
 from ui import measured as ms
-from ui.runs import run_mode, run_title
+from ui.runs import run_mode, run_session_mode, run_title
 
 settings = ui.page_setup()
 st.title("MFU and MBU")
@@ -45,7 +46,7 @@ st.caption(" · ".join(f"{name}: {hw.name}, {hw.peak_tflops:,.1f} TFLOP/s, {hw.b
 
 pts = store.points(run_id)
 cmp = resources.comparison(str(store.path), run_id, resources.run_version(run, pts), resources.to_json(ds),
-                           resources.to_json(cal))
+                           resources.to_json(cal), prediction.key(settings, run_session_mode(run)))
 choices = ms.point_choices(cmp)
 MEDIAN = "median over all points"
 point = st.selectbox("Point", [MEDIAN, *choices], format_func=lambda p: choices.get(p, p), key="mfu_point")
@@ -70,8 +71,9 @@ with left:
 with right:
     limits = ms.limit_long(cmp, point)
     st.altair_chart(charts.bars(limits, "stage", "value", "time", "ms", "time", log_y=True), width="stretch")
-    st.caption("Measured time next to the time the stage would take at the roofline limit; log scale, so the "
-               "short vision stages stay visible beside decode.")
+    st.caption("Measured time next to the predicted time (with a profile) and the time the stage would take at "
+               "the roofline limit; log scale, so the short vision stages stay visible beside decode.")
+    st.caption(prediction.note(settings, run_session_mode(run)))
 
 # the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
 st.subheader(f"Analytic vs measured: {ms.md(run['name'])}")

@@ -145,6 +145,21 @@ def stage_long(df: pd.DataFrame, metric: str, x: str, stages=STAGES) -> pd.DataF
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*base, "stage", "value"])
 
 
+TIME_SERIES = {"time_s": "roofline", "predicted_s": "predicted"}  # metric -> series name in the time charts
+
+
+def time_long(df: pd.DataFrame, x: str, stages=STAGES) -> pd.DataFrame:
+    """stage_long of the roofline time, plus the time model's predicted time where the sweep has it (a profile
+    was chosen), one `series` column telling them apart."""
+    parts = [stage_long(df, metric, x, stages).assign(series=name) for metric, name in TIME_SERIES.items()
+             if f"{stages[0]}.{metric}" in df]
+    return pd.concat(parts, ignore_index=True)
+
+
+def has_prediction(df: pd.DataFrame) -> bool:
+    return "total.predicted_s" in df
+
+
 def component_long(df: pd.DataFrame, columns: dict[str, str], x: str) -> pd.DataFrame:
     """One row per point and component (e.g. weights / activations / KV cache memory of the whole run)."""
     base = _base_columns(df, x)
@@ -159,18 +174,34 @@ def component_long(df: pd.DataFrame, columns: dict[str, str], x: str) -> pd.Data
 
 def stage_points(df: pd.DataFrame, index: int, stages=STAGES) -> pd.DataFrame:
     """Each stage of one sweep point as a roofline point: intensity (FLOPs per byte), the FLOP/s the stage
-    reaches at its modelled time, its bound and time."""
+    reaches at its modelled time, its bound and time. With a prediction, a second point per stage at its
+    predicted time (`series` roofline | predicted): how far below the roof the stage is expected to run."""
     row = df.iloc[index]
     rows = []
     for s in stages:
-        t = float(row[f"{s}.time_s"])
-        if t <= 0:
-            continue  # a stage that does nothing (decode with 0 steps)
-        rows.append({"config": row["config"], "stage": STAGE_NAMES[s], "intensity": float(row[f"{s}.intensity"]),
-                     "flops_per_s": float(row[f"{s}.flops"]) / t, "time_s": t, "bound": row[f"{s}.bound"],
-                     "flops": float(row[f"{s}.flops"]), "bytes": float(row[f"{s}.bytes"]),
-                     "hardware": row["hardware"]})
+        for metric, series in TIME_SERIES.items():
+            if f"{s}.{metric}" not in row:
+                continue
+            t = float(row[f"{s}.{metric}"])
+            if t <= 0:
+                continue  # a stage that does nothing (decode with 0 steps)
+            rows.append({"config": row["config"], "series": series, "stage": STAGE_NAMES[s],
+                         "intensity": float(row[f"{s}.intensity"]), "flops_per_s": float(row[f"{s}.flops"]) / t,
+                         "time_s": t, "bound": row[f"{s}.bound"], "flops": float(row[f"{s}.flops"]),
+                         "bytes": float(row[f"{s}.bytes"]), "hardware": row["hardware"]})
     return pd.DataFrame(rows)
+
+
+def roofline_points(frames: list[pd.DataFrame], index: int) -> pd.DataFrame:
+    """stage_points of every configuration at sweep point `index`, with the `marker` the chart's point shape
+    tells apart: the configuration and the series (bound or predicted) where both vary, else the one that does."""
+    pts = pd.concat([stage_points(f, min(index, len(f) - 1)) for f in frames], ignore_index=True)
+    if pts.empty:
+        return pts
+    several, predicted = pts["config"].nunique() > 1, pts["series"].nunique() > 1
+    pts["marker"] = (pts["config"] + ", " + pts["series"] if several and predicted
+                     else pts["series"] if predicted else pts["config"])
+    return pts
 
 
 def export_frame(frames: list[pd.DataFrame], spec_label: str) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from dsocr_core.spec import SpecError
 
 from . import analytic as an
 from . import charts, resources
+from .measured import md
 
 TABS = ["FLOPs", "Bytes", "Memory", "Time", "Roofline", "Per module", "Capacity", "Image shapes", "Download"]
 
@@ -30,6 +31,8 @@ class View:
     x_title: str
     log_y: bool
     side: bool  # side by side (else overlaid)
+    pkey: str | None = None  # the prediction's cache key (ui.prediction.key); None: roofline only
+    pred_note: str = ""  # which profile predicts, or how to get a prediction (ui.prediction.note)
 
     @property
     def both(self) -> pd.DataFrame:
@@ -113,22 +116,31 @@ def _memory(v: View) -> None:
 
 
 def _time(v: View) -> None:
-    st.altair_chart(charts.lines(an.stage_long(v.both, "time_s", v.x), v.x, v.x_title, "ms",
-                                 "roofline time per stage", log_y=v.log_y, side_by_side=v.side), width="stretch")
-    st.caption("Each module at its own bound: max(FLOPs / peak, bytes / bandwidth), summed per stage.")
+    predicted = an.has_prediction(v.frames[0])
+    title = "roofline and predicted time per stage" if predicted else "roofline time per stage"
+    st.altair_chart(charts.lines(an.time_long(v.both, v.x), v.x, v.x_title, "ms", title, log_y=v.log_y,
+                                 side_by_side=v.side, series="series" if predicted else None), width="stretch")
+    st.caption("Roofline (dashed where a prediction is drawn): each module at its own bound, max(FLOPs / peak, "
+               "bytes / bandwidth), summed per stage." + (" Predicted (solid): the time model, the roofline on the "
+                                                          "profile's ceilings plus the kernels' measured "
+                                                          "inefficiency, launches and host time." if predicted else ""))
+    st.caption(v.pred_note)
 
 
 def _roofline(v: View) -> None:
     idx = v.point_slider("an_point_roof")
-    pts = pd.concat([an.stage_points(f, min(idx, len(f) - 1)) for f in v.frames], ignore_index=True)
+    pts = an.roofline_points(v.frames, idx)
     hws = list({hw.name: hw for _, hw in v.configs}.values())
     lo = max(min(pts["intensity"].min(), min(h.ridge_intensity for h in hws)) / 10, 1e-2)
     hi = max(pts["intensity"].max(), max(h.ridge_intensity for h in hws)) * 10
     roofs = pd.concat([resources.roof_frame(h.model_dump_json(), lo, hi) for h in hws], ignore_index=True)
-    st.altair_chart(charts.roofline(pts, roofs, "Stages on the roofline"), width="stretch")
-    st.dataframe(in_units(pts, ROOFLINE_UNITS), hide_index=True, width="stretch")
+    st.altair_chart(charts.roofline(pts, roofs, "Stages on the roofline", shape="marker"), width="stretch")
+    st.dataframe(in_units(pts.drop(columns="marker"), ROOFLINE_UNITS), hide_index=True, width="stretch")
     st.caption("A stage's FLOP/s is its FLOPs over its modelled time; below the roof where its modules are "
-               "bound differently (each module is timed at its own bound).")
+               "bound differently (each module is timed at its own bound)."
+               + (" Predicted points: the same FLOPs over the predicted time." if an.has_prediction(v.frames[0])
+                  else ""))
+    st.caption(v.pred_note)
 
 
 def _modules(v: View) -> None:
@@ -138,13 +150,16 @@ def _modules(v: View) -> None:
     frame0 = v.frames[labels.index(sel)]
     idx = min(v.point_slider("an_point_mod"), len(frame0) - 1)
     workload = req0.workload(frame0.iloc[idx])
-    modules = resources.module_frame(v.spec_json, hw0.model_dump_json(), workload.model_dump_json())
+    modules = resources.module_frame(v.spec_json, hw0.model_dump_json(), workload.model_dump_json(), v.pkey)
     stages = list(modules["stage"].unique())
     chosen = st.multiselect("Stages", stages, default=stages, key="an_mod_stages")
     shown = modules[modules["stage"].isin(chosen)]
     st.dataframe(in_units(shown, module_units(shown.columns)), hide_index=True, width="stretch", height=420)
+    if "predicted_s" in modules:  # the export names the profile on every row, as the sweep export does
+        modules = modules.assign(**_profile_columns(v))
     st.download_button("Per-module table (CSV, SI units)", modules.to_csv(index=False), "modules.csv", "text/csv",
                        key="an_dl_modules")
+    st.caption(v.pred_note)
 
 
 def _ms(seconds) -> float:
@@ -153,18 +168,24 @@ def _ms(seconds) -> float:
 
 def capacity_rows(v: View, idx: int, ttft_target: float, tpot_target_ms: float) -> pd.DataFrame:
     """What a GPU needs to meet the targets: one row per configuration and target, one time column (on the
-    configuration's own hardware, named in its own column)."""
+    configuration's own hardware, named in its own column); with a prediction, the predicted time and whether it
+    meets the target beside the bound."""
     rows = []
     for (req, hw), frame in zip(v.configs, v.frames):
         w = req.workload(frame.iloc[min(idx, len(frame) - 1)])
         need = resources.required_of(v.spec_json, hw.model_dump_json(), w.model_dump_json(),
                                      ttft_target or None, tpot_target_ms / 1e3 or None)
+        cap = resources.capacity_of(v.spec_json, hw.model_dump_json(), w.model_dump_json(), v.pkey)
         for target, d in need.items():
-            rows.append({"configuration": req.label, "hardware": hw.name, "target": target.upper(),
-                         "target (ms)": d["target_s"] * 1e3, "time (ms)": _ms(d.get("reference_time_s")),
-                         "meets": d.get("meets"), "min TFLOP/s": d["min_tflops"], "min TB/s": d["min_tbs"],
-                         "same-balance GPU TFLOP/s": d.get("scaled_tflops"),
-                         "same-balance GPU TB/s": d.get("scaled_tbs")})
+            row = {"configuration": req.label, "hardware": hw.name, "target": target.upper(),
+                   "target (ms)": d["target_s"] * 1e3, "time (ms)": _ms(d.get("reference_time_s")),
+                   "meets": d.get("meets")}
+            if f"predicted_{target}_s" in cap:
+                p = cap[f"predicted_{target}_s"]
+                row |= {"predicted (ms)": _ms(p), "meets (predicted)": bool(p <= d["target_s"])}
+            rows.append(row | {"min TFLOP/s": d["min_tflops"], "min TB/s": d["min_tbs"],
+                               "same-balance GPU TFLOP/s": d.get("scaled_tflops"),
+                               "same-balance GPU TB/s": d.get("scaled_tbs")})
     out = pd.DataFrame(rows)
     for c in out.columns:
         if out[c].dtype.kind == "f":
@@ -179,7 +200,7 @@ def _capacity(v: View) -> None:
     tpot_target = t2.number_input("TPOT target (ms)", min_value=0.0, value=10.0, step=1.0, key="an_tpot")
     for (req, hw), frame in zip(v.configs, v.frames):
         w = req.workload(frame.iloc[min(idx, len(frame) - 1)])
-        cap = resources.capacity_of(v.spec_json, hw.model_dump_json(), w.model_dump_json())
+        cap = resources.capacity_of(v.spec_json, hw.model_dump_json(), w.model_dump_json(), v.pkey)
         st.markdown(f"**{req.label}** on {hw.name}")
         m = st.columns(6)
         m[0].metric("TTFT", f"{cap['ttft_s'] * 1e3:,.1f} ms")
@@ -188,6 +209,15 @@ def _capacity(v: View) -> None:
         m[3].metric("Pages / day", f"{cap['pages_per_day']:,.0f}")
         m[4].metric("Memory", f"{cap['memory_bytes'] / 1e9:,.1f} GB")
         m[5].metric("Fits", "yes" if cap["fits"] else "no")
+        if "predicted_ttft_s" in cap:  # the time model beside the bounds
+            m = st.columns(6)
+            m[0].metric("Predicted TTFT", f"{cap['predicted_ttft_s'] * 1e3:,.1f} ms")
+            m[1].metric("Predicted TPOT", f"{cap['predicted_tpot_s'] * 1e3:,.2f} ms")
+            m[2].metric("Predicted request", f"{cap['predicted_request_s']:,.2f} s")
+            m[3].metric("Predicted pages / day", f"{cap['predicted_pages_per_day']:,.0f}")
+    st.caption("TTFT, TPOT, request and pages/day above: roofline bounds on each configuration's hardware."
+               + (" Predicted: the time model of the chosen profile, for the profile's device." if v.pkey else ""))
+    st.caption(v.pred_note)
     if ttft_target > 0 or tpot_target > 0:
         st.markdown("**What a GPU needs to meet the targets**")
         st.dataframe(capacity_rows(v, idx, ttft_target, tpot_target), hide_index=True, width="stretch",
@@ -196,6 +226,19 @@ def _capacity(v: View) -> None:
         st.caption("time: the configuration on its own hardware. min TFLOP/s and min TB/s are floors (each alone "
                    "with the other unlimited); the same-balance GPU scales the configuration's hardware until it "
                    "meets the target.")
+
+
+PROFILE_COLUMNS = ("predicted.profile", "predicted.derived", "predicted.device_kind", "predicted.session_mode")
+
+
+def _profile_columns(v: View) -> dict:
+    """The columns naming the profile behind the sweep's predictions (the same on every row of the sweep)."""
+    f = v.frames[0]
+    return {c: f[c].iloc[0] for c in PROFILE_COLUMNS if c in f and len(f)}
+
+
+def _profile_label(v: View) -> str:
+    return str(_profile_columns(v).get("predicted.profile", "none"))
 
 
 def _shapes(v: View) -> None:
@@ -218,5 +261,10 @@ def _download(v: View) -> None:
                        key="an_dl_csv")
     d2.download_button("Sweep (JSON)", export.to_json(orient="records"), "analytic_sweep.json",
                        "application/json", key="an_dl_json")
-    st.caption("Every column in SI base units (FLOPs, bytes, seconds), as downloaded.")
+    st.caption("Every column in SI base units (FLOPs, bytes, seconds), as downloaded."
+               + (f" Predicted columns (`<stage>.predicted_*`, `capacity.predicted_*`) come from "
+                  f"{md(_profile_label(v))}; `predicted.profile`, `predicted.derived` and `predicted.device_kind` "
+                  "name it on every row." if v.pkey else ""))
+    if not v.pkey:
+        st.caption(v.pred_note)
     st.dataframe(export, hide_index=True, width="stretch", height=300)

@@ -12,7 +12,9 @@ VALIDATE_ENV = "DSOCR_VALIDATE_CHARTS"  # set (the app tests do): every chart is
 STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
 STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
 INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens", "prompt_tokens"}  # whole-number x axes
-DASHES = {"datasheet roofline": [8, 4], "calibrated roofline": [2, 3]}  # both analytic lines dashed, told apart
+DASHES = {"datasheet roofline": [8, 4], "calibrated roofline": [2, 3],  # both roofline lines dashed, told apart
+          "predicted": [1, 0]}  # the time model's prediction: solid, where the measured points should lie
+SERIES_DASHES = {"roofline": [6, 3], "predicted": [1, 0]}  # analytic sweeps: the bound dashed, the prediction solid
 UNITS = {  # name -> (factor applied to the base unit, axis suffix)
     "FLOPs": (1.0, "FLOPs"), "bytes": (1.0, "bytes"), "GB": (1e-9, "GB"), "ms": (1e3, "ms"), "s": (1.0, "s"),
     "share": (100.0, "%"), "FLOP/s": (1.0, "FLOP/s"),
@@ -72,8 +74,11 @@ def _tooltip(data: pd.DataFrame, x: str, extra: list[str]) -> list:
 
 
 def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colour: str = "stage",
-          log_y: bool = False, log_x: bool = False, side_by_side: bool = False, height: int = 300) -> alt.Chart:
-    """Lines with points: one per `colour` value; configurations dashed when overlaid, or in columns."""
+          log_y: bool = False, log_x: bool = False, side_by_side: bool = False, height: int = 300,
+          series: str | None = None) -> alt.Chart:
+    """Lines with points: one per `colour` value; configurations dashed when overlaid, or in columns. With
+    `series` (a column: roofline | predicted) the series are told apart by the dash (the bound dashed, the
+    prediction solid) and overlaid configurations by the line width."""
     data = _scaled(data, unit)
     if log_y:
         data = data[data["value"] > 0]
@@ -84,20 +89,33 @@ def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colou
         color=alt.Color(f"{colour}:N", title=colour,
                         scale=_stage_colour(data[colour]) if colour == "stage" else alt.Undefined,
                         sort=STAGE_ORDER if colour == "stage" else alt.Undefined),
-        tooltip=_tooltip(data, x, [colour]),
+        tooltip=_tooltip(data, x, [colour] + ([series] if series else [])),
     )
-    if several and not side_by_side:
+    if series and series in data:
+        kinds = [k for k in SERIES_DASHES if k in set(data[series])]
+        enc["strokeDash"] = alt.StrokeDash(f"{series}:N", title="time",
+                                           scale=alt.Scale(domain=kinds, range=[SERIES_DASHES[k] for k in kinds]),
+                                           legend=alt.Legend(symbolType="stroke", symbolStrokeColor="#333333",
+                                                             symbolStrokeWidth=2))  # the dash, not a dot
+        if several and not side_by_side:  # configurations: thin and thick lines (no points here, see below)
+            enc["strokeWidth"] = alt.StrokeWidth("config:N", title="configuration",
+                                                 scale=alt.Scale(range=[1.5, 3.5]))
+    elif several and not side_by_side:
         enc["strokeDash"] = alt.StrokeDash("config:N", title="configuration")
         enc["shape"] = alt.Shape("config:N", title="configuration")
-    chart = alt.Chart(data).mark_line(point=True).encode(**enc).properties(height=height)
+    # points on the lines, except where dashes tell series apart: a point overlay makes the dash legend's symbols
+    # transparent (Vega-Lite draws the legend of the filled points), so the dashes would not be explained
+    chart = alt.Chart(data).mark_line(point=not (series and series in data)).encode(**enc).properties(height=height)
     if several and side_by_side:
         chart = chart.properties(width=320).facet(column=alt.Column("config:N", title=None))
     return finish(chart.interactive() if not (several and side_by_side) else chart)
 
 
 def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
-             x_field: str = "intensity", y_field: str = "flops_per_s", height: int = 360) -> alt.LayerChart:
-    """Attainable FLOP/s against arithmetic intensity (log-log) with each stage as a point."""
+             x_field: str = "intensity", y_field: str = "flops_per_s", height: int = 360,
+             shape: str = "config") -> alt.LayerChart:
+    """Attainable FLOP/s against arithmetic intensity (log-log) with each stage as a point; the point shape
+    tells the values of `shape` apart (configurations, or configuration and series: bound vs predicted)."""
     roof = alt.Chart(roofs).mark_line(color="#333333").encode(
         x=alt.X("intensity:Q", title="arithmetic intensity (FLOPs per byte)", scale=alt.Scale(type="log")),
         y=alt.Y("attainable_flops:Q", title="FLOP/s", scale=alt.Scale(type="log"), axis=alt.Axis(format="~s")),
@@ -105,13 +123,13 @@ def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
         tooltip=[alt.Tooltip("hardware:N"), alt.Tooltip("intensity:Q", format=",.3~g"),
                  alt.Tooltip("attainable_flops:Q", format="~s")],
     )
-    tips = [c for c in ["config", "run", "stage", "point", "bound", "hardware"] if c in points]
+    tips = [c for c in ["config", "series", "run", "stage", "point", "bound", "hardware"] if c in points]
     dots = alt.Chart(points).mark_point(filled=True, size=90).encode(
         x=alt.X(f"{x_field}:Q", scale=alt.Scale(type="log")),
         y=alt.Y(f"{y_field}:Q", scale=alt.Scale(type="log")),
         color=alt.Color("stage:N", scale=_stage_colour(points["stage"]), sort=STAGE_ORDER),
-        shape=(alt.Shape("config:N", title="configuration") if "config" in points and points["config"].nunique() > 1
-               else alt.Undefined),
+        shape=(alt.Shape(f"{shape}:N", title="configuration" if shape == "config" else shape)
+               if shape in points and points[shape].nunique() > 1 else alt.Undefined),
         tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip(f"{x_field}:Q", format=",.3~g", title="intensity"),
                                                    alt.Tooltip(f"{y_field}:Q", format="~s", title="FLOP/s")],
     )

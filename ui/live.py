@@ -164,8 +164,8 @@ def progress_panel(kind: str = "sweep") -> None:
         job = runner.job
         if job is None or job.kind != kind:
             if job is not None and job.running:
-                st.caption(f"A {'dataset run' if job.kind == 'dataset' else 'measured sweep'} is running (see its "
-                           "tab); one job runs at a time.")
+                where = "in the sidebar" if job.kind == "calibration" else "see its tab"
+                st.caption(f"A {sweeps.KIND_NAMES[job.kind]} is running ({where}); one job runs at a time.")
             else:
                 st.caption(f"No {what} started from this server yet." if job is None else f"No {what} running.")
             return

@@ -109,8 +109,9 @@ def with_crop_count(cmp: pd.DataFrame) -> pd.DataFrame:
 
 
 def overlay_frames(cmp: pd.DataFrame, run_name: str, stages: list[str], x: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(measured points, analytic lines) for measured_vs_analytic; analytic lines for the datasheet and the
-    calibrated ceilings where the run has them."""
+    """(measured points, analytic lines) for measured_vs_analytic; roofline lines for the datasheet and the
+    calibrated ceilings where the run has them, and the time model's predicted line where a profile was chosen
+    (`predicted_s`, compare_run's prediction in the run's own session mode)."""
     if cmp.empty:
         return pd.DataFrame(), pd.DataFrame()
     c = with_crop_count(cmp)
@@ -123,12 +124,12 @@ def overlay_frames(cmp: pd.DataFrame, run_name: str, stages: list[str], x: str) 
         measured[name] = pd.to_numeric(c[col], errors="coerce") if col in c else float("nan")
     measured["run"] = run_name
     lines = []
-    for source in ("datasheet", "calibrated"):
-        col = f"predicted_{source}_s"
+    for col, source in (("predicted_datasheet_s", "datasheet roofline"),
+                        ("predicted_calibrated_s", "calibrated roofline"), ("predicted_s", "predicted")):
         if col in c and c[col].notna().any():
             part = c[base].copy()
             part["value"] = pd.to_numeric(c[col], errors="coerce")
-            part["source"] = f"{source} roofline"
+            part["source"] = source
             part["run"] = run_name
             lines.append(part.dropna(subset=["value"]))
     predicted = pd.concat(lines, ignore_index=True) if lines else pd.DataFrame(columns=[*base, "value", "source"])
@@ -174,15 +175,19 @@ def mfu_long(cmp: pd.DataFrame, point: str | None = None) -> pd.DataFrame:
 
 
 def limit_long(cmp: pd.DataFrame, point: str | None = None) -> pd.DataFrame:
-    """Per stage: measured time and the time at the limit (roofline) of each peak, long form."""
+    """Per stage: measured time, the predicted time (where a profile was chosen) and the time at the limit
+    (roofline) of each peak, long form."""
     if cmp.empty:
         return pd.DataFrame(columns=["stage", "time", "value"])
     sel = cmp if point is None else cmp[cmp["point"] == point]
     rows = []
     for stage, g in sel.groupby("stage", sort=False):
-        for col, name in (("measured_s", "measured"), ("limit_datasheet_s", "at the datasheet limit"),
+        for col, name in (("measured_s", "measured"), ("predicted_s", "predicted"),
+                          ("limit_datasheet_s", "at the datasheet limit"),
                           ("limit_calibrated_s", "at the calibrated limit")):
-            vals = pd.to_numeric(g.get(col), errors="coerce").dropna()
+            if col not in g:  # predicted_s: only with a calibration profile
+                continue
+            vals = pd.to_numeric(g[col], errors="coerce").dropna()
             if len(vals):
                 rows.append({"stage": STAGE_NAMES.get(stage, stage), "time": name, "value": float(vals.median())})
     return pd.DataFrame(rows, columns=["stage", "time", "value"])

@@ -7,7 +7,9 @@
 * The run store is opened once per process; the bundled reference runs (data/reference/*.json) are imported
   into it then (idempotent: an unchanged file is skipped). A store that fails its integrity check is never
   written to: every page says so, and the pages work on a temporary store holding the bundled runs.
-* Analytic frames go through `st.cache_data`, keyed by plain JSON text of the spec, hardware and request.
+* Analytic frames go through `st.cache_data`, keyed by plain JSON text of the spec, hardware and request, and by
+  the prediction's key (ui/prediction.py: profile path, file mtime, session mode; None without a profile). The
+  predicting Hardware is built inside from that key: the profile object is never a cache argument.
 """
 from __future__ import annotations
 
@@ -312,28 +314,37 @@ def _spec(spec_json: str) -> ModelSpec:
     return ModelSpec.model_validate_json(spec_json)
 
 
-def _hw(hw_json: str | None) -> Hardware | None:
-    return None if hw_json is None else Hardware.model_validate_json(hw_json)
+def _hw(hw_json: str | None, pkey: str | None = None) -> Hardware | None:
+    """The Hardware of `hw_json`, carrying the prediction of `pkey` (ui.prediction.key) when there is one."""
+    hw = None if hw_json is None else Hardware.model_validate_json(hw_json)
+    if pkey is None:
+        return hw
+    from .prediction import attach
+
+    return attach(hw, pkey)
 
 
 # ------------------------------------------------------------------------------------------- analytic
 @st.cache_data(max_entries=64, show_spinner=False)
-def sweep_frame(spec_json: str, hw_json: str, request_json: str) -> pd.DataFrame:
-    """The analytic sweep of one configuration (see ui.analytic.SweepRequest), one row per point."""
+def sweep_frame(spec_json: str, hw_json: str, request_json: str, pkey: str | None = None) -> pd.DataFrame:
+    """The analytic sweep of one configuration (see ui.analytic.SweepRequest), one row per point; with `pkey`
+    the predicted columns beside the roofline ones."""
     from .analytic import SweepRequest
 
     req = SweepRequest.from_json(request_json)
-    return req.table(_spec(spec_json), _hw(hw_json))
+    return req.table(_spec(spec_json), _hw(hw_json, pkey))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def module_frame(spec_json: str, hw_json: str, workload_json: str) -> pd.DataFrame:
-    return analytic.module_table(_spec(spec_json), Workload.model_validate_json(workload_json), _hw(hw_json))
+def module_frame(spec_json: str, hw_json: str, workload_json: str, pkey: str | None = None) -> pd.DataFrame:
+    return analytic.module_table(_spec(spec_json), Workload.model_validate_json(workload_json), _hw(hw_json, pkey))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def capacity_of(spec_json: str, hw_json: str, workload_json: str) -> dict:
-    return analytic.capacity_summary(_spec(spec_json), Workload.model_validate_json(workload_json), _hw(hw_json))
+def capacity_of(spec_json: str, hw_json: str, workload_json: str, pkey: str | None = None) -> dict:
+    """capacity_summary: the bounds, and with `pkey` the predicted_* figures beside them."""
+    return analytic.capacity_summary(_spec(spec_json), Workload.model_validate_json(workload_json),
+                                     _hw(hw_json, pkey))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -373,11 +384,14 @@ def param_frame(spec_json: str) -> tuple[int, pd.DataFrame]:
 # ------------------------------------------------------------------------------------------- measured
 @st.cache_data(max_entries=32, show_spinner=False)
 def comparison(store_path: str, run_id: str, version: str, datasheet_json: str | None,
-               calibrated_json: str | None) -> pd.DataFrame:
-    """compare_run for one run; `version` (point counts and last update) makes a growing run recompute."""
+               calibrated_json: str | None, pkey: str | None = None) -> pd.DataFrame:
+    """compare_run for one run; `version` (point counts and last update) makes a growing run recompute. With
+    `pkey` (ui.prediction.key in the run's own session mode) the predicted time of every point and stage; only
+    that column is read from this evaluation, so it rides on the profile's own ceilings."""
     from dsocr_core.results.analytic_join import compare_run
 
-    return compare_run(RunStore(store_path), run_id, datasheet=_hw(datasheet_json), calibrated=_hw(calibrated_json))
+    return compare_run(RunStore(store_path), run_id, datasheet=_hw(datasheet_json), calibrated=_hw(calibrated_json),
+                       prediction=_hw(None, pkey))
 
 
 def run_version(run: dict, points: pd.DataFrame | None = None) -> str:

@@ -10,5 +10,11 @@ def run_mode(run: dict) -> str:
     return f"{run.get('session_mode') or 'unrecorded'} session mode"
 
 
+def run_session_mode(run: dict) -> str:
+    """The mode a run's prediction is made in: its own (runs stored before modes were recorded ran the
+    reference engine, the only one there was)."""
+    return run.get("session_mode") or "reference"
+
+
 def run_title(run: dict) -> str:
     return f"{ms.run_title(run)} · {run_mode(run)}"

@@ -1,5 +1,6 @@
 """The Runs tab of the measured page: which stored runs to show, filters that default to what those runs contain,
-the measured points (median and p10-p90 spread) over the analytic roofline times, and each run's point table.
+the measured points (median and p10-p90 spread) over the analytic roofline times and, with a calibration profile
+chosen in the sidebar, the predicted time of each run in its own session mode; and each run's point table.
 
 Widget state that must survive the tab or the page being closed (Streamlit forgets the value of a widget that a
 script run does not draw) is kept in a shadow entry of the session state and given back when the widget returns.
@@ -9,9 +10,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from . import charts, resources, sweeps
+from . import charts, prediction, resources, sweeps
 from . import measured as ms
-from .runs import run_mode, run_title
+from .runs import run_mode, run_session_mode, run_title
 
 RUNS_KEY = "ms_runs"
 FILTERS = ("ms_f_modes", "ms_f_batch", "ms_f_text")
@@ -57,7 +58,7 @@ def filter_defaults(frames: list[pd.DataFrame]) -> dict[str, list]:
     return {"ms_f_modes": sorted(modes), "ms_f_batch": sorted(batches), "ms_f_text": sorted(texts)}
 
 
-def render(store, runs: list[dict], references: list[dict]) -> None:
+def render(store, runs: list[dict], references: list[dict], settings) -> None:
     if not runs:
         st.info("The store holds no measured runs yet.")
         return
@@ -73,13 +74,15 @@ def render(store, runs: list[dict], references: list[dict]) -> None:
         ds, cal = ms.run_ceilings(run)
         pts = store.points(run_id)
         cmp = resources.comparison(str(store.path), run_id, resources.run_version(run, pts),
-                                   resources.to_json(ds), resources.to_json(cal))
+                                   resources.to_json(ds), resources.to_json(cal),
+                                   prediction.key(settings, run_session_mode(run)))
         frames.append((run, cmp, pts))
         if ds is None and cal is None:
             notes.append(f"**{ms.md(run['label'])}** has no GPU ceilings (no matching GPU preset, no calibration): "
                          "measured times are shown without an analytic time prediction.")
     for n in notes:
         st.caption(n)
+    _prediction_notes(settings, [by_id[i] for i in chosen])
     finished = [c for _, c, _ in frames if not c.empty]
     if chosen and not finished:
         st.warning("The chosen runs have no finished points yet.")
@@ -93,6 +96,23 @@ def render(store, runs: list[dict], references: list[dict]) -> None:
     if any(not pts.empty for _, _, pts in frames):
         st.caption("Stage times are medians of the timed repeats; p10-p90 is the spread the repeats measured "
                    "(one repeat: none).")
+
+
+def _prediction_notes(settings, chosen: list[dict]) -> None:
+    """Which profile the predicted lines come from, in which mode, and where its device is not the run's."""
+    c = settings.profile
+    if c is None:
+        st.caption(prediction.HOW_TO)
+        return
+    modes = sorted({run_session_mode(r) for r in chosen})
+    st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, in each run's own session mode "
+               f"({', '.join(modes) or 'none chosen'}).")
+    for r in chosen:
+        on_cpu = bool(r["flags"]["cpu"])
+        if on_cpu != (c.device_kind == "cpu"):
+            st.caption(f"**{ms.md(r['label'])}** was measured on {'the CPU' if on_cpu else 'a GPU'}; the profile "
+                       f"is of {'a CPU' if c.device_kind == 'cpu' else 'a GPU'}: its prediction is for that device, "
+                       "not this run's.")
 
 
 def _chart(frames, finished: list[pd.DataFrame]) -> None:
@@ -132,9 +152,11 @@ def _chart(frames, finished: list[pd.DataFrame]) -> None:
         return
     st.altair_chart(charts.measured_vs_analytic(measured_df, predicted_df, x, ms.X_CHOICES[x], title="stage time"),
                     width="stretch")
+    predicted = "source" in predicted_df and bool((predicted_df["source"] == "predicted").any())
     st.caption("Points: measured medians; vertical bars: their p10-p90 spread over the timed repeats. Lines: the "
                "analytic roofline time with the run GPU's datasheet ceilings (long dashes) and with the ceilings "
-               "calibrated in the same run (short dashes), where the run has them.")
+               "calibrated in the same run (short dashes), where the run has them"
+               + ("; the predicted time (solid)." if predicted else "."))
     flops = pd.concat(flop_parts, ignore_index=True)
     if not flops.empty:
         with st.expander("FLOPs: counted (FlopCounterMode) vs analytic", expanded=False):

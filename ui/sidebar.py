@@ -1,7 +1,8 @@
 """The shared sidebar: which model the session runs (a local checkpoint folder or synthetic weights, clearly
 labelled), on which device, in which session mode (reference | fast; fast is refused, with the reason, where
-there is no CUDA device), and which hardware ceilings the analytic numbers use (a datasheet preset, the
-ceilings calibrated on this machine, or custom numbers)."""
+there is no CUDA device), which hardware ceilings the analytic numbers use (a datasheet preset, the
+ceilings calibrated on this machine, or custom numbers), and which calibration profile predicts the time beside
+the roofline (ui/prediction.py: the picker and "Calibrate this machine")."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import streamlit as st
 from dsocr_core.hardware import PRESETS
 from dsocr_core.spec import Hardware, ModelSpec, SpecError
 
-from . import resources
+from . import prediction, resources
 from .resources import GpuInfo
 
 CHECKPOINT_ENV = "DSOCR_CHECKPOINT"  # a default checkpoint folder for the sidebar
@@ -78,6 +79,7 @@ class Settings:
     hardware_note: str  # where the ceilings come from
     gpu: GpuInfo
     mode_note: str | None = None  # why the fast session mode was refused (CPU), shown in the sidebar
+    profile: prediction.ProfileChoice | None = None  # the calibration profile the pages predict with (or none)
 
     @property
     def spec_kind(self) -> str:
@@ -194,4 +196,5 @@ def render() -> Settings:
         hardware, note = PRESETS[choice], PRESETS[choice].source
     side.caption(_ceiling_caption(hardware))
     side.caption(f"Detected: {gpu.summary}.")
-    return Settings(model, error, hardware, note, gpu, mode_note)
+    profile = prediction.render(side, gpu)
+    return Settings(model, error, hardware, note, gpu, mode_note, profile)

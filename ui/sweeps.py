@@ -8,7 +8,9 @@ another tab can take its turn between points. Each point is written to the run s
 measured (run_sweep does that), so a stop, a closed tab or a crash loses nothing already measured. The page
 reads `SweepJob` (progress) and the store (points) from an `st.fragment(run_every=1)`. A dataset run holds the
 device lock for the whole run (its warm-ups and FLOP counts are shared by the pages of one shape), so a parity
-run from another tab is told the device is busy until it ends or is stopped.
+run from another tab is told the device is busy until it ends or is stopped. A calibration ("Calibrate this
+machine" in the sidebar, ui/prediction.py) is the third kind of job: the kernel microbenchmarks, holding the device
+lock for the whole run (a parity run or a sweep point in between would disturb the timings), saved as a profile.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class SweepJob:
     label: str  # the model label (e.g. "synthetic tiny model on CPU (random weights)")
     total: int
     session_mode: str = "reference"  # the session mode it measures in
-    kind: str = "sweep"  # "sweep" | "dataset"
+    kind: str = "sweep"  # "sweep" | "dataset" | "calibration"
     store: object = None  # the RunStore its points go to
     run_id: str | None = None
     handled: int = 0
@@ -43,6 +45,7 @@ class SweepJob:
     weights: list[float] | None = None  # relative cost of each point (analytic time x passes), for the ETA
     last_done: float | None = None  # when the last point (or page) finished
     note: str | None = None  # e.g. why a dataset run's operator breakdown was skipped
+    output: str | None = None  # a calibration's saved profile file
 
     def done_one(self, status: str) -> None:
         self.statuses[status] += 1
@@ -73,13 +76,13 @@ class SweepJob:
 
     @property
     def fraction(self) -> float:
-        return self.handled / self.total if self.total else 1.0
+        return self.handled / self.total if self.total else (0.0 if self.running else 1.0)  # size not known yet
 
     def summary(self) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items())) or "no points yet"
         state = ("running" if self.running else "stopped" if self.stopped else "failed" if self.error
                  else "finished")
-        unit = "pages" if self.kind == "dataset" else "points"
+        unit = {"dataset": "pages", "calibration": "shapes"}.get(self.kind, "points")
         eta = self.eta_s()
         left = "" if eta is None or not self.running else f", about {duration(eta)} left"
         return f"{state}: {self.handled}/{self.total} {unit} ({counts}) in {duration(self.elapsed)}{left}"
@@ -133,11 +136,17 @@ class SweepRunner:
                        session_mode=session.session_mode, kind="dataset")
         return self._start(job, self._run_dataset, (job, session, store, list(samples), settings, trace))
 
+    def start_calibration(self, device: str, quick: bool, budget_s: float, out) -> SweepJob:
+        """Kernel microbenchmarks (calibration.microbench.run_microbench) in the background, saved to `out`."""
+        what = "CPU, quick grids" if device == "cpu" else f"{device}{', quick grids' if quick else ''}"
+        job = SweepJob(name=f"calibration ({what})", label=what, total=0, kind="calibration")
+        return self._start(job, self._run_calibration, (job, device, quick, budget_s, out))
+
     def _start(self, job: SweepJob, target, args) -> SweepJob:
         with self._guard:
             if self.busy:
-                raise resources.Busy(f"a {'dataset run' if self.job.kind == 'dataset' else 'measured sweep'} is "
-                                     "already running; stop it or wait for it to finish")
+                raise resources.Busy(f"a {KIND_NAMES[self.job.kind]} is already running; stop it or wait for it "
+                                     "to finish")
             self.job = job
             self._thread = threading.Thread(target=target, name=f"dsocr-{job.kind}", daemon=True, args=args)
             self._thread.start()
@@ -200,6 +209,32 @@ class SweepRunner:
         finally:
             job.current = ""
             job.finished_at = time.time()
+
+    @staticmethod
+    def _run_calibration(job: SweepJob, device: str, quick: bool, budget_s: float, out) -> None:
+        from dsocr_core.calibration.microbench import run_microbench
+
+        def progress(_done, total, table):  # after each shape (measured, or skipped over a cap or the budget)
+            job.total = total
+            job.done_one("done")
+            job.current = f"last table: {table}"
+
+        try:
+            job.current = "waiting for the device"
+            with resources.gpu_lock():  # the whole run: another job's kernels would be in the timings
+                job.current = "starting (launch costs)"
+                job.started = time.time()  # the ETA counts from here, not from the wait
+                profile = run_microbench(device, quick=quick, budget_s=budget_s, progress=progress,
+                                         should_stop=job.stop.is_set)
+            job.output = str(profile.save(out))
+        except Exception as exc:  # noqa: BLE001 - reported in the sidebar; no partial file is written
+            job.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            job.current = ""
+            job.finished_at = time.time()
+
+
+KIND_NAMES = {"sweep": "measured sweep", "dataset": "dataset run", "calibration": "calibration"}
 
 
 def _trace_dataset(job: SweepJob, session, store, samples: list, settings, trace: dict) -> None:

@@ -3,6 +3,9 @@
 MFU = analytic FLOPs / (peak FLOP/s x measured time): the share of the GPU's math the stage used.
 MBU = analytic bytes / (bandwidth x measured time): the share of the GPU's memory bandwidth it used.
 Both are given against the datasheet ceilings and against the ceilings calibrated in the same run.
+With a `prediction` (a Hardware carrying a calibration profile, analytic.predict.with_profile) each row also gets
+the time model's predicted time (`predicted_s`; the `predicted_<ceilings>_s` columns are roofline times, bounds)
+and its error against the measurement, labelled with the profile (measured or DERIVED, GPU or CPU).
 """
 from __future__ import annotations
 
@@ -75,8 +78,10 @@ def _rel(a: float | None, b: float | None) -> float | None:
 
 
 def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
-                datasheet: Hardware | None = None, calibrated: Hardware | None = None) -> pd.DataFrame:
-    """One row per finished point x stage with measured and analytic figures side by side."""
+                datasheet: Hardware | None = None, calibrated: Hardware | None = None,
+                prediction: Hardware | None = None) -> pd.DataFrame:
+    """One row per finished point x stage with measured and analytic figures side by side; with `prediction`
+    (a ProfiledHardware, in the session mode the run was measured in) the predicted time beside them."""
     run = store.get_run(run_id)
     stored_spec = (run.get("meta") or {}).get("spec")
     spec = spec or (ModelSpec(**stored_spec) if stored_spec else ModelSpec())
@@ -90,6 +95,11 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     ws = [workloads[k] for k in keys]
     on_ds = dict(zip(keys, workload_stage_totals(spec, ws, datasheet)))
     on_cal = dict(zip(keys, workload_stage_totals(spec, ws, calibrated))) if calibrated else {}
+    pred = getattr(prediction, "prediction", None)
+    on_pred = dict(zip(keys, workload_stage_totals(spec, ws, prediction))) if pred is not None else {}
+    pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU
+        "predicted_profile": pred.profile.label(), "predicted_derived": pred.profile.derived,
+        "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode}
     rows = []
     for _, p in pts.iterrows():
         w = workloads[p["key"]]
@@ -120,6 +130,9 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
             row[f"mbu_{name}"] = a["bytes"] / (hw.bandwidth * t)
             row[f"bound_{name}"] = a["bound"]
             row[f"limit_{name}_s"] = a["time_s"]  # the stage's time at the hardware limit (roofline)
+        if pred is not None:
+            p_s = on_pred[p["key"]][p["stage"]]["predicted_s"]
+            row.update(predicted_s=p_s, time_err_predicted=_rel(p_s, t) if t > 0 else None, **pred_info)
         # flagged: the FLOP count or the time error against the run's main ceilings (calibrated, else datasheet)
         main = row["time_err_calibrated"] if row["time_err_calibrated"] is not None else row["time_err_datasheet"]
         row["flagged"] = any(v is not None and abs(v) > FLAG_THRESHOLD for v in (row["flop_rel_diff"], main))
@@ -161,6 +174,9 @@ def summarize(df: pd.DataFrame) -> dict:
                 s[f"flagged_{peak}"] = int(((err > FLAG_THRESHOLD) | flop_bad).sum())
             else:
                 s[f"flagged_{peak}"] = None
+        te = col("time_err_predicted").abs()  # the time model's error (only when the frame has a prediction)
+        if len(te):
+            s["time_err_predicted_median"], s["time_err_predicted_max"] = float(te.median()), float(te.max())
         main = "calibrated" if s["flagged_calibrated"] is not None else "datasheet"
         s["flagged"] = s[f"flagged_{main}"] if s[f"flagged_{main}"] is not None else int(flop_bad.sum())
         out[stage] = s
@@ -197,6 +213,9 @@ def summary_frame(summary: dict) -> pd.DataFrame:
             row[f"flagged > 10% ({p})"] = "n/a" if flagged is None else str(flagged)
         if not peaks:
             row["flagged > 10% (FLOPs)"] = str(s["flagged"])
+        if s.get("time_err_predicted_median") is not None:
+            row["predicted time error, median / max"] = (f"{pct(s['time_err_predicted_median'])} / "
+                                                         f"{pct(s['time_err_predicted_max'])}")
         rows.append(row)
     return pd.DataFrame(rows)
 

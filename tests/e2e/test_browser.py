@@ -1,13 +1,15 @@
 """End to end: `streamlit run app.py` in a subprocess, driven by Playwright in Debian's headless Chromium.
 
-Opens every page from the sidebar navigation, changes a control and sees a chart update, uploads a sample page
-on the parity page and sees both renderings. Screenshots of every page go to a temporary folder, or to
+Opens every page from the sidebar navigation, changes a control and sees a chart update, picks a calibration
+profile and sees the predicted series beside the roofline, uploads a sample page on the parity page and sees both
+renderings. Screenshots of every page go to a temporary folder, or to
 docs/screenshots/ when DSOCR_SCREENSHOTS=1 (how the README's pictures are made).
 Never downloads a browser: without /usr/bin/chromium these tests are skipped.
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -45,6 +47,10 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     port = _free_port()
     env = {**os.environ, "DSOCR_STORE": str(tmp / "runs.sqlite"), "PYTHONUNBUFFERED": "1"}
+    # a CPU profile as "Calibrate this machine" saves it (the quick grids, a few seconds), for the picker
+    from dsocr_core.calibration.microbench import run_microbench
+
+    run_microbench("cpu", quick=True, budget_s=60).save(tmp / "calibrated_profiles" / "cpu_quick.json")
     env.pop("DSOCR_REFERENCE_DIR", None)  # the bundled data/reference runs, as users get them
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen(
@@ -171,6 +177,23 @@ def test_analytic_chart_follows_a_control(page, server, shots):
     sync_api.expect(page.locator(f"[data-testid='stMain'] {CHART}")).to_have_count(1, timeout=30_000)
     page.get_by_text("Stages on the roofline").first.wait_for()
     snap(page, shots, "analytic_roofline", 2000)
+
+
+def test_analytic_predicted_series_from_a_chosen_profile(page, server, shots):
+    open_page(page, server, "Analytic sweep")
+    side = page.locator("[data-testid='stSidebar']")
+    side.get_by_role("combobox", name="Calibration profile").click()
+    page.get_by_role("option", name=re.compile(r"cpu_quick\.json")).click()
+    settle(page)
+    side.get_by_text(re.compile(r"profile, measured quick .* CPU profile: it predicts runs on this CPU")).wait_for()
+    page.get_by_role("tab", name="Time").click()
+    settle(page)
+    page.wait_for_function(  # the legend of the time chart names both series
+        """() => [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
+             c => c.innerHTML.includes('predicted') && c.innerHTML.includes('roofline'))""")
+    text = main_text(page)
+    assert "Predicted with" in text and "No prediction" not in text
+    snap(page, shots, "analytic_predicted", 1400)
 
 
 def test_measured(page, server, shots):

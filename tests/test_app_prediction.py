@@ -1,0 +1,244 @@
+"""Predicted time in the dashboard (issue 14): the sidebar's calibration-profile picker, the predicted series and
+columns beside the roofline on the analytic, measured, MFU and capacity views, the labels of derived and CPU
+profiles, malformed profiles, and "Calibrate this machine" running the quick CPU grids in the background job.
+
+The profiles are test data: a CPU quick profile measured once for the module (the real microbenchmarks, a few
+seconds), a uniform 'NVIDIA H200' profile and the profile derived from it for the H100 (the layout data/profiles
+will have once GPU profiles are measured)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dsocr_core.calibration import load_profile, uniform_profile
+from dsocr_core.calibration.derive import derive_profile
+from dsocr_core.calibration.microbench import run_microbench
+from dsocr_core.results.store import RunStore
+from test_app import fake_gpu_run, goto, make_app, open_tab, page_text, texts
+from test_app_usability import chart_frames, cpu_run
+
+CPU = "calibrated:cpu_quick.json"
+H200, H100_DERIVED, BROKEN = "repo:h200.json", "repo:h100_from_h200.json", "repo:broken.json"
+
+
+@pytest.fixture(scope="module")
+def cpu_quick(tmp_path_factory):
+    """`calibrate --device cpu --quick`, once for the module (what the dashboard's CPU calibration runs)."""
+    prof = run_microbench("cpu", quick=True, budget_s=60)
+    return prof.save(tmp_path_factory.mktemp("prof") / "cpu_quick.json")
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch, cpu_quick):
+    """A temporary data folder (run store, calibrated profiles), a 'bundled' folder holding one GPU run and a
+    repository profile folder holding a GPU profile, the H100 profile derived from it and a truncated file."""
+    scratch = RunStore(tmp_path / "scratch.sqlite")
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    scratch.export_run(fake_gpu_run(scratch), ref / "h200_test.json")
+    repo = tmp_path / "profiles"
+    h200 = uniform_profile(989e12, 4.8e12, efficiency=0.5, launch=5e-6, name="NVIDIA H200", kind="cuda")
+    h200.save(repo / "h200.json")
+    derive_profile(load_profile(repo / "h200.json"), "h100-sxm").save(repo / "h100_from_h200.json")
+    (repo / "broken.json").write_text((repo / "h200.json").read_text()[:200])
+    (tmp_path / "calibrated_profiles").mkdir()
+    (tmp_path / "calibrated_profiles" / "cpu_quick.json").write_bytes(cpu_quick.read_bytes())
+    monkeypatch.setenv("DSOCR_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setenv("DSOCR_REFERENCE_DIR", str(ref))
+    monkeypatch.setenv("DSOCR_PROFILES_DIR", str(repo))
+    return tmp_path
+
+
+def pick(at, key: str):
+    at.sidebar.selectbox(key="sb_profile").set_value(key).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def plain(text: str) -> str:
+    """Text as read, without the Markdown escapes of file names and labels (ui.measured.md)."""
+    return str(text).replace("\\", "")
+
+
+def sidebar_text(at) -> str:
+    return plain("\n".join(str(e.value) for kind in ("caption", "warning", "error", "success")
+                            for e in getattr(at.sidebar, kind)))
+
+
+def export_frame(at) -> pd.DataFrame:
+    """The analytic page's Download tab table (what the CSV/JSON buttons write)."""
+    return [f.value for f in at.dataframe if "model_dimensions" in f.value.columns][0]
+
+
+# ------------------------------------------------------------------------------------------------ analytic
+def test_analytic_page_without_and_with_a_profile(data):
+    at = goto(make_app(), "analytic")
+    options = at.sidebar.selectbox(key="sb_profile").options
+    assert options[0] == "none (roofline only)" and options[-1].startswith("upload")
+    assert {"h200.json (data/profiles)", "h100_from_h200.json (data/profiles)",
+            "cpu_quick.json (calibrated here)"} <= set(options)
+    open_tab(at, "an_tab", "Time")
+    assert "No prediction: choose a calibration profile" in page_text(at)  # how to get one
+    assert set(chart_frames(at.get("vega_lite_chart")[0])[0]["series"]) == {"roofline"}
+
+    pick(at, CPU)
+    side = sidebar_text(at)
+    assert "measured quick" in side and "CPU profile: it predicts runs on this CPU, not a GPU" in side
+    frame = chart_frames(at.get("vega_lite_chart")[0])[0]
+    assert set(frame["series"]) == {"roofline", "predicted"}
+    both = frame.pivot_table(index=["config", "crop_count", "stage"], columns="series", values="value")
+    assert (both["predicted"] > 0).all() and len(both) == 2 * 16 * 5  # two configurations, 16 counts, 5 stages
+    assert "Predicted with" in page_text(at) and "reference session mode" in page_text(at)
+
+    roof = open_tab(at, "an_tab", "Roofline").dataframe[0].value
+    assert set(roof["series"]) == {"roofline", "predicted"}
+    modules = open_tab(at, "an_tab", "Per module").dataframe[0].value
+    assert "predicted (ms)" in modules and (modules["predicted (ms)"] > 0).all()
+
+    open_tab(at, "an_tab", "Capacity")
+    metrics = {m.label: m.value for m in at.metric}
+    assert {"TTFT", "Predicted TTFT", "Predicted TPOT", "Predicted pages / day"} <= set(metrics)
+    targets = [f.value for f in at.dataframe if "target" in f.value.columns][0]
+    assert {"time (ms)", "predicted (ms)", "meets (predicted)"} <= set(targets.columns)
+
+    export = export_frame(open_tab(at, "an_tab", "Download"))
+    for col in ("total.time_s", "total.predicted_s", "decode.predicted_host_s", "capacity.predicted_ttft_s",
+                "capacity.predicted_pages_per_day"):
+        assert col in export and export[col].notna().all(), col
+    assert export["predicted.device_kind"].eq("cpu").all() and (~export["predicted.derived"]).all()
+    assert export["predicted.profile"].str.contains("measured quick").all()
+    assert export["predicted.session_mode"].eq("reference").all()
+    assert any("predicted.device_kind" in t for t in texts(at, "caption"))
+
+
+def test_derived_profile_is_labelled_in_the_sidebar_and_the_export(data):
+    at = pick(goto(make_app(), "analytic"), H100_DERIVED)
+    assert "DERIVED" in sidebar_text(at) and any("DERIVED profile" in w for w in texts(at.sidebar, "warning"))
+    export = export_frame(open_tab(at, "an_tab", "Download"))
+    assert export["predicted.derived"].all() and export["predicted.profile"].str.contains("DERIVED").all()
+    assert export["predicted.device_kind"].eq("cuda").all()
+
+
+def test_a_malformed_profile_names_the_problem_and_falls_back_to_the_roofline(data):
+    at = pick(goto(make_app(), "analytic"), BROKEN)
+    (error,) = map(plain, texts(at.sidebar, "error"))
+    assert "broken.json" in error and "truncated" in error and "roofline only" in error
+    export = export_frame(open_tab(at, "an_tab", "Download"))
+    assert "total.time_s" in export and not any(c.startswith("predicted") or ".predicted" in c for c in export)
+    # an uploaded one too: the message names the upload, not a temporary file
+    pick(at, "upload")
+    at.sidebar.file_uploader(key="sb_profile_upload").set_value(("mine.json", b'{"format": "x"}',
+                                                                  "application/json")).run()
+    (error,) = map(plain, texts(at.sidebar, "error"))
+    assert "mine.json" in error and "not a calibration profile" in error and "tmp" not in error
+    good = (data / "profiles" / "h200.json").read_bytes()
+    at.sidebar.file_uploader(key="sb_profile_upload").set_value(("h200 copy.json", good, "application/json")).run()
+    assert not texts(at.sidebar, "error") and "NVIDIA H200 profile" in sidebar_text(at)
+    kept = data / "uploaded_profiles" / "h200_copy.json"
+    assert kept.exists()  # kept, and listed from now on
+    mtime = kept.stat().st_mtime_ns
+    at.run()
+    assert kept.stat().st_mtime_ns == mtime  # not rewritten on every run (the cache key holds the mtime)
+    picker = at.sidebar.selectbox(key="sb_profile")
+    assert "h200_copy.json (uploaded)" in picker.options and picker.value == "upload"
+    assert "NVIDIA H200 profile" in sidebar_text(at)
+
+
+# ------------------------------------------------------------------------------------------------ measured, MFU
+def test_measured_and_mfu_pages_draw_the_prediction_in_the_runs_own_mode(data):
+    store = RunStore(data / "runs.sqlite")
+    cpu_id = cpu_run(store)  # a CPU sweep run, reference session mode
+    at = pick(goto(make_app(), "measured"), H200)
+    chart = [f for f in chart_frames(at.get("vega_lite_chart")[0]) if "source" in f][0]
+    assert "predicted" in set(chart["source"]) and "datasheet roofline" in set(chart["source"])
+    text = page_text(at)
+    assert "Predicted (solid lines) with" in text and "reference" in text and "the predicted time (solid)" in text
+
+    at.session_state["ms_runs"] = [cpu_id]
+    at.run()
+    assert "measured on the CPU; the profile is of a GPU" in plain(page_text(at))
+
+    goto(at, "mfu")
+    limits = chart_frames(at.get("vega_lite_chart")[2])[0]
+    assert {"measured", "predicted", "at the datasheet limit"} <= set(limits["time"])
+    summary = [f.value for f in at.dataframe if "max FLOP diff" in f.value.columns][0]
+    assert "predicted time error, median / max" in summary
+    table = [f.value for f in at.dataframe if "predicted_s" in f.value.columns][0]
+    assert table["predicted_profile"].str.contains("NVIDIA H200").all() and table["predicted_session_mode"].eq(
+        "reference").all() and table["predicted_device_kind"].eq("cuda").all()
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profile(data):
+    from ui import sweeps
+
+    (data / "calibrated_profiles" / "cpu_quick.json").unlink()
+    at = goto(make_app(), "analytic")
+    assert any("no stand-in for a GPU" in c for c in texts(at.sidebar, "caption"))
+    at.sidebar.button(key="sb_cal_start").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    runner = sweeps.runner()
+    runner.join(120)
+    job = runner.job
+    assert job.kind == "calibration" and not job.running and job.error is None, job.error
+    assert job.total > 50 and job.handled == job.total
+    at.run()  # the panel sees the finished job: the app reruns with the new profile chosen
+    assert not at.exception, [e.value for e in at.exception]
+    saved = list((data / "calibrated_profiles").glob("cpu_quick_*.json"))
+    assert len(saved) == 1 and load_profile(saved[0]).raw["calibration"]["quick"]
+    assert at.sidebar.selectbox(key="sb_profile").value == f"calibrated:{saved[0].name}"
+    assert "CPU profile: it predicts runs on this CPU" in sidebar_text(at)
+    assert "Saved cpu_quick_" in sidebar_text(at)
+    frame = chart_frames(at.get("vega_lite_chart")[0])  # FLOPs tab: no roofline there, nothing predicted
+    assert frame and "series" not in frame[0]
+
+
+
+def test_compare_run_predicts_each_point_as_the_analytic_model_does(tmp_path):
+    """The measured pages' predicted time is the time model's, point by point (one evaluation, not a second
+    implementation): compare_run(prediction=...) equals stage_totals on the same ProfiledHardware."""
+    from dsocr_core import analytic
+    from dsocr_core.analytic.predict import with_profile
+    from dsocr_core.hardware import PRESETS
+    from dsocr_core.results import analytic_join
+    from dsocr_core.spec import ModelSpec
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = fake_gpu_run(store, session_mode="fast")
+    prof = uniform_profile(989e12, 4.8e12, efficiency=0.5, launch=5e-6, name="NVIDIA H200", kind="cuda")
+    hw = with_profile(PRESETS["h200"], prof, "fast")
+    df = analytic_join.compare_run(store, run_id, prediction=hw)
+    points = store.points(run_id).drop_duplicates("key").set_index("key")
+    for _, row in df[df["stage"] != "decode_step"].iterrows():
+        one = analytic.stage_totals(ModelSpec(), analytic_join.point_workload(points.loc[row["point"]]), hw)
+        assert row["predicted_s"] == pytest.approx(one[row["stage"]]["predicted_s"], rel=1e-9)
+        assert row["time_err_predicted"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+    assert df["predicted_session_mode"].eq("fast").all() and (~df["predicted_derived"]).all()
+    summary = analytic_join.summarize(df)
+    assert all(s["time_err_predicted_median"] is not None for s in summary.values())
+    assert "predicted_s" not in analytic_join.compare_run(store, run_id)  # without a profile: as before
+
+
+def test_the_prediction_interface_keeps_the_sidebar_roofline(cpu_quick):
+    """ui.prediction's interface (other dashboard code is written against it): current_profile(settings) and
+    predicted_hardware(settings), the sidebar's ceilings carrying the profile's prediction in the sidebar's mode;
+    the cache key rebuilds the same Hardware inside cached functions."""
+    from types import SimpleNamespace
+
+    from dsocr_core.hardware import PRESETS
+    from ui import prediction
+
+    h200 = PRESETS["h200"]
+    settings = SimpleNamespace(profile=prediction.choose(cpu_quick, "calibrated here"), hardware=h200,
+                               model=SimpleNamespace(session_mode="reference"))
+    prof = prediction.current_profile(settings)
+    assert prof.device["kind"] == "cpu" and prof is prediction.current_profile(settings)  # loaded once
+    hw = prediction.predicted_hardware(settings)
+    assert (hw.peak_flops, hw.bandwidth, hw.name) == (h200.peak_flops, h200.bandwidth, h200.name)
+    assert hw.prediction.profile is prof and hw.prediction.session_mode == "reference"
+    again = prediction.attach(h200, prediction.key(settings))
+    assert again.model_dump() == hw.model_dump() and again.prediction.profile is prof
+    assert prediction.attach(None, prediction.key(settings, "fast")).prediction.session_mode == "fast"
+    none = SimpleNamespace(profile=None, hardware=h200, model=settings.model)
+    assert prediction.current_profile(none) is None and prediction.predicted_hardware(none) is None
+    assert prediction.key(none) is None and prediction.attach(h200, None) is h200

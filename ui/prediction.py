@@ -1,0 +1,299 @@
+"""Predicted time in the dashboard: the sidebar's calibration-profile picker, the profile the pages predict with,
+and "Calibrate this machine" (kernel microbenchmarks in the background job, saved as a profile).
+
+Where profiles come from: every `*.json` in the repository's `data/profiles/` ($DSOCR_PROFILES_DIR), the profiles
+calibrated from the dashboard and the uploaded ones (both in the app's data folder: the run store's folder,
+$DSOCR_STORE's or `data/`), and an upload. A malformed file is an error naming the problem (ProfileError's message)
+and the pages fall back to the roofline alone.
+
+The pages' cached functions (ui/resources.py) never take the Profile object as an argument (st.cache_data would
+hash its tables on every call): they take `key(settings)`, the JSON text of (path, file mtime, session mode), and
+build the predicting Hardware inside (`attach`), from a profile loaded once per (path, mtime).
+
+Nothing here imports torch (the sidebar is drawn on every page): calibration/profile.py and analytic/predict.py
+need none, and the microbenchmarks are imported by the background job only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import streamlit as st
+
+from dsocr_core.analytic.predict import profile_hardware, with_profile
+from dsocr_core.calibration.profile import Profile, ProfileError, load_profile
+from dsocr_core.results.schema import default_path
+from dsocr_core.spec import Hardware
+
+from . import resources, sweeps
+from .measured import md
+
+PROFILES_ENV = "DSOCR_PROFILES_DIR"  # the repository's profiles (tests point it at their own folder)
+NONE, UPLOAD = "none", "upload"
+PICKER = "sb_profile"
+PENDING = "_sb_profile_pending"  # a profile calibrated here: selected on the next run, before the picker is drawn
+KINDS = {"repo": "data/profiles", "calibrated": "calibrated here", "uploaded": "uploaded"}
+CPU_NOTE = "CPU profile: it predicts runs on this CPU, not a GPU"
+HOW_TO = ("No prediction: choose a calibration profile in the sidebar (**Predicted time**), or calibrate this "
+          "machine there, to see the predicted time beside the roofline bound.")
+CPU_BUDGET_S = 60.0  # the quick CPU grids take a few seconds; the budget only stops a machine far too busy
+GPU_BUDGET_S = (30, 600, 300)  # slider range and default for the full GPU grids (calibrate's --budget-s)
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    """The profile chosen in the sidebar (validated in this script run)."""
+
+    path: str
+    mtime_ns: int
+    label: str  # describe(profile): the profile's label, DERIVED or CPU said
+    derived: bool
+    device_kind: str  # "cuda" | "cpu"
+    origin: str  # where it came from (KINDS value)
+
+
+# ------------------------------------------------------------------------------------------- folders
+def repo_dir() -> Path:
+    return Path(os.environ.get(PROFILES_ENV) or resources.ROOT / "data" / "profiles")
+
+
+def data_dir() -> Path:
+    """The app's data folder: the run store's (so a test or a user pointing DSOCR_STORE elsewhere moves both)."""
+    return default_path().parent
+
+
+def calibrated_dir() -> Path:
+    return data_dir() / "calibrated_profiles"
+
+
+def uploaded_dir() -> Path:
+    return data_dir() / "uploaded_profiles"
+
+
+def choices() -> dict[str, Path | None]:
+    """{picker key: file} in picker order: none, the repository's, the calibrated, the uploaded, 'upload'."""
+    out: dict[str, Path | None] = {NONE: None}
+    for kind, folder in (("repo", repo_dir()), ("calibrated", calibrated_dir()), ("uploaded", uploaded_dir())):
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.json"), key=lambda f: f.name):
+                out[f"{kind}:{f.name}"] = f
+    out[UPLOAD] = None
+    return out
+
+
+def option_name(key: str) -> str:
+    if key == NONE:
+        return "none (roofline only)"
+    if key == UPLOAD:
+        return "upload a profile (.json) ..."
+    kind, name = key.split(":", 1)
+    return f"{name} ({KINDS[kind]})"
+
+
+# ------------------------------------------------------------------------------------------- loading
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _load(path: str, mtime_ns: int) -> Profile:
+    """A profile file, read and validated once per (path, mtime): a rewritten file is read again."""
+    return load_profile(path)
+
+
+def describe(profile: Profile) -> str:
+    """How every caption and export names the profile: its label (DERIVED said there), and for a CPU profile that
+    it predicts CPU runs; a calibration stopped early says so."""
+    label = profile.label()
+    if profile.device.get("kind") == "cpu":
+        label += f" — {CPU_NOTE}"
+    cal = profile.raw.get("calibration") or {}
+    if cal.get("complete") is False:
+        label += " (calibration stopped early: unmeasured shapes take their nearest measured neighbour's value)"
+    return label
+
+
+def choose(path: Path, origin: str) -> ProfileChoice:
+    """Load (cached) and describe one profile file; raises ProfileError."""
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        raise ProfileError(f"no calibration profile at {path}") from None
+    prof = _load(str(path), mtime)
+    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin)
+
+
+def _save_upload(name: str, data: bytes) -> Path:
+    """Validate an uploaded profile and keep it in the uploaded folder (raises ProfileError naming the upload)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name).lstrip(".") or "profile.json"
+    safe = safe if safe.endswith(".json") else f"{safe}.json"
+    out = uploaded_dir() / safe
+    if out.is_file() and out.read_bytes() == data:
+        return out  # kept on an earlier run: not rewritten (a new mtime would make every cached frame recompute)
+    with tempfile.TemporaryDirectory(prefix="dsocr-profile-") as tmp:
+        trial = Path(tmp) / safe
+        trial.write_bytes(data)
+        try:
+            load_profile(trial)  # the same checks, and messages, as a file in data/profiles
+        except ProfileError as exc:
+            raise ProfileError(str(exc).replace(str(trial), f"the uploaded file {name}")) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(f".{out.name}.part")
+    tmp_out.write_bytes(data)
+    tmp_out.replace(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the interface
+def current_profile(settings) -> Profile | None:
+    """The Profile chosen in the sidebar, or None (none chosen, or the file went away since the sidebar read it)."""
+    c = getattr(settings, "profile", None)
+    if c is None:
+        return None
+    try:
+        return _load(c.path, c.mtime_ns)
+    except ProfileError:
+        return None
+
+
+def predicted_hardware(settings) -> Hardware | None:
+    """The sidebar's hardware carrying the prediction of the chosen profile in the sidebar's session mode, or None.
+
+    Why the sidebar's ceilings and not the profile's own (profile_hardware): the time model times every row on the
+    PROFILE's ceilings whatever Hardware it rides on (predict.Predictor reads profile.peak_flops / bandwidth), so
+    the predicted figures are the same either way; the Hardware's ceilings only give the roofline columns
+    (time_s, bound, the capacity bounds, memory fit), and the roofline shown beside the prediction must stay the
+    one the sidebar chose."""
+    prof = current_profile(settings)
+    if prof is None:
+        return None
+    return with_profile(settings.hardware, prof, settings.model.session_mode)
+
+
+def key(settings, mode: str | None = None) -> str | None:
+    """The cache key of the prediction: JSON of (profile path, file mtime, session mode), or None without a
+    profile. `mode`: a stored run's own session mode instead of the sidebar's."""
+    c = getattr(settings, "profile", None)
+    if c is None:
+        return None
+    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode])
+
+
+def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
+    """`hw` carrying the prediction named by `pkey` (built inside the cached functions). hw None: the profile's
+    own ceilings (for joins that only read the predicted time, not the roofline)."""
+    if pkey is None:
+        return hw
+    path, mtime, mode = json.loads(pkey)
+    prof = _load(path, mtime)
+    return with_profile(hw if hw is not None else profile_hardware(prof), prof, mode)
+
+
+def note(settings, mode: str | None = None) -> str:
+    """The caption a page shows about its prediction: which profile and mode, or how to get one."""
+    c = getattr(settings, "profile", None)
+    if c is None:
+        return HOW_TO
+    # the time model runs on the profile's ceilings and tables: its figures are for the profile's device, whatever
+    # hardware a roofline beside it uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
+    return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode: times on the "
+            "profile's device, whichever hardware the roofline beside them uses.")
+
+
+# ------------------------------------------------------------------------------------------- the sidebar
+def render(side, gpu) -> ProfileChoice | None:
+    """The 'Predicted time' section of the sidebar: the picker, the chosen profile's label, and calibration."""
+    side.header("Predicted time")
+    options = choices()
+    pending = st.session_state.pop(PENDING, None)
+    if pending in options:
+        st.session_state[PICKER] = pending
+    elif st.session_state.get(PICKER) not in options:
+        st.session_state[PICKER] = NONE  # a file that went away: back to none rather than an error
+    pick = side.selectbox("Calibration profile", list(options), format_func=option_name, key=PICKER,
+                          help="Kernel microbenchmarks of a GPU (or this CPU): the time model predicts how long "
+                               "each stage will take in the sidebar's session mode, beside the roofline bound. "
+                               "`python -m dsocr_core calibrate` makes one; data/profiles holds the project's.")
+    choice = None
+    try:
+        if pick == UPLOAD:
+            up = side.file_uploader("Profile (.json)", type=["json"], key="sb_profile_upload")
+            if up is not None:
+                choice = choose(_save_upload(up.name, up.getvalue()), KINDS["uploaded"])
+        elif pick != NONE:
+            kind = pick.split(":", 1)[0]
+            choice = choose(options[pick], KINDS[kind])
+    except ProfileError as exc:
+        side.error(f"{md(exc)} — predicting nothing (roofline only) until another profile is chosen.")
+        choice = None
+    if choice is not None:
+        side.caption(md(choice.label))
+        if choice.derived:
+            side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
+    _calibrate_panel(side, gpu)
+    return choice
+
+
+def _calibrate_panel(side, gpu) -> None:
+    runner = sweeps.runner()
+    with side.expander("Calibrate this machine", expanded=_running_calibration(runner)):
+        if gpu.available:
+            device = st.radio("Device", ["cuda", "cpu"], horizontal=True, key="sb_cal_device")
+        else:
+            device = "cpu"
+        if device == "cpu":
+            quick, budget = True, CPU_BUDGET_S
+            st.caption(f"The quick kernel grids (a few seconds), labelled as a {CPU_NOTE}; it is no stand-in for "
+                       "a GPU profile.")
+        else:
+            quick = st.toggle("Quick grids (a smoke test, not for predictions)", key="sb_cal_quick")
+            lo, hi, default = GPU_BUDGET_S
+            budget = float(st.slider("Time budget (s)", lo, hi, default, step=30, key="sb_cal_budget",
+                                     help="Shapes left when the budget runs out take their nearest measured "
+                                          "neighbour's value (the profile counts them)."))
+        if st.button("Calibrate", key="sb_cal_start", disabled=runner.busy,
+                     help="Kernel microbenchmarks (never the model) into a calibration profile, saved in "
+                          f"{calibrated_dir()} and selectable above."):
+            name = f"{'gpu' if device == 'cuda' else 'cpu'}{'_quick' if quick else ''}_" \
+                   f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+            try:
+                job = runner.start_calibration(device, quick, budget, calibrated_dir() / name)
+                st.session_state["sb_cal_started"] = id(job)
+            except resources.Busy as exc:
+                st.warning(str(exc))
+        _progress(runner)
+
+
+def _running_calibration(runner) -> bool:
+    job = runner.job
+    return job is not None and job.kind == "calibration" and job.running
+
+
+def _progress(runner) -> None:
+    """The calibration job (this server's latest): progress with the table being measured and the time left, a
+    stop button; when it finishes, the app reruns once with the new profile selected."""
+    @st.fragment(run_every=1 if _running_calibration(runner) else None)
+    def panel():
+        job = runner.job
+        if job is None or job.kind != "calibration":
+            return
+        st.progress(job.fraction, text=f"{job.summary()}" + (f" · {job.current}" if job.current else ""))
+        if job.running:
+            if st.button("Stop", key="sb_cal_stop", help="Stops between two shapes; the shapes measured so far "
+                                                          "are kept and the rest take their neighbours' values."):
+                runner.stop()
+        elif job.error:
+            st.error(f"Calibration failed: {md(job.error)}")
+        elif job.output:
+            st.success(f"Saved {md(Path(job.output).name)}" + (" (stopped early)" if job.stopped else ""))
+        if not job.running and st.session_state.get("sb_cal_seen") != id(job):
+            st.session_state["sb_cal_seen"] = id(job)
+            if job.output and st.session_state.get("sb_cal_started") == id(job):
+                st.session_state[PENDING] = f"calibrated:{Path(job.output).name}"  # started here: select it
+            st.rerun(scope="app")  # the new profile is listed in the picker
+
+    panel()
+
+
+__all__ = ["ProfileChoice", "attach", "current_profile", "describe", "key", "note", "predicted_hardware", "render"]
