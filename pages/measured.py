@@ -69,5 +69,4 @@ if tabs[3].open:
             if session is not None:
                 dataset_view.new_run_form(settings, session)
         live.progress_panel("dataset")
-        prediction = None  # TODO: ui.prediction.predicted_hardware(settings) once the profile picker is merged
-        dataset_view.render(store, datasets, settings, prediction)
+        dataset_view.render(store, datasets, settings)

@@ -242,3 +242,24 @@ def test_the_prediction_interface_keeps_the_sidebar_roofline(cpu_quick):
     none = SimpleNamespace(profile=None, hardware=h200, model=settings.model)
     assert prediction.current_profile(none) is None and prediction.predicted_hardware(none) is None
     assert prediction.key(none) is None and prediction.attach(h200, None) is h200
+
+
+def test_dataset_run_pages_get_the_predicted_time(data):
+    """A dataset run's per-page chart draws the chosen profile's predicted time beside the analytic bound, in the
+    run's own session mode (issue 18 over issue 14)."""
+    from dsocr_core.cli import main
+    from dsocr_core.grounding.samples import sample_pages
+    from test_app import charts
+    from test_app_dataset import series_of
+
+    page = list(sample_pages())[0]
+    assert main(["profile", "--pages", str(page), "--synthetic", "tiny", "--device", "cpu", "--dtype", "float32",
+                 "--mode", "tiny", "--max-new-tokens", "2", "--store", str(data / "runs.sqlite")]) == 0
+    at = open_tab(goto(make_app(), "measured"), "ms_tab", "Dataset runs")
+    (chart,) = charts(at)
+    assert "predicted" not in series_of(chart)
+    assert "no predicted time (no calibration profile chosen)" in plain(" ".join(texts(at, "caption")))
+    pick(at, CPU)
+    (chart,) = charts(at)
+    assert series_of(chart) >= {"measured", "analytic bound", "predicted"}
+    assert "predicted: " in plain(" ".join(texts(at, "caption")))

@@ -14,6 +14,7 @@ from dsocr_core.grounding import samples
 
 from . import dataset_results, inputs, resources, scale_out, sweeps, uploads_view
 from . import measured as ms
+from . import prediction as predictions
 from .runs import run_mode, run_title
 
 SOURCES = {"uploads": "Uploaded pages", "path": "A folder, list file, PDF or image on this machine"}
@@ -139,10 +140,9 @@ def _start(settings, session, data, picked, ps, kind, n, epochs, seed, name, sca
 
 
 # ---------------------------------------------------------------------------------------------- the runs
-def render(store, runs: list[dict], settings, prediction=None) -> None:
-    """The chosen dataset run: its summary, per-stage table, and the per-page views (ui.dataset_results);
-    `prediction`: a Hardware carrying a calibration profile's prediction (its predicted times are drawn), or
-    None."""
+def render(store, runs: list[dict], settings) -> None:
+    """The chosen dataset run: its summary, per-stage table, and the per-page views (ui.dataset_results), with the
+    predicted times of the sidebar's calibration profile (if one is chosen) in the run's own session mode."""
     if not runs:
         st.info("No dataset runs in the store yet. Upload your pages above and start one, or record one with "
                 "`python -m dsocr_core profile --pages FOLDER --synthetic tiny --device cpu --max-new-tokens 32` "
@@ -159,6 +159,8 @@ def render(store, runs: list[dict], settings, prediction=None) -> None:
     st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
     gpu_preset = ms.run_ceilings(run)[0]
     hardware = gpu_preset or settings.hardware
+    pkey = predictions.key(settings, run.get("session_mode") or "reference")  # None: no profile chosen
+    prediction = None if pkey is None else predictions.attach(hardware, pkey)
     view = load_view(store, run, hardware, prediction)
     s = view.summary
     c = st.columns(5)
