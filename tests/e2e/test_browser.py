@@ -183,9 +183,9 @@ def test_analytic_predicted_series_from_a_chosen_profile(page, server, shots):
     open_page(page, server, "Analytic sweep")
     side = page.locator("[data-testid='stSidebar']")
     side.get_by_role("combobox", name="Calibration profile").click()
-    page.get_by_role("option", name=re.compile(r"cpu_quick\.json")).click()
+    page.get_by_role("option", name=re.compile(r"^h200\.json ")).click()  # the shipped profile
     settle(page)
-    side.get_by_text(re.compile(r"profile, measured quick .* CPU profile: it predicts runs on this CPU")).wait_for()
+    side.get_by_text(re.compile(r"NVIDIA H200 profile, measured 2026-11-23")).wait_for()
     page.get_by_role("tab", name="Time").click()
     settle(page)
     page.wait_for_function(  # the legend of the time chart names both series
