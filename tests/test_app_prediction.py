@@ -13,6 +13,7 @@ import pytest
 from dsocr_core.calibration import load_profile, uniform_profile
 from dsocr_core.calibration.derive import derive_profile
 from dsocr_core.calibration.microbench import run_microbench
+from dsocr_core.calibration.profile import profile_from_dict
 from dsocr_core.results.store import RunStore
 from test_app import fake_gpu_run, goto, make_app, open_tab, page_text, texts
 from test_app_usability import chart_frames, cpu_run
@@ -41,6 +42,9 @@ def data(tmp_path, monkeypatch, cpu_quick):
     h200.save(repo / "h200.json")
     derive_profile(load_profile(repo / "h200.json"), "h100-sxm").save(repo / "h100_from_h200.json")
     (repo / "broken.json").write_text((repo / "h200.json").read_text()[:200])
+    raw = h200.to_dict()  # a calibration stopped inside its GEMM grid: valid, but it cannot time a memory kernel
+    raw["tables"] = {k: v for k, v in raw["tables"].items() if k.startswith("gemm.")}
+    profile_from_dict(raw).save(repo / "gemm_only.json")
     (tmp_path / "calibrated_profiles").mkdir()
     (tmp_path / "calibrated_profiles" / "cpu_quick.json").write_bytes(cpu_quick.read_bytes())
     monkeypatch.setenv("DSOCR_STORE", str(tmp_path / "runs.sqlite"))
@@ -263,3 +267,13 @@ def test_dataset_run_pages_get_the_predicted_time(data):
     (chart,) = charts(at)
     assert series_of(chart) >= {"measured", "analytic bound", "predicted"}
     assert "predicted: " in plain(" ".join(texts(at, "caption")))
+
+
+def test_a_profile_that_cannot_time_every_kernel_is_refused_up_front(data):
+    """A calibration stopped before its memory and attention tables: refused in the sidebar with the reason (the
+    pages keep the roofline) instead of failing in the middle of a page."""
+    at = pick(goto(make_app(), "analytic"), "repo:gemm_only.json")
+    (error,) = map(plain, texts(at.sidebar, "error"))
+    assert "gemm_only.json cannot predict: no table times" in error and "memory.elementwise" in error
+    open_tab(at, "an_tab", "Time")
+    assert not at.exception

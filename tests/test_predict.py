@@ -285,3 +285,17 @@ def test_build_profile_is_strict():
                       launch={k: 0.0 for k in ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s",
                                                "graph_launch_s")},
                       tables={}, calibration={}, created="2026-01-01")
+
+
+def test_a_profile_stopped_before_its_memory_tables_is_named_as_unable_to_predict():
+    """prediction_gaps: the kernel kinds no table (nor a fallback) of a profile can time; the dashboard refuses
+    such a profile up front instead of failing in the middle of a page."""
+    from dsocr_core.analytic.predict import prediction_gaps
+    from dsocr_core.calibration.profile import profile_from_dict
+
+    full = uniform_profile(989e12, 4.8e12, efficiency=0.5, launch=5e-6, name="NVIDIA H200", kind="cuda")
+    assert prediction_gaps(full) == []
+    raw = full.to_dict()
+    raw["tables"] = {k: v for k, v in raw["tables"].items() if k.startswith("gemm.")}  # stopped inside the GEMMs
+    gaps = prediction_gaps(profile_from_dict(raw))
+    assert "memory.elementwise" in gaps and "attention.sdpa" in gaps and "gemm" not in gaps

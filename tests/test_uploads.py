@@ -48,6 +48,8 @@ def test_bad_files_are_refused_with_the_reason(ups):
         "bomb.png": bomb_png(),
         "locked.pdf": locked_pdf(),
         "broken.pdf": b"%PDF-1.4\n garbage",
+        # opens, but its second page points at an object that does not exist (pdfium: "Failed to load page.")
+        "damaged.pdf": page_pdf(2).replace(b"/Kids [ 1 0 R 3 0 R ]", b"/Kids [ 1 0 R 99 0 R ]"),
     }
     reasons = {}
     for name, data in cases.items():
@@ -58,6 +60,7 @@ def test_bad_files_are_refused_with_the_reason(ups):
     assert "not a page image or a PDF" in reasons["notes.png"]
     assert "truncated or corrupt" in reasons["corrupt.png"] or "not a page image" in reasons["corrupt.png"]
     assert reasons["bomb.png"] == pixel_limit_message(40_000 * 40_000)  # the one wording
+    assert reasons["damaged.pdf"].startswith("the PDF is damaged: page 2 cannot be read")
     assert "password-protected" in reasons["locked.pdf"]
     assert "cannot open the PDF" in reasons["broken.pdf"]
     assert ups.list() == []

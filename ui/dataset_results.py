@@ -21,7 +21,7 @@ SLOW_METRICS = {"wall_s": "page wall time", "ttft_s": "TTFT", "decode_s": "LM de
                 "prefill_s": "LM prefill", "sam_s": "SAM"}
 
 
-def render(store, view, runs: list[dict], hardware, prediction) -> None:
+def render(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
     if view.pages.empty or not (view.pages["status"] == "done").any():
         st.info("No page of this run has finished yet.")
         return
@@ -40,7 +40,7 @@ def render(store, view, runs: list[dict], hardware, prediction) -> None:
             operators(view)
     if tabs[4].open:
         with tabs[4]:
-            compare(store, view, runs, hardware, prediction)
+            compare(store, view, runs, hardware, pkey)
     if tabs[5].open:
         with tabs[5]:
             tables(view)
@@ -131,7 +131,7 @@ def operators(view) -> None:
         st.caption(f"The Chrome trace was written to {ms.md(trace)}, which is not on this machine.")
 
 
-def compare(store, view, runs: list[dict], hardware, prediction) -> None:
+def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
     from .dataset_view import load_view
 
     others = {r["id"]: r for r in runs if r["id"] != view.run["id"]}
@@ -140,7 +140,7 @@ def compare(store, view, runs: list[dict], hardware, prediction) -> None:
         return
     other_id = st.selectbox("Compare with", list(others), format_func=lambda i: run_title(others[i]),
                             key="ds_compare")
-    other = load_view(store, others[other_id], hardware, prediction)
+    other = load_view(store, others[other_id], hardware, pkey)
     cmp = pc.compare_runs(view.pages, other.pages)
     names = (f"A: {view.run['name'][:40]} ({view.run['id'][:6]})",
              f"B: {others[other_id]['name'][:40]} ({other_id[:6]})")

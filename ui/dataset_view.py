@@ -4,7 +4,6 @@ from a path on this machine) in the sidebar's model, device and session mode, an
 and shown by ui.dataset_results."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import streamlit as st
@@ -21,31 +20,20 @@ SOURCES = {"uploads": "Uploaded pages", "path": "A folder, list file, PDF or ima
 
 
 @st.cache_data(max_entries=8, show_spinner="Reading the dataset run ...")
-def _view(store_path: str, run_id: str, version: str, hw_json: str | None, prediction_key: str | None,
-          _prediction=None):
-    """load_dataset_run, cached per run version, roofline ceilings and prediction (the prediction Hardware is
-    not hashable: `prediction_key` names it)."""
+def _view(store_path: str, run_id: str, version: str, hw_json: str | None, pkey: str | None):
+    """load_dataset_run, cached per run version, roofline ceilings and prediction (`pkey`: ui.prediction.key, the
+    profile's path, mtime and session mode; the prediction is built here from it, never hashed)."""
     from dsocr_core.results import dataset_stats as stats
     from dsocr_core.results.store import RunStore
     from dsocr_core.spec import Hardware
 
     hw = None if hw_json is None else Hardware.model_validate_json(hw_json)
-    return stats.load_dataset_run(RunStore(store_path), run_id, hw, prediction=_prediction)
+    prediction = None if pkey is None else predictions.attach(hw, pkey)
+    return stats.load_dataset_run(RunStore(store_path), run_id, hw, prediction=prediction)
 
 
-def prediction_key(prediction) -> str | None:
-    """What a prediction Hardware's numbers depend on: its ceilings and its Prediction's summary (profile label,
-    session mode, work convention)."""
-    if prediction is None:
-        return None
-    pred = getattr(prediction, "prediction", None)
-    summary = pred.summary() if pred is not None else {}
-    return prediction.model_dump_json() + json.dumps(summary, sort_keys=True, default=str)
-
-
-def load_view(store, run: dict, hardware, prediction=None):
-    return _view(str(store.path), run["id"], resources.run_version(run), resources.to_json(hardware),
-                 prediction_key(prediction), _prediction=prediction)
+def load_view(store, run: dict, hardware, pkey: str | None = None):
+    return _view(str(store.path), run["id"], resources.run_version(run), resources.to_json(hardware), pkey)
 
 
 # ---------------------------------------------------------------------------------------------- a new run
@@ -161,7 +149,7 @@ def render(store, runs: list[dict], settings) -> None:
     hardware = gpu_preset or settings.hardware
     pkey = predictions.key(settings, run.get("session_mode") or "reference")  # None: no profile chosen
     prediction = None if pkey is None else predictions.attach(hardware, pkey)
-    view = load_view(store, run, hardware, prediction)
+    view = load_view(store, run, hardware, pkey)
     s = view.summary
     c = st.columns(5)
     c[0].metric("Samples", s["samples"])
@@ -179,4 +167,4 @@ def render(store, runs: list[dict], settings) -> None:
     st.caption(f"Analytic bound: {ms.md(bound)}{predicted}.")
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")
     st.dataframe(view.stages, hide_index=True, width="stretch")
-    dataset_results.render(store, view, runs, hardware, prediction)
+    dataset_results.render(store, view, runs, hardware, pkey)

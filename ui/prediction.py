@@ -25,7 +25,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dsocr_core.analytic.predict import profile_hardware, with_profile
+from dsocr_core.analytic.predict import prediction_gaps, profile_hardware, with_profile
 from dsocr_core.calibration.profile import Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
 from dsocr_core.spec import Hardware
@@ -121,6 +121,10 @@ def choose(path: Path, origin: str) -> ProfileChoice:
     except OSError:
         raise ProfileError(f"no calibration profile at {path}") from None
     prof = _load(str(path), mtime)
+    gaps = prediction_gaps(prof)
+    if gaps:
+        raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
+                           "before it measured them); calibrate again with a larger budget")
     return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin)
 
 

@@ -212,6 +212,7 @@ class SweepRunner:
 
     @staticmethod
     def _run_calibration(job: SweepJob, device: str, quick: bool, budget_s: float, out) -> None:
+        from dsocr_core.analytic.predict import prediction_gaps
         from dsocr_core.calibration.microbench import run_microbench
 
         def progress(_done, total, table):  # after each shape (measured, or skipped over a cap or the budget)
@@ -226,6 +227,10 @@ class SweepRunner:
                 job.started = time.time()  # the ETA counts from here, not from the wait
                 profile = run_microbench(device, quick=quick, budget_s=budget_s, progress=progress,
                                          should_stop=job.stop.is_set)
+            gaps = prediction_gaps(profile)
+            if gaps:  # it could not predict: keep nothing rather than a profile the picker would refuse
+                raise RuntimeError(f"stopped before {', '.join(gaps)} were measured; nothing saved (give it more "
+                                   "time, or let it finish)")
             job.output = str(profile.save(out))
         except Exception as exc:  # noqa: BLE001 - reported in the sidebar; no partial file is written
             job.error = f"{type(exc).__name__}: {exc}"

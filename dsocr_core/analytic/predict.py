@@ -125,6 +125,21 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     raise SpecError(f"unknown kernel table {name!r}")
 
 
+# every kernel kind the plans (analytic/kernels.py) time, and the dtypes they are looked up in
+PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
+               "attention.flash.causal", "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
+               "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
+               "memory.fused_attention")
+
+
+def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:
+    """Kernel kinds the plans use that no table of `profile` can time, not even through a fallback (a calibration
+    stopped or out of budget before it reached them): such a profile would fail in the middle of a prediction,
+    so the dashboard refuses it up front."""
+    return sorted({name for name in PLAN_TABLES for dt in dtypes
+                   if not any(profile.table(cand) is not None for cand, _ in _candidates(name, dt))})
+
+
 class Predictor:
     """Predicted time of analytic rows under one Prediction (see the module docstring)."""
 

@@ -133,8 +133,11 @@ def _run_scaled(args, tables) -> int:
         raise UserError(f"calibrate: {exc}") from None
     with pool:
         print(pool_line(pool), file=sys.stderr, flush=True)
-        results = calibrate_scaled(pool, args.device, {"quick": args.quick, "budget_s": args.budget_s,
-                                                       "tables": tables})
+        if pool.settings["resources"] == "CPU" and len(pool.workers) > 1:
+            print("warning: CPU workers calibrate at the same time on shared cores and memory, so each profile is "
+                  "slower than one calibrated alone; use one worker for a CPU profile you predict with",
+                  file=sys.stderr, flush=True)
+        results = calibrate_scaled(pool, {"quick": args.quick, "budget_s": args.budget_s, "tables": tables})
     out = Path(args.out)
     written, failed = [], []
     for r in results:

@@ -441,12 +441,14 @@ class WorkerPool:
         return stats
 
 
-def calibrate_scaled(pool: WorkerPool, device: str, options: dict) -> list[dict]:
+def calibrate_scaled(pool: WorkerPool, options: dict) -> list[dict]:
     """Every worker calibrates its own GPU at once (run_microbench's options: quick, budget_s, tables); returns
     [{profile (dict), node, gpu_index, gpu_name, worker}] in worker order. A worker that dies is reported as
-    {error, node, ...}; the others' profiles are kept."""
+    {error, node, ...}; the others' profiles are kept. The device is what the pool resolved (a GPU per worker, or
+    CPU slots), so --device auto on a machine without a GPU calibrates the CPU."""
     ray = _ray()
-    refs = [w.actor.calibrate.remote("cpu" if device == "cpu" else "cuda", options) for w in pool.workers]
+    device = "cuda" if pool.settings["resources"] == "GPU" else "cpu"  # each GPU actor sees its one GPU as cuda:0
+    refs = [w.actor.calibrate.remote(device, options) for w in pool.workers]
     out = []
     for w, ref in zip(pool.workers, refs):
         try:

@@ -136,7 +136,11 @@ def _check_pdf(data: bytes, limits: Limits) -> dict:
             raise ValueError(f"the PDF has {n:,} pages; at most {limits.max_pdf_pages:,} per file")
         sizes = []
         for i in range(n):
-            page = doc[i]
+            try:
+                page = doc[i]
+            except Exception as exc:  # noqa: BLE001 - pdfium's PdfiumError("Failed to load page."): a damaged file
+                raise ValueError(f"the PDF is damaged: page {i + 1} cannot be read "
+                                 f"({(str(exc).strip() or type(exc).__name__).splitlines()[0][:200]})") from None
             try:
                 w, h = page.get_size()
             finally:
@@ -322,7 +326,7 @@ class UploadStore:
         """A measure.datasets.Dataset of the chosen uploads (all when `ids` is None), in upload order. Page names
         are the uploads' display names (made unique with the id's first digits where two share one); PDF pages
         over the pixel limit at `dpi` are marked unreadable with the reason. Raises DatasetError when none."""
-        from ..runtime.inputs import MAX_PIXELS
+        from ..runtime.image_limits import MAX_PIXELS
         from .datasets import DEFAULT_DPI, Dataset, DatasetError, Page
 
         dpi = dpi or DEFAULT_DPI
