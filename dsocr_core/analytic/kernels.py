@@ -168,6 +168,10 @@ def _vision(c: Call) -> Plan:
                      calls * (2 if c.fast else 1))
     if kind == "sam.pos_embed":
         return Plan(rest_launches=calls * (1 + (0 if c.fast else 6 * (p != s.sam_pos_grid))))
+    if kind.startswith("clip.layer_norm") and c.fast:  # inside the packed layer: one norm over all groups' rows
+        share = _clip_share(c, clip_tokens(s, c.side) * v)
+        return whole("memory.norm", dict(bytes=np.where(share > 0, c.cost.bytes / np.maximum(share, 1e-12),
+                                                        c.cost.bytes)), c, share)
     if kind.startswith(("sam.norm", "clip.layer_norm", "clip.pre_layrnorm")):
         return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
     if kind.startswith("sam.attn"):
@@ -214,12 +218,17 @@ def _vision(c: Call) -> Plan:
     raise KeyError(kind)
 
 
+def _clip_share(c: Call, rows):
+    """This view group's share of the CLIP rows the fast engine packs through each layer."""
+    return np.where(c.packed_rows > 0, rows / np.maximum(c.packed_rows, 1e-9), 0.0)
+
+
 def _clip_packed(c: Call, plan: Plan, rows, skip: tuple[int, ...] = ()) -> Plan:
     """The fast engine runs every view group's CLIP rows through each layer together (fast/vision.run_clip,
     packed): one GEMM over all groups' rows, reading the weights once. This group's part of it is its share of
     the rows: the GEMMs are looked up at the packed M, their launches and weight reads split by the share.
     Attention (`skip`) still runs per group (the groups' sequence lengths differ)."""
-    share = np.where(c.packed_rows > 0, rows / np.maximum(c.packed_rows, 1e-9), 0.0)
+    share = _clip_share(c, rows)
     for i, k in enumerate(plan.kernels):
         if i in skip:
             continue
