@@ -124,15 +124,9 @@ def _run_scaled(args, tables) -> int:
     import numpy as np
 
     from ..calibration.profile import ProfileError, profile_from_dict
-    from ..cli import UserError
-    from ..measure.scale_out import ScaleOutError, calibrate_scaled, pool_from_args, pool_line
+    from ..measure.scale_out import calibrate_scaled, command_pool
 
-    try:
-        pool = pool_from_args(args, log=lambda m: print(m, file=sys.stderr, flush=True), load=False)
-    except ScaleOutError as exc:
-        raise UserError(f"calibrate: {exc}") from None
-    with pool:
-        print(pool_line(pool), file=sys.stderr, flush=True)
+    with command_pool(args, load=False) as pool:  # ScaleOutError (a ValueError): one line, exit 2
         if pool.settings["resources"] == "CPU" and len(pool.workers) > 1:
             print("warning: CPU workers calibrate at the same time on shared cores and memory, so each profile is "
                   "slower than one calibrated alone; use one worker for a CPU profile you predict with",

@@ -57,8 +57,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     from ..measure.sweep import sweep_workloads
     from ..results.schema import MAX_NAME_CHARS
     from ..results.store import RunStore
@@ -86,14 +84,10 @@ def run(args) -> int:
         if args.calibrate:
             raise UserError("--calibrate measures one device; run `calibrate` on a worker's GPU instead of "
                             "combining it with --workers / --ray-address")
-        from ..measure.scale_out import pool_from_args, pool_line
+        from ..measure.scale_out import command_pool
 
-        pool = pool_from_args(args, log=lambda line: print(line, file=sys.stderr, flush=True))  # ScaleOutError: exit 2
-        print(pool_line(pool), file=sys.stderr, flush=True)
-        try:
+        with command_pool(args) as pool:
             return _run_loaded(args, store, run_id, pool.lead, workloads, name, pool)
-        finally:
-            pool.close()
     session = session_from_args(args)
     return _run_loaded(args, store, run_id, session, workloads, name, None)
 

@@ -88,14 +88,10 @@ def run(args) -> int:
         if args.trace:
             raise UserError("--trace (the operator breakdown) runs in one process; leave out --workers / "
                             "--ray-address for it")
-        from ..measure.scale_out import pool_from_args, pool_line
+        from ..measure.scale_out import command_pool
 
-        pool = pool_from_args(args, log=lambda line: print(line, file=sys.stderr, flush=True))  # ScaleOutError: exit 2
-        print(pool_line(pool), file=sys.stderr, flush=True)
-        try:
+        with command_pool(args) as pool:
             return _run_loaded(args, store, pool.lead, dataset, samples, settings, hardware, pool)
-        finally:
-            pool.close()
     return _run_loaded(args, store, session_from_args(args), dataset, samples, settings, hardware, None)
 
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -591,6 +593,18 @@ def pool_from_args(args, log: Callable[[str], None] | None = None, load: bool = 
         load_args = dict(device=args.device)
     return WorkerPool.start(load_args, workers=workers, address=args.ray_address,
                             allow_mixed_gpus=args.allow_mixed_gpus, log=log, load=load)
+
+
+@contextmanager
+def command_pool(args, load: bool = True):
+    """The pool a command's scale-out options describe, its start-up and worker lines on stderr, closed after the
+    block (measure, profile, calibrate). ScaleOutError: one line, exit 2."""
+    pool = pool_from_args(args, log=lambda line: print(line, file=sys.stderr, flush=True), load=load)
+    try:
+        print(pool_line(pool), file=sys.stderr, flush=True)
+        yield pool
+    finally:
+        pool.close()
 
 
 def pool_line(pool: WorkerPool) -> str:
