@@ -7,14 +7,14 @@ environment ./run-tests made, through that environment (the 'already prepared' p
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from servers import free_port, wait_until_served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,26 +60,13 @@ def test_run_tests_prepares_the_environment_and_runs_pytest(setup_env):
 def test_dashboard_prepares_the_environment_and_serves_the_app(setup_env, tmp_path):
     env = dict(setup_env)
     env["DSOCR_STORE"] = str(tmp_path / "runs.sqlite")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(tmp_path / "dashboard.log", "w")
     proc = subprocess.Popen(["./dashboard", "--server.port", str(port), "--server.fileWatcherType", "none"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        deadline = time.time() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.flush()
-                pytest.fail("./dashboard did not serve the app:\n" + (tmp_path / "dashboard.log").read_text()[-3000:])
-            time.sleep(0.5)
+        wait_until_served(proc, f"http://127.0.0.1:{port}", tmp_path / "dashboard.log", 600, "./dashboard")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
             assert r.status == 200
     finally:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -35,17 +33,13 @@ if not CHROMIUM.exists():
                 " browsers are never downloaded", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (requirements.txt)")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import free_port, wait_until_served  # noqa: E402 - tests/servers.py, after the skips
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DSOCR_STORE": str(tmp / "runs.sqlite"), "PYTHONUNBUFFERED": "1"}
     # a CPU profile as "Calibrate this machine" saves it (the quick grids, a few seconds), for the picker
     from dsocr_core.calibration.microbench import run_microbench
@@ -59,18 +53,7 @@ def server(tmp_path_factory):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.flush()
-                pytest.fail(f"streamlit did not start:\n{(tmp / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.3)
+        wait_until_served(proc, url, tmp / "server.log", 90, "streamlit")
         yield url
     finally:
         proc.terminate()
