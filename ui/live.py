@@ -141,11 +141,14 @@ def history_ratio(settings, session) -> tuple[float | None, str]:
     return measured / predicted, f"from {used} earlier run{'s' if used > 1 else ''} of this model on this device"
 
 
-def recent_pages(store, run_id: str, n: int = 5):
-    """The last `n` pages a dataset run measured: label, status (and why, for a failed page), TTFT, TPOT, wall."""
+@st.cache_data(max_entries=4, show_spinner=False)
+def recent_pages(store_path: str, run_id: str, handled: int, n: int = 5):
+    """The last `n` pages a dataset run measured: label, status (and why, for a failed page), TTFT, TPOT, wall.
+    Read again only when the job has handled another page (`handled`), not on every tick of the progress panel."""
     from dsocr_core.results.dataset_stats import page_table
+    from dsocr_core.results.store import RunStore
 
-    pages = page_table(store, run_id, analytic=False).sort_values("updated_at").tail(n).iloc[::-1]
+    pages = page_table(RunStore(store_path), run_id, analytic=False).sort_values("updated_at").tail(n).iloc[::-1]
     out = pages[["label", "epoch", "status", "message"]].copy()
     for col, name in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("wall_s", "page wall (ms)")):
         out[name] = pages[col] * 1e3
@@ -189,7 +192,7 @@ def progress_panel(kind: str = "sweep") -> None:
         if job.run_id and kind == "sweep":
             st.dataframe(measured.point_table(job.store.points(job.run_id)), hide_index=True, width="stretch")
         elif job.run_id:
-            st.dataframe(recent_pages(job.store, job.run_id), hide_index=True, width="stretch")
+            st.dataframe(recent_pages(str(job.store.path), job.run_id, job.handled), hide_index=True, width="stretch")
         if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
             st.session_state[f"{prefix}_seen_finish"] = id(job)
             st.rerun(scope="app")  # the finished run now shows in the run list
