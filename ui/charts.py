@@ -11,7 +11,8 @@ VALIDATE_ENV = "DSOCR_VALIDATE_CHARTS"  # set (the app tests do): every chart is
 
 STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
 STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
-INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens", "prompt_tokens"}  # whole-number x axes
+# whole-number x axes
+INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens", "prompt_tokens"}
 DASHES = {"datasheet roofline": [8, 4], "calibrated roofline": [2, 3],  # both roofline lines dashed, told apart
           "predicted": [1, 0]}  # the time model's prediction: solid, where the measured points should lie
 SERIES_DASHES = {"roofline": [6, 3], "predicted": [1, 0]}  # analytic sweeps: the bound dashed, the prediction solid

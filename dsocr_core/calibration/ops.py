@@ -144,8 +144,8 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
         make = lambda: (rnd(FUSED_WIDTH), rnd(rows, FUSED_WIDTH), rnd(rows))  # noqa: E731
 
         def gemv(x):
-            _oproj_residual[(rows // bn,)](x[0], x[1], x[2], H=FUSED_WIDTH, BN=bn, BK=min(bk, next_pow2(FUSED_WIDTH)),
-                                           num_warps=warps, **launch)
+            _oproj_residual[(rows // bn,)](x[0], x[1], x[2], H=FUSED_WIDTH, BN=bn,
+                                           BK=min(bk, next_pow2(FUSED_WIDTH)), num_warps=warps, **launch)
         return make, gemv, (rows * FUSED_WIDTH + FUSED_WIDTH + 2 * rows) * 2, 1
     if what != "fused_attention":
         raise ValueError(f"unknown fused kernel {what!r}")

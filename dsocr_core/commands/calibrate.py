@@ -4,8 +4,8 @@
     python -m dsocr_core calibrate --device cpu --quick --out /tmp/cpu.json         # tiny shapes, seconds
     python -m dsocr_core calibrate --derive-from h200.json --target h100-sxm --out h100_derived.json
     python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
-    python -m dsocr_core calibrate --workers 8 --out out/node.json    # every GPU of a node at once (Ray):
-                                                                      # out/node.<host>.gpu<i>.json each (CPU: .worker<i>)
+    python -m dsocr_core calibrate --workers 8 --out out/node.json    # every GPU of a node at once (Ray): one
+                                                                      # out/node.<host>.gpu<i>.json per GPU
 """
 from __future__ import annotations
 
@@ -140,7 +140,8 @@ def _run_scaled(args, tables) -> int:
             failed.append(f"{where}: {r['error']}")
             continue
         slot = f"gpu{r['gpu_index']}" if r.get("gpu_index") is not None else f"worker{r.get('worker')}"
-        name = out if len(results) == 1 else out.with_name(f"{out.stem}.{_safe(r.get('node'))}.{_safe(slot)}{out.suffix}")
+        name = out if len(results) == 1 else out.with_name(
+            f"{out.stem}.{_safe(r.get('node'))}.{_safe(slot)}{out.suffix}")
         try:
             prof = profile_from_dict(r["profile"], source=where)
             path = prof.save(name)
