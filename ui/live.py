@@ -142,6 +142,15 @@ def history_ratio(settings, session) -> tuple[float | None, str]:
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
+def sweep_points(store_path: str, run_id: str, handled: int):
+    """The running sweep's points table, read again only when another point is done (`handled`), not on every
+    tick of the progress panel."""
+    from dsocr_core.results.store import RunStore
+
+    return measured.point_table(RunStore(store_path).points(run_id))
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
 def recent_pages(store_path: str, run_id: str, handled: int, n: int = 5):
     """The last `n` pages a dataset run measured: label, status (and why, for a failed page), TTFT, TPOT, wall.
     Read again only when the job has handled another page (`handled`), not on every tick of the progress panel."""
@@ -190,7 +199,8 @@ def progress_panel(kind: str = "sweep") -> None:
         if job.note:
             st.caption(measured.md(job.note))
         if job.run_id and kind == "sweep":
-            st.dataframe(measured.point_table(job.store.points(job.run_id)), hide_index=True, width="stretch")
+            st.dataframe(sweep_points(str(job.store.path), job.run_id, job.handled), hide_index=True,
+                         width="stretch")
         elif job.run_id:
             st.dataframe(recent_pages(str(job.store.path), job.run_id, job.handled), hide_index=True, width="stretch")
         if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
