@@ -64,6 +64,26 @@ def _progress(job, pool):
     return progress
 
 
+def _on_workers(job, scale: dict, model, body):
+    """The background job's body: under the device lock, start the pool, run `body(pool)`, keep the workers' last
+    progress rows and close the pool; an error is reported on the page (what was stored stays stored)."""
+    def run():
+        try:
+            with resources.gpu_lock():
+                pool = _start_pool(job, scale, model)
+                try:
+                    body(pool)
+                finally:
+                    job.worker_rows = pool.progress_rows()
+                    pool.close()
+        except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
+            job.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            job.current = ""
+            job.finished_at = time.time()
+    return run
+
+
 def start_sweep(scale: dict, model, store, workloads: list, *, name: str, label: str, repeats: int, warmup: int,
                 weights: list[float] | None = None):
     """A measured sweep over Ray workers in the background (raises resources.Busy while another job runs)."""
@@ -73,27 +93,14 @@ def start_sweep(scale: dict, model, store, workloads: list, *, name: str, label:
     job.worker_rows = []
     meta = {"started_from": "dashboard", "model_label": label, "session_mode": model.session_mode}
 
-    def run():
+    def body(pool):
         from dsocr_core.measure.scale_out import run_sweep_scaled
 
-        try:
-            with resources.gpu_lock():
-                pool = _start_pool(job, scale, model)
-                try:
-                    job.run_id = run_sweep_scaled(pool, store, [], name=name, repeats=repeats, warmup=warmup,
-                                                  meta=meta)
-                    run_sweep_scaled(pool, store, workloads, run_id=job.run_id, repeats=repeats, warmup=warmup,
-                                     progress=_progress(job, pool), should_stop=job.stop.is_set)
-                finally:
-                    job.worker_rows = pool.progress_rows()
-                    pool.close()
-        except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
-            job.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            job.current = ""
-            job.finished_at = time.time()
+        job.run_id = run_sweep_scaled(pool, store, [], name=name, repeats=repeats, warmup=warmup, meta=meta)
+        run_sweep_scaled(pool, store, workloads, run_id=job.run_id, repeats=repeats, warmup=warmup,
+                         progress=_progress(job, pool), should_stop=job.stop.is_set)
 
-    return runner._start(job, run, ())
+    return runner._start(job, _on_workers(job, scale, model, body), ())
 
 
 def starter(scale: dict, model):
@@ -113,29 +120,17 @@ def start_dataset(scale: dict, model, store, dataset, samples: list, settings, s
                           kind="dataset")
     job.worker_rows = []
 
-    def run():
+    def body(pool):
         from dsocr_core.measure.dataset_run import create_dataset_run
         from dsocr_core.measure.scale_out import run_dataset_scaled
 
-        try:
-            with resources.gpu_lock():
-                pool = _start_pool(job, scale, model)
-                try:
-                    job.run_id = create_dataset_run(store, pool.lead, dataset, settings, sampling, name=name,
-                                                    environment=pool.lead.info["environment"],
-                                                    meta={"scale_out": pool.describe()})
-                    run_dataset_scaled(pool, store, job.run_id, samples, settings, progress=_progress(job, pool),
-                                       should_stop=job.stop.is_set)
-                finally:
-                    job.worker_rows = pool.progress_rows()
-                    pool.close()
-        except Exception as exc:  # noqa: BLE001 - reported on the page; stored pages stay stored
-            job.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            job.current = ""
-            job.finished_at = time.time()
+        job.run_id = create_dataset_run(store, pool.lead, dataset, settings, sampling, name=name,
+                                        environment=pool.lead.info["environment"],
+                                        meta={"scale_out": pool.describe()})
+        run_dataset_scaled(pool, store, job.run_id, samples, settings, progress=_progress(job, pool),
+                           should_stop=job.stop.is_set)
 
-    return runner._start(job, run, ())
+    return runner._start(job, _on_workers(job, scale, model, body), ())
 
 
 def worker_panel(job) -> None:

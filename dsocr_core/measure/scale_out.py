@@ -460,6 +460,20 @@ def calibrate_scaled(pool: WorkerPool, options: dict) -> list[dict]:
     return out
 
 
+def _pending(finished: set, keyed: list[tuple[str, Any]], kind: str, params, progress) -> list[WorkItem]:
+    """The work items of `keyed` ((key, payload) in order) not yet in the store; each finished one is reported to
+    `progress` as skipped, in order, as the single-process loops do (resume)."""
+    items, skipped = [], 0
+    for key, payload in keyed:
+        if key in finished:
+            skipped += 1
+            if progress:
+                progress(skipped, len(keyed), payload, "skipped")
+        else:
+            items.append(WorkItem(kind, key, payload, params))
+    return items
+
+
 def _where_extra(result: dict) -> dict:
     return {k: result["where"].get(k) for k in WHERE_KEYS} if result.get("where") else {}
 
@@ -484,19 +498,10 @@ def run_sweep_scaled(pool: WorkerPool, store, workloads: list, run_id: str | Non
                                   meta={**(meta or {}), "repeats": repeats, "warmup": warmup, "seed": seed,
                                         "session": lead.describe(), "spec": lead.spec.model_dump(mode="json"),
                                         "scale_out": pool.describe()})
-    done = store.finished_keys(run_id)
     total = len(workloads)
-    handled = 0
-    items = []
     params = {"repeats": repeats, "warmup": warmup, "seed": seed}
-    for workload in workloads:
-        key = point_key(workload)
-        if key in done:
-            handled += 1
-            if progress:
-                progress(handled, total, workload, "skipped")
-        else:
-            items.append(WorkItem("point", key, workload, params))
+    items = _pending(store.finished_keys(run_id), [(point_key(w), w) for w in workloads], "point", params, progress)
+    handled = total - len(items)
 
     def record(item: WorkItem, result: dict) -> None:
         nonlocal handled
@@ -525,20 +530,11 @@ def run_dataset_scaled(pool: WorkerPool, store, run_id: str, samples: Sequence, 
     from ..results.store import point_key
 
     settings.validate()
-    finished = store.finished_keys(run_id)
-    counts = {"done": 0, "oom": 0, "error": 0, "skipped": 0, "stopped": 0}
     total = len(samples)
-    handled = 0
-    items = []
-    for sample in samples:
-        key = point_key(sample.key)
-        if key in finished:
-            counts["skipped"] += 1
-            handled += 1
-            if progress:
-                progress(handled, total, sample, "skipped")
-        else:
-            items.append(WorkItem("page", key, sample, settings))
+    items = _pending(store.finished_keys(run_id), [(point_key(s.key), s) for s in samples], "page", settings,
+                     progress)
+    handled = total - len(items)
+    counts = {"done": 0, "oom": 0, "error": 0, "skipped": handled, "stopped": 0}
 
     def record(item: WorkItem, result: dict) -> None:
         nonlocal handled
