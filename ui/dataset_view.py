@@ -148,7 +148,6 @@ def render(store, runs: list[dict], settings) -> None:
     gpu_preset = ms.run_ceilings(run)[0]
     hardware = gpu_preset or settings.hardware
     pkey = predictions.key(settings, run.get("session_mode") or "reference")  # None: no profile chosen
-    prediction = None if pkey is None else predictions.attach(hardware, pkey)
     view = load_view(store, run, hardware, pkey)
     s = view.summary
     c = st.columns(5)
@@ -161,8 +160,7 @@ def render(store, runs: list[dict], settings) -> None:
         st.warning(f"**{len(s['errors'])} page(s) skipped or failed** (the run went on with the rest):\n\n"
                    + "\n".join(f"* {ms.md(e['label'])}: {ms.md(e['message'])}" for e in s["errors"][:50]))
     bound = (f"the roofline of {hardware.name} ({'the run’s GPU' if gpu_preset else 'the sidebar’s ceilings'})")
-    predicted = (f"; predicted: {ms.md(prediction.prediction.summary().get('label') or prediction.name)}"
-                 if prediction is not None and getattr(prediction, "prediction", None) is not None else
+    predicted = (f"; predicted: {ms.md(settings.profile.label)}" if pkey is not None else
                  "; no predicted time (no calibration profile chosen)")
     st.caption(f"Analytic bound: {ms.md(bound)}{predicted}.")
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")
