@@ -15,20 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def parse_point(text: str, steps: int):
-    """'tiny-b24', 'g2x3', 'g2x1-t1500-b4': mode or gundam grid, then -tTEXT and -bBATCH."""
-    from dsocr_core.spec import Workload
-
-    head, *opts = text.split("-")
-    kw = {"text_tokens": 40, "batch": 1}
-    for o in opts:
-        kw["text_tokens" if o[0] == "t" else "batch"] = int(o[1:])
-    if head.startswith("g") and "x" in head:
-        w, h = head[1:].split("x")
-        return Workload(mode="gundam", crops=(int(w), int(h)), decode_steps=steps, logits="last", **kw)
-    return Workload(mode=head, decode_steps=steps, logits="last", **kw)
+from order_independence import parse_point  # noqa: E402 - this folder is on sys.path when run as a script
 
 
 def kernels_of(fn, top: int = 12) -> list[dict]:
@@ -50,6 +37,11 @@ def kernels_of(fn, top: int = 12) -> list[dict]:
     return rows[:top]
 
 
+def compiled_states(engine) -> dict:
+    """Each compiled prefill function's shape policy, variants held and fallback (Compiled.state)."""
+    return {name: f.state() for name, f in engine.prefill_fns().items() if hasattr(f, "state")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", required=True)
@@ -58,6 +50,7 @@ def main() -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--preset", default="full")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--flops", action="store_true", help="count FLOPs after each point, as run_sweep does")
     args = ap.parse_args()
 
     import torch
@@ -73,11 +66,15 @@ def main() -> int:
     points = [parse_point(p, args.steps) for p in args.points.split(",")]
     for name, w in zip(args.points.split(","), points):
         t0 = time.perf_counter()
-        r = measure_point(session, w, repeats=3, warmup=1, count_flops=False)
+        r = measure_point(session, w, repeats=3, warmup=1, count_flops=args.flops)
         med = {s: round(r.stages[s]["median_s"] * 1e3, 3) for s in ("sam", "clip", "projector", "prefill",
                                                                         "decode_step") if s in r.stages}
-        out["points"].append({"point": name, "wall_s": round(time.perf_counter() - t0, 1), "ms": med})
-        print(name, med, f"{time.perf_counter() - t0:.1f} s", flush=True)
+        state = {"errors": session.engine.describe()["compile_errors"],
+                 "compiled": compiled_states(session.engine),
+                 "frames": {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if k in ("stats",)}}
+        out["points"].append({"point": name, "wall_s": round(time.perf_counter() - t0, 1), "ms": med,
+                              "state": state})
+        print(name, med, f"{time.perf_counter() - t0:.1f} s", json.dumps(state)[:600], flush=True)
 
     engine = session.engine
     last = points[-1]
@@ -86,13 +83,7 @@ def main() -> int:
     key, _ = prefill_key(engine, inputs, inputs.input_ids.shape[1], last.logits)
     stages = dict(st.prefills[key]["stages"])
     out["lm_prefill_kernels"] = kernels_of(stages["prefill"].fn)
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    fns = engine.prefill_fns()
-    variants = {}
-    for name in ("lm_layer", "lm_last_layer"):
-        f = fns[name]
-        entries = _debug_get_cache_entry_list(f.eager.__code__) if hasattr(f, "eager") else []
-        variants[name] = {"cache_entries": len(entries), "error": getattr(f, "error", None)}
+    variants = compiled_states(engine)
     out["variants"] = variants
     out["counters"] = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if k in ("stats", "frames")}
     out["describe"] = {k: v for k, v in engine.describe().items() if k in ("compile_errors", "capture_errors")}

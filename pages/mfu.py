@@ -8,7 +8,7 @@ import ui
 from dsocr_core.results.analytic_join import FLAG_NOTE, summarize, summary_frame
 from ui import charts, prediction, resources
 from ui import measured as ms
-from ui.runs import run_mode, run_session_mode, run_title
+from ui.runs import run_mode, run_session_mode, run_title, show_order_check
 
 settings = ui.page_setup()
 st.title("MFU and MBU")
@@ -37,6 +37,7 @@ if use_sidebar:
         st.warning(f"This run was measured on the CPU; its MFU against {settings.hardware.name} is only a "
                    "demonstration of the method.")
 st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
+show_order_check(run)
 if ds is None and cal is None:
     st.warning("This run has no GPU ceilings (no datasheet preset matches its device and it stored no "
                "calibration): turn on the sidebar's ceilings to compute MFU and MBU against them.")

@@ -1,11 +1,13 @@
 """Reshaping measured runs (store.points / compare.compare_run frames) for tables and charts."""
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
 
 from dsocr_core.hardware import match_device_name
+from dsocr_core.runtime.engine import state_text
 from dsocr_core.spec import Hardware
 
 from .analytic import STAGE_NAMES
@@ -94,6 +96,8 @@ def point_table(points: pd.DataFrame) -> pd.DataFrame:
                                               zip(lo[s].reindex(out.index), hi[s].reindex(out.index))]
         out["repeats"] = reps.max(axis=1).reindex(out.index)
     out["message"] = base["message"]
+    out["engine state"] = [state_text(json.loads(e).get("engine_state")) if isinstance(e, str) else None
+                           for e in base["extra"]]
     out["updated"] = base["updated_at"]
     return out.reset_index(drop=True)
 

@@ -12,7 +12,7 @@ import streamlit as st
 
 from . import charts, prediction, resources, sweeps
 from . import measured as ms
-from .runs import run_mode, run_session_mode, run_title
+from .runs import run_mode, run_session_mode, run_title, show_order_check
 
 RUNS_KEY = "ms_runs"
 FILTERS = ("ms_f_modes", "ms_f_batch", "ms_f_text")
@@ -91,6 +91,7 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
     for run, _, pts in frames:
         st.markdown(f"**{ms.md(run['label'])}** ({run_mode(run)}) — {run['n_done']} done, {run['n_oom']} oom, "
                     f"{run['n_error']} error")
+        show_order_check(run)
         st.dataframe(ms.point_table(pts), hide_index=True, width="stretch", height=260,
                      column_config={"status": st.column_config.TextColumn("status", width="small")})
     if any(not pts.empty for _, _, pts in frames):

@@ -170,6 +170,9 @@ class SweepRunner:
         def progress(_i, _n, _w, status):
             job.done_one(status)
 
+        def announce(w):  # the order check is not a point of the run: no count, only what runs now
+            job.current = f"order check: {describe(w)} measured again"
+
         try:
             for w in workloads:
                 if job.stopped:
@@ -181,7 +184,10 @@ class SweepRunner:
                     with session.lock:
                         job.run_id = measure.run_sweep(session, store, [w], run_id=job.run_id, name=job.name,
                                                        repeats=repeats, warmup=warmup, progress=progress,
-                                                       should_stop=job.stop.is_set, meta=meta)
+                                                       should_stop=job.stop.is_set, meta=meta, order_check=False)
+            if not job.stopped and job.run_id is not None:
+                with lock, session.lock:
+                    measure.recheck_first(session, store, job.run_id, repeats, warmup, announce=announce)
         except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -193,6 +199,9 @@ class SweepRunner:
         from dsocr_core.measure import dataset_run
 
         def progress(_i, _n, sample, status):
+            if status == "recheck":  # the order check is not a page of the run: no count
+                job.current = f"order check: {sample.label} measured again"
+                return
             job.done_one(status)
             job.current = f"last page: {sample.label} ({status})"
 

@@ -44,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--decode-steps", default="32", help="decode steps K, e.g. 32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--no-order-check", action="store_true",
+                   help="do not measure the first point again at the end (the check that a point's time does not "
+                        "depend on the points measured before it)")
     p.add_argument("--logits", default="all", choices=["all", "last"])
     p.add_argument("--store", type=Path, default=None, help="run store (default data/runs.sqlite or $DSOCR_STORE)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an earlier run, skipping finished points")
@@ -98,6 +101,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
 
     from tqdm import tqdm
 
+    from ..measure.order_check import summary as order_summary
     from ..measure.sweep import run_sweep
     from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..results.store import StoreError
@@ -122,7 +126,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
     sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
                  kind=args.kind)
     if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point
-        run_id = sweep_fn(session, store, [], **sweep)
+        run_id = sweep_fn(session, store, [], order_check=False, **sweep)
     elif args.calibrate:
         store.update_run(run_id, meta={"calibration": meta["calibration"]})
     print(f"run {run_id}  ({'resumed' if args.resume else 'new'}; store {store.path}); resume it with "
@@ -134,7 +138,8 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         bar.update(done - bar.n)
 
     try:
-        sweep_fn(session, store, workloads, run_id=run_id, progress=progress, **sweep)
+        sweep_fn(session, store, workloads, run_id=run_id, progress=progress, order_check=not args.no_order_check,
+                 **sweep)
     except KeyboardInterrupt:
         bar.close()
         try:
@@ -148,6 +153,9 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         bar.close()
     run = store.get_run(run_id)
     print(f"run {run_id}: {run['n_done']} done, {run['n_oom']} oom, {run['n_error']} error  ({store.path})")
+    check = order_summary(run["meta"].get("order_check"))
+    if check:
+        print(check, file=sys.stderr if "FAILED" in check else sys.stdout)
     if args.export:
         print(f"exported to {store.export_run(run_id, args.export)}")
     summary = summarize(compare_run(store, run_id))

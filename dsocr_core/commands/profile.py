@@ -49,6 +49,9 @@ def register(sub) -> None:
                                                   "(default: out/profile/<run id>)")
     p.add_argument("--record-shapes", action="store_true", help="record operator input shapes in the trace")
     p.add_argument("--hardware", help="hardware preset for the analytic time prediction (default: the run's GPU)")
+    p.add_argument("--no-order-check", action="store_true",
+                   help="do not measure the first page again at the end (the check that a page's time does not "
+                        "depend on the pages measured before it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary and stage statistics)")
     add_scale_out_options(p)
@@ -133,13 +136,17 @@ def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool
     tally = {"done": 0, "oom": 0, "error": 0, "skipped": 0}
 
     def progress(i, total, s, status):
+        if status == "recheck":  # the order check: not a page of the run
+            if bar is not None:
+                bar.set_postfix_str(f"order check: {s.page.label[-30:]} measured again")
+            return
         tally[status] = tally.get(status, 0) + 1
         if bar is not None:
             bar.set_postfix_str(f"{s.page.label[-30:]} {status}; " + " ".join(f"{k} {v}" for k, v in tally.items() if v))
             bar.update(1)
 
     try:
-        run_fn(session, store, run_id, samples, settings, progress=progress)
+        run_fn(session, store, run_id, samples, settings, progress=progress, order_check=not args.no_order_check)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
@@ -184,6 +191,8 @@ def report(store, run_id: str, hardware, as_json: bool = False) -> int:
           + (f"   [{', '.join(flags)}]" if flags else ""))
     for e in summary["errors"][:10]:
         print(f"  {e['label']}: {e['message']}")
+    if summary["order_check"]:
+        print(summary["order_check"], file=sys.stderr if "FAILED" in summary["order_check"] else sys.stdout)
     if summary["done"]:
         print(f"pages/s {summary['pages_per_s']:.3f} (one page at a time, wall incl. preprocessing)   "
               f"tokens/page {summary['tokens_per_page']:.1f}   output tokens/s {summary['output_tokens_per_s'] or 0:.1f}")

@@ -145,19 +145,16 @@ class Worker:
         return out
 
     def _point(self, item: WorkItem) -> dict:
-        from .sweep import failure, free_memory, measure_point
+        from .sweep import failure, free_memory, measure_with_attn
 
         session, workload, p = self.session, item.payload, item.params
         out = {"status": "done", "message": "", "stages": None, "kv_bytes": None, "resolved": None, "extra": {}}
         try:
-            if workload.attn != session.attn_impl:
-                session.model.set_attn_impl(workload.attn)
-            result = measure_point(session, workload, p["repeats"], p["warmup"], p["seed"])
-            out.update(stages=result.stages, kv_bytes=result.kv_bytes, resolved=result.resolved)
+            result = measure_with_attn(session, workload, p["repeats"], p["warmup"], p["seed"])
+            out.update(stages=result.stages, kv_bytes=result.kv_bytes, resolved=result.resolved,
+                       extra={"engine_state": result.engine_state})
         except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
             out["status"], out["message"] = failure(exc)
-        finally:
-            session.model.set_attn_impl(session.attn_impl)
         if out["status"] != "done":
             free_memory(session.device)
         return out
@@ -168,7 +165,7 @@ class Worker:
 
         session, sample, settings = self.session, item.payload, item.params
         if self._page_state is None or self._page_state[0] != settings:
-            self._page_state = (settings, FlopCache(session, settings.flops), set())
+            self._page_state = (settings, FlopCache(session, settings.flops), {})
         _, flop_cache, warmed = self._page_state
         try:
             with session.lock:
@@ -483,10 +480,11 @@ def run_sweep_scaled(pool: WorkerPool, store, workloads: list, run_id: str | Non
                      name: str = "measured sweep", repeats: int = 3, warmup: int = 1, seed: int = 0,
                      progress: Callable | None = None, should_stop: Callable[[], bool] | None = None,
                      meta: dict | None = None, kind: str = "sweep", in_flight: int = DEFAULT_IN_FLIGHT,
-                     stats: dict | None = None) -> str:
+                     stats: dict | None = None, order_check: bool = True) -> str:
     """`sweep.run_sweep` over the pool's workers: the same points, keys, statuses and meta, plus where each point
     was measured (`extra`) and the pool (`meta.scale_out`). Returns the run id. `stats` (a dict) receives the
-    driver's counts (results, retried, lost, stopped, driver_s, worker_s)."""
+    driver's counts (results, retried, lost, stopped, driver_s, worker_s). The order check is not made (each
+    worker measures its own sequence of points); with `order_check` the run's meta says so."""
     from ..results.store import point_key
 
     if repeats < 1:
@@ -518,15 +516,25 @@ def run_sweep_scaled(pool: WorkerPool, store, workloads: list, run_id: str | Non
     out = pool.run_items(items, record, should_stop, in_flight)
     if stats is not None:
         stats.update(out)
+    if order_check and items:
+        _order_check_skipped(store, run_id)
     return run_id
+
+
+def _order_check_skipped(store, run_id: str) -> None:
+    """Scaled-out runs have no single order to check: each worker measures its own sequence of points."""
+    store.update_run(run_id, meta={"order_check": {"skipped": "points spread over workers, each measuring its own "
+                                                              "sequence of points"}})
 
 
 # ---------------------------------------------------------------------------------------------- dataset runs
 def run_dataset_scaled(pool: WorkerPool, store, run_id: str, samples: Sequence, settings,
                        progress: Callable | None = None, should_stop: Callable[[], bool] | None = None,
-                       in_flight: int = DEFAULT_IN_FLIGHT, stats: dict | None = None) -> dict[str, int]:
+                       in_flight: int = DEFAULT_IN_FLIGHT, stats: dict | None = None,
+                       order_check: bool = True) -> dict[str, int]:
     """`dataset_run.run_dataset` over the pool's workers (create the run with `create_dataset_run(store,
-    pool.lead, ...)`). Returns counts {done, oom, error, skipped, stopped}."""
+    pool.lead, ...)`). Returns counts {done, oom, error, skipped, stopped}. With `order_check` the run's meta says
+    why it has none (as run_sweep_scaled)."""
     from ..results.store import point_key
 
     settings.validate()
@@ -553,6 +561,8 @@ def run_dataset_scaled(pool: WorkerPool, store, run_id: str, samples: Sequence, 
     counts["stopped"] = out["stopped"]
     if stats is not None:
         stats.update(out)
+    if order_check and items:
+        _order_check_skipped(store, run_id)
     return counts
 
 

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..hardware import run_ceilings
+from ..measure.order_check import summary as order_summary
 from ..spec import Hardware, ModelSpec
 from .store import RunStore
 
@@ -289,6 +290,7 @@ def run_summary(store: RunStore, run_id: str, pages: pd.DataFrame | None = None)
         "output_tokens_per_s": tokens / gen if gen > 0 else None,
         "eos_share": float(done["eos"].astype(bool).mean()) if len(done) else None,
         "operators": bool(meta.get("operators")),
+        "order_check": order_summary(meta.get("order_check")),
     }
 
 

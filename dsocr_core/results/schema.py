@@ -201,7 +201,8 @@ def compute_flags(environment: Mapping, weights: Mapping, meta: Mapping) -> dict
 
 def labels(run: Mapping[str, Any]) -> str:
     """One-line human label of a run (a get_run / list_runs dict). Always names synthetic weights, CPU and the
-    fallback tokenizer when they apply, e.g. 'bf16 sweep · NVIDIA H200 · 2026-01-02 10:00 UTC · synthetic weights'."""
+    fallback tokenizer when they apply, e.g. 'bf16 sweep · NVIDIA H200 · 2026-01-02 10:00 UTC · synthetic weights',
+    and a failed order check (its first point measured again at the end disagreed: measure/order_check.py)."""
     flags = run.get("flags") or compute_flags(run.get("environment") or {}, run.get("weights") or {},
                                               run.get("meta") or {})
     env = run.get("environment") or {}
@@ -213,6 +214,8 @@ def labels(run: Mapping[str, Any]) -> str:
     if created:
         parts.append(created[:16].replace("T", " ") + " UTC")
     parts += [FLAG_LABELS[f] for f in FLAGS if flags.get(f)]
+    if ((run.get("meta") or {}).get("order_check") or {}).get("flagged"):
+        parts.append("ORDER CHECK FAILED")
     return " · ".join(parts)
 
 
