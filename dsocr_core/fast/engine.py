@@ -30,6 +30,7 @@ graph on the state's history buffer. The engine implements the interface of runt
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -194,7 +195,8 @@ class FastEngine:
         Here every prompt of a batch class runs the one symbolic variant compiled on CANONICAL_PROMPT tokens
         (and CANONICAL_BATCH rows for batches > 1; one row is its own class, as dynamo specialises size 1), in a
         sweep and in a fresh process alike. `like` (a tensor of the real run) gives the inference-mode flag the
-        compiled guards check, so the real call hits the canonical variant."""
+        compiled guards check, so the real call hits the canonical variant (grad mode is the caller's, as it is
+        for the real call)."""
         fns = self.prefill_fns()
         rows = 1 if batch == 1 else CANONICAL_BATCH
         if (not isinstance(fns["lm_layer"], Compiled) or rows in self._prefill_compiled
@@ -202,7 +204,8 @@ class FastEngine:
             return
         self._prefill_compiled.add(rows)
         t, cfg = CANONICAL_PROMPT, self.cfg
-        with torch.inference_mode(like.is_inference()):
+        # inference_mode(False) would switch grad mode on (another guard, another variant): enter it only to match
+        with torch.inference_mode() if like.is_inference() else contextlib.nullcontext():
             gen = torch.Generator(device=self.device).manual_seed(0)
             x = torch.randn(rows, t, cfg.hidden, generator=gen, device=self.device, dtype=self.dtype)
             keys, values = (torch.zeros(rows, cfg.heads, round_up(t + self.min_room, self.bucket), cfg.head_dim,
