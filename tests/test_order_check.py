@@ -179,3 +179,50 @@ def test_static_compiles_start_a_fresh_generation_instead_of_hitting_the_recompi
     state = f.state()
     assert state == {"shapes": "static", "variants": 1, "generation": 1, "error": None}
     assert torch._dynamo.config.recompile_limit >= compiled_mod.RECOMPILE_LIMIT
+
+
+# ------------------------------------------------------------------------------------------------ benchmark
+def test_order_independence_benchmark_quick_variant(tmp_path):
+    """benchmarks/order_independence.py --quick --device cpu: both orders' files, each point alone in a fresh
+    process, and a report with every stage of every point (CPU timings are too noisy for the GPU target; the
+    figures are checked on a GPU by the benchmark itself)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "order_independence.py"
+    out = tmp_path / "oi"
+    run = subprocess.run([sys.executable, str(script), "--quick", "--device", "cpu", "--modes", "fast", "--repeats",
+                          "1", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "largest relative difference" in run.stdout and "target (median <= 2%" in run.stdout
+    summary = json.loads((out / "summary.json").read_text())["modes"]["fast"]
+    assert set(summary["points"]) == {"tiny-b1-t10", "tiny-b2-t30"}
+    assert set(summary["stages"]) == set(checks.CHECKED_STAGES)
+    assert all(v["max_abs_us"] >= 0 and v["median"] >= 0 for v in summary["stages"].values())
+    orders = json.loads((out / "orders-fast.json").read_text())["orders"]
+    assert list(orders["reverse"]) == ["tiny-b2-t30", "tiny-b1-t10"]
+    assert orders["forward"]["tiny-b1-t10"]["state"]["engine"] == "fast"
+
+
+def test_order_independence_report_checks_the_target(tmp_path):
+    """The report's arithmetic on hand-made files: 1% and 6% apart misses the 5% max."""
+    sys_path = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import order_independence as oi
+    finally:
+        sys.path.remove(sys_path)
+    alone = {"a": {"prefill": 1.0}, "b": {"prefill": 2.0}}
+    orders = {"forward": {"a": {"prefill": 1.01}, "b": {"prefill": 2.0}},
+              "reverse": {"a": {"prefill": 0.99}, "b": {"prefill": 2.12}}}
+    env = {"device": "test"}
+    (tmp_path / "orders-fast.json").write_text(json.dumps({"environment": env, "orders": orders,
+                                                           "wall_s": {"forward": 1.0, "reverse": 1.0}}))
+    for name, stages in alone.items():
+        (tmp_path / f"one-fast-{name}.json").write_text(json.dumps(stages))
+    stage = oi.report(tmp_path, ["fast"])["modes"]["fast"]["stages"]["prefill"]
+    assert stage["max"] == pytest.approx(0.06) and stage["median"] == pytest.approx(0.035)
+    assert not stage["meets_target"] and stage["max_abs_us"] == pytest.approx(0.12e6)
