@@ -202,7 +202,9 @@ class RunStore:
             rows = conn.execute("SELECT id, kind FROM runs WHERE lower(id) LIKE ? ORDER BY created_at DESC, id",
                                 (prefix + "%",)).fetchall()
         exact = [r for r in rows if r["id"].lower() == prefix]
-        rows = exact or rows
+        # a store written before imports compared ids in any case may hold one id in two cases: the id as
+        # typed reaches its own run
+        rows = [r for r in exact if r["id"] == str(text).strip()] or exact or rows
         if not rows:
             raise RunNotFound(f"no run {prefix!r} in {self.path}; {listing}")
         if len(rows) > 1:
