@@ -107,6 +107,32 @@ def test_unreadable_files(tmp_path):
         load_profile(tmp_path / "bin.json")
 
 
+def _hostile_profiles(tmp_path) -> dict[str, tuple[Path, str]]:
+    """Files a hostile or unlucky user can hand over, and what the message must say besides the file's name."""
+    text = json.dumps(_valid())
+    deep = _write(tmp_path, text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "deep.json")
+    digits = _write(tmp_path, text.replace('"format_version": 1', '"format_version": 1' + "0" * 5000), "digits.json")
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:  # sparse: 20 MB on disk without writing them
+        f.truncate(20 * 2**20)
+    return {"deep": (deep, "nested 100,001 levels deep"), "digits": (digits, "cannot be read"),
+            "big": (big, "larger than the limit of 16,777,216 bytes")}
+
+
+@pytest.mark.parametrize("case", ["deep", "digits", "big"])
+def test_hostile_profile_files_are_refused_naming_the_file(tmp_path, case, capsys):
+    """Size and depth are bounded before the file is parsed (no RecursionError, no gigabytes of memory); every
+    message names the file, on the CLI as one line with exit code 2."""
+    path, needle = _hostile_profiles(tmp_path)[case]
+    with pytest.raises(ProfileError) as exc:
+        load_profile(path)
+    assert str(path) in str(exc.value) and needle in str(exc.value), str(exc.value)
+    for argv in (["calibrate", "--show", str(path)], ["analytic", "--profile", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and needle in err and "Traceback" not in err
+
+
 # ------------------------------------------------------------------------------------------ tables
 def test_log_space_interpolation_and_clamping():
     t = Table("memory.copy", ("bytes",), (np.array([1e3, 1e5]),), np.array([0.1, 0.4]), np.ones(2, bool))

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from .. import jsonfile
 from ..spec import DTYPE_BYTES, SpecError
 from .schema import ProfileModel, TableModel, first_problem
 
@@ -43,6 +44,9 @@ FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
 LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s")
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
+# a profile file's bounds, checked before it is parsed: real ones are about 110 kB and nest 7 levels
+MAX_PROFILE_BYTES = 16 * 2**20
+MAX_PROFILE_DEPTH = 32
 EFFICIENCY_RANGE = (1e-9, 1e3)  # stored efficiencies are clipped into this range (finite logs)
 
 # table kind -> its axes, in order
@@ -315,21 +319,24 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read and validate a profile file. Raises ProfileError (a missing file, a truncated or malformed file,
-    another format version: the message names the problem)."""
+    """Read and validate a profile file. Raises ProfileError (a missing file, one past MAX_PROFILE_BYTES or
+    nested past MAX_PROFILE_DEPTH, checked before it is parsed, a truncated or malformed file, another format
+    version: the message names the file and the problem)."""
     path = Path(path)
     if not path.exists():
         raise ProfileError(f"no calibration profile at {path}")
     if path.is_dir():
         raise ProfileError(f"{path} is a folder, not a calibration profile")
+    raw = jsonfile.read_bytes(path, ProfileError, MAX_PROFILE_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProfileError(f"{path} is not a text (JSON) file") from None
     if not text.strip():
         raise ProfileError(f"{path} is empty")
+    jsonfile.check_bytes(raw, str(path), ProfileError, MAX_PROFILE_BYTES, MAX_PROFILE_DEPTH)
     try:
-        data = json.loads(text)
+        data = jsonfile.parse(text, str(path), ProfileError)
     except json.JSONDecodeError as exc:
         end = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string") or _unclosed(text)
         why = "truncated (the JSON ends early)" if end else f"not valid JSON ({exc.msg} at line {exc.lineno})"
