@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,6 +26,8 @@ from dsocr_core.results import sweep_file
 from dsocr_core.results.store import AmbiguousRunId, RunNotFound, RunStore
 from dsocr_core.results.tables import format_table
 from dsocr_core.spec import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(capsys, *argv):
@@ -78,6 +85,27 @@ def test_a_failed_sweep_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
     assert code == 130 and len(calls) == 3  # the CLI reports the interrupt
     assert target.read_text() == "the previous sweep\n"  # untouched: the new file was never renamed onto it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]  # and the temporary file is gone
+
+
+def test_sigterm_cleans_up_a_sweep_as_ctrl_c_does(tmp_path):
+    """What `timeout` and `kill` send. Before: the process died at once, leaving the hidden .part file (224 MB for
+    a large grid) beside the target; now SIGTERM unwinds like Ctrl-C and the exit status says it was SIGTERM."""
+    target = tmp_path / "out.csv"
+    cmd = [sys.executable, "-m", "dsocr_core", "analytic", "--text-tokens", ",".join(map(str, range(1, 2001))),
+           "--batch", ",".join(map(str, range(1, 501))), "--sweep", str(target)]  # 10^6 points: minutes
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.csv.*.part")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(tmp_path.glob(".out.csv.*.part")), "the sweep never started writing"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "terminated" in err, (proc.returncode, err)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_sweep_that_would_not_fit_on_the_disk_is_refused(tmp_path, capsys, monkeypatch):
