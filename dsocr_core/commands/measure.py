@@ -98,15 +98,17 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
 
     from tqdm import tqdm
 
-    from ..measure.sweep import run_sweep
+    from ..measure.scale_out import lost_to_dead_workers
+    from ..measure.sweep import run_sweep, workload_label
     from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..results.store import StoreError
 
+    driver: dict = {}  # scaled out: the driver's counts (items lost when workers died)
     if pool is not None:
         from ..measure.scale_out import run_sweep_scaled
 
         def sweep_fn(_session, *a, **k):
-            return run_sweep_scaled(pool, *a, **k)
+            return run_sweep_scaled(pool, *a, stats=driver, **k)
     else:
         sweep_fn = run_sweep
     if run_id is not None:
@@ -130,7 +132,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
     bar = tqdm(total=len(workloads), unit="point", dynamic_ncols=True)
 
     def progress(done, total, w, status):
-        bar.set_postfix_str(f"{w.mode} {w.crops or ''} T{w.text_tokens} B{w.batch} K{w.decode_steps}: {status}")
+        bar.set_postfix_str(f"{workload_label(w)}: {status}")
         bar.update(done - bar.n)
 
     try:
@@ -157,7 +159,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(md)
         args.summary.with_suffix(".json").write_text(summary_json(summary))
-    return 0
+    return lost_to_dead_workers(driver, run_id)
 
 
 def _resume_target(store, args) -> str:

@@ -100,12 +100,14 @@ def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool
     ready."""
     from ..measure.dataset_run import check_resume, create_dataset_run, run_dataset
 
-    create, run_fn = {}, run_dataset
+    from ..measure.scale_out import lost_to_dead_workers
+
+    create, run_fn, driver = {}, run_dataset, {}  # driver: scaled out, the driver's counts (items lost)
     if pool is not None:
         from ..measure.scale_out import run_dataset_scaled
 
         create = {"environment": pool.lead.info["environment"], "meta": {"scale_out": pool.describe()}}
-        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, **k)  # noqa: E731
+        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, stats=driver, **k)  # noqa: E731
     sampling = {"n": args.sample, "epochs": args.epochs, "seed": args.seed, "order": args.order,
                 "samples": len(samples)}
     if args.resume:
@@ -161,7 +163,8 @@ def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool
         else:
             store_operator_profile(store, run_id, prof)
 
-    return report(store, run_id, hardware, as_json=args.json)
+    code = report(store, run_id, hardware, as_json=args.json)
+    return max(code, lost_to_dead_workers(driver, run_id, "page"))
 
 
 def report(store, run_id: str, hardware, as_json: bool = False) -> int:
