@@ -10,8 +10,9 @@ Failures: an exception inside a measurement is a status recorded by the worker (
 `sweep.failure`, as in one process); a worker that dies (RayActorError, WorkerCrashedError) is dropped and each of
 its items is retried once on another worker, else recorded as `error` with the message; the run goes on while a
 worker is alive. Each death, retry and item lost is said (`WorkerPool.events`, and the pool's `log` as it happens),
-and the driver's counts tell the commands how many items were lost for lack of a worker (they exit non-zero). Resume skips finished keys. A stop (`should_stop`, polled about every 0.2 s) cancels the queued
-items and stores the ones already running; Ctrl-C cancels everything, kills the workers and keeps what is stored.
+and the driver's counts tell the commands how many items were lost for lack of a worker (they exit non-zero).
+Resume skips finished keys. A stop (`should_stop`, polled about every 0.2 s) cancels the queued items and stores
+the ones already running; Ctrl-C cancels everything, kills the workers and keeps what is stored.
 
 Where: every point's `extra` holds `node` (host name), `node_id` (Ray node id), `gpu_index` (the Ray GPU id),
 `gpu_name` (None on the CPU) and `worker`; a pool whose GPUs are of different models is refused unless
