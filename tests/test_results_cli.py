@@ -140,6 +140,8 @@ MEASURE = ["measure", "--synthetic", "tiny", "--device", "cpu", "--dtype", "floa
     (["--repeats", "3"], "repeats 1 -> 3"),
     (["--logits", "last"], "logits all -> last"),
     (["--session-mode", "fast"], "session mode reference -> fast"),
+    (["--name", "another name"], "name 'tiny sweep' -> 'another name'"),  # before: ignored without a word
+    (["--kind", "reference"], "kind sweep -> reference"),
 ])
 def test_resume_with_other_settings_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, extra, needle):
     store = RunStore(tmp_path / "runs.sqlite")
@@ -149,6 +151,15 @@ def test_resume_with_other_settings_is_refused_before_the_model_loads(tmp_path, 
     assert code == 2 and not out and len(err.strip().splitlines()) == 1
     assert needle in err and "start a new run" in err
     assert store.get_run(run_id)["n_points"] == 0
+
+
+def test_resume_with_the_runs_own_name_and_kind_goes_on(tmp_path, capsys, monkeypatch):
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = _sweep_run(store)
+    monkeypatch.setattr(measure_cmd, "session_from_args", _no_model)
+    with pytest.raises(AssertionError, match="the model was loaded"):  # past every check: the model would load
+        main([*MEASURE, "--name", "tiny sweep", "--kind", "sweep", "--resume", run_id[:6], "--store",
+              str(store.path)])
 
 
 def test_resume_of_other_weights_or_device_is_refused_before_any_point(tmp_path, capsys, monkeypatch):

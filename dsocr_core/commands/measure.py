@@ -47,8 +47,9 @@ def register(sub) -> None:
     p.add_argument("--logits", default="all", choices=["all", "last"])
     p.add_argument("--store", type=Path, default=None, help="run store (default data/runs.sqlite or $DSOCR_STORE)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an earlier run, skipping finished points")
-    p.add_argument("--name", default=None)
-    p.add_argument("--kind", default="sweep", choices=["sweep", "reference"])
+    p.add_argument("--name", default=None, help="name of a new run (with --resume: must be the run's, or left out)")
+    p.add_argument("--kind", default=None, choices=["sweep", "reference"],
+                   help="kind of a new run (default sweep; with --resume: must be the run's, or left out)")
     p.add_argument("--calibrate", action="store_true", help="measure matmul and copy ceilings first (GPU)")
     p.add_argument("--export", type=Path, help="write the run to this .json or .csv when done")
     p.add_argument("--summary", type=Path, help="write the analytic-vs-measured summary (.md, plus .json beside)")
@@ -70,7 +71,8 @@ def run(args) -> int:
         raise UserError("batch and text tokens must be at least 1")
     if args.repeats < 1 or args.warmup < 0:
         raise UserError("--repeats must be at least 1 and --warmup at least 0")
-    name = args.name or f"{args.kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
+    kind = args.kind or "sweep"
+    name = args.name or f"{kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
     if len(name) > MAX_NAME_CHARS:
         raise UserError(f"--name has {len(name)} characters, more than the limit of {MAX_NAME_CHARS}")
     workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
@@ -122,7 +124,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         meta["calibration"] = hw.model_dump(mode="json")
         print(f"  {hw.peak_tflops:.1f} TFLOP/s bf16 matmul, {hw.bandwidth_tbs:.3f} TB/s copy", flush=True)
     sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
-                 kind=args.kind)
+                 kind=args.kind or "sweep")
     if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point
         run_id = sweep_fn(session, store, [], **sweep)
     elif args.calibrate:
@@ -165,7 +167,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
 def _resume_target(store, args) -> str:
     """The full id of --resume (a unique prefix will do), refused unless it is a measured sweep recorded with the
     same settings these arguments ask for (as `profile --resume` refuses)."""
-    from ..results.runs import settings_problems
+    from ..results.runs import plain_text, settings_problems
     from ..results.store import StoreError
 
     try:
@@ -180,6 +182,11 @@ def _resume_target(store, args) -> str:
               "weights_source": "synthetic" if args.synthetic else "checkpoint"}
     points = store.points(run_id)
     problems = settings_problems(run, wanted, point_logits=points["logits"].dropna().unique())
+    # a resume continues the run under its own name and kind: another --name or --kind would be ignored, so refuse
+    if args.name is not None and args.name != run["name"]:
+        problems.append(f"name {plain_text(run['name'], 80)!r} -> {plain_text(args.name, 80)!r}")
+    if args.kind is not None and args.kind != run["kind"]:
+        problems.append(f"kind {run['kind']} -> {args.kind}")
     if problems:
         raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "
                         "new run instead (leave out --resume)")

@@ -63,6 +63,9 @@ class RunStore:
         return conn
 
     def _corrupt(self, problem: str) -> StoreCorrupt:
+        # one line: SQLite's reports span lines, and a command line prints an error's first line only, which
+        # would cut off the advice below
+        problem = " ".join(problem.split())
         return StoreCorrupt(f"run store {self.path} is unusable: {problem}. It was left untouched; move it aside "
                             "(or give another --store / DSOCR_STORE) and re-import exported runs")
 
