@@ -162,6 +162,26 @@ def test_resume_with_the_runs_own_name_and_kind_goes_on(tmp_path, capsys, monkey
               str(store.path)])
 
 
+def test_profile_resume_resolves_ids_as_the_store_does_and_refuses_another_name(tmp_path, capsys, monkeypatch):
+    """Before: profile matched ids by exact-case prefix (an id in upper case was "no dataset run"), only after
+    loading the model, and ignored --name."""
+    import dsocr_core.commands.profile as profile_cmd
+    from dsocr_core.grounding.samples import sample_pages
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = store.create_run("dataset", "my pages", {"device": "cpu"}, {"source": "synthetic"}, dtype="float32",
+                              attn="sdpa", session_mode="reference")
+    monkeypatch.setattr(profile_cmd, "session_from_args", _no_model)
+    base = ["profile", "--pages", str(sample_pages()[-1]), "--synthetic", "tiny", "--device", "cpu",
+            "--store", str(store.path), "--resume"]
+    code, out, err = run(capsys, *base, run_id[:8], "--name", "renamed")
+    assert code == 2 and "name 'my pages' -> 'renamed'" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = run(capsys, *base, "0" * 12)
+    assert code == 2 and "no run" in err
+    with pytest.raises(AssertionError, match="the model was loaded"):  # the id in upper case reaches the run
+        main([*base, run_id.upper(), "--name", "my pages"])
+
+
 def test_resume_of_other_weights_or_device_is_refused_before_any_point(tmp_path, capsys, monkeypatch):
     store = RunStore(tmp_path / "runs.sqlite")
     run_id = _sweep_run(store)
