@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli import UserError, add_model_options, session_from_args
-from ..measure.scale_out import add_scale_out_options, scale_out_requested
+from ..measure.scale_out import add_scale_out_options, lost_to_dead_workers, scale_out_requested
 
 
 def _ints(text: str) -> list[int]:
@@ -81,6 +81,7 @@ def run(args) -> int:
     # resume with other settings ends here, in one line, with nothing measured
     store = RunStore(args.store)  # StoreCorrupt (a ValueError): one line, exit 2
     run_id = _resume_target(store, args) if args.resume else None
+    args.kind = kind  # checked against a resumed run's above; from here on the kind of the run
     pool = None
     if scale_out_requested(args):
         if args.calibrate:
@@ -100,8 +101,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
 
     from tqdm import tqdm
 
-    from ..measure.scale_out import lost_to_dead_workers
-    from ..measure.sweep import run_sweep, workload_label
+    from ..measure.sweep import run_sweep
     from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..results.store import StoreError
 
@@ -124,7 +124,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         meta["calibration"] = hw.model_dump(mode="json")
         print(f"  {hw.peak_tflops:.1f} TFLOP/s bf16 matmul, {hw.bandwidth_tbs:.3f} TB/s copy", flush=True)
     sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
-                 kind=args.kind or "sweep")
+                 kind=args.kind)
     if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point
         run_id = sweep_fn(session, store, [], **sweep)
     elif args.calibrate:
@@ -134,7 +134,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
     bar = tqdm(total=len(workloads), unit="point", dynamic_ncols=True)
 
     def progress(done, total, w, status):
-        bar.set_postfix_str(f"{workload_label(w)}: {status}")
+        bar.set_postfix_str(f"{w.mode} {w.crops or ''} T{w.text_tokens} B{w.batch} K{w.decode_steps}: {status}")
         bar.update(done - bar.n)
 
     try:
