@@ -337,3 +337,23 @@ def test_calibrate_cli_writes_one_profile_per_worker(ray_instance, pool, tmp_pat
         prof = load_profile(p)
         assert prof.device["kind"] == "cpu" and prof.raw["calibration"]["quick"] is True
         assert prof.table("gemm.bfloat16") is not None
+
+
+def test_the_worker_panel_says_which_worker_died_and_what_was_retried():
+    from streamlit.testing.v1 import AppTest
+
+    def page():
+        import types
+
+        from ui.scale_out import worker_panel
+
+        row = {"worker": 1, "node": "vm", "gpu": "cpu", "gpu_index": None, "alive": False, "done": 1, "failed": 0,
+               "in_flight": 0, "current": "", "death": "ActorDiedError: gone"}
+        worker_panel(types.SimpleNamespace(worker_rows=[row], worker_events=[
+            "worker 1 on vm died (ActorDiedError: gone); 1 worker(s) left",
+            "retrying point tiny T10 B1 K2 (it was on worker 1 on vm) on another worker"]))
+
+    at = AppTest.from_function(page, default_timeout=60).run()
+    assert not at.exception, at.exception
+    (warning,) = at.warning
+    assert "worker 1 on vm died" in warning.value.replace("\\", "") and "retrying point tiny" in warning.value
