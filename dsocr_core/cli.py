@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import commands
@@ -17,6 +20,30 @@ from . import commands
 
 class UserError(Exception):
     """A failure the user can fix (bad argument, missing file); printed as one line, exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `kill` and `timeout` send), raised where the program is, so that everything Ctrl-C cleans up
+    (a sweep's temporary file, Ray workers, the run id printed for a resume) is cleaned up for it too."""
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM raises Terminated in the main thread; a second SIGTERM during the clean-up ends the
+    process at once, as SIGTERM did before. Does nothing outside the main thread (signals cannot be set there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> None:
@@ -59,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     from .spec import SpecError
 
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except (UserError, SpecError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
+    except Terminated:
+        print("terminated (SIGTERM); cleaned up as after Ctrl-C", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

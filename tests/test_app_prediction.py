@@ -148,6 +148,25 @@ def test_a_malformed_profile_names_the_problem_and_falls_back_to_the_roofline(da
     assert "NVIDIA H200 profile" in sidebar_text(at)
 
 
+def test_hostile_profile_uploads_are_messages_naming_the_upload(data):
+    """Nested 100,000 levels deep, a 5,000-digit integer, past the size limit: a message naming the upload, the
+    page keeps running on the roofline (before: a RecursionError and a ValueError raised on the page)."""
+    from dsocr_core.calibration.profile import MAX_PROFILE_BYTES
+
+    good = (data / "profiles" / "h200.json").read_text()
+    uploads = {"deep.json": (good[:-2] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "levels deep"),
+               "digits.json": (good.replace('"format_version": 1', '"format_version": 1' + "0" * 5000),
+                               "cannot be read"),
+               "huge.json": (" " * (MAX_PROFILE_BYTES + 1), "larger than the limit")}
+    at = pick(goto(make_app(), "analytic"), "upload")
+    for name, (text, needle) in uploads.items():
+        at.sidebar.file_uploader(key="sb_profile_upload").set_value((name, text.encode(), "application/json")).run()
+        assert not at.exception, [e.value for e in at.exception]
+        (error,) = map(plain, texts(at.sidebar, "error"))
+        assert f"the uploaded file {name}" in error and needle in error and "roofline only" in error, error
+    assert not (data / "uploaded_profiles").exists() or not list((data / "uploaded_profiles").iterdir())
+
+
 # ------------------------------------------------------------------------------------------------ measured, MFU
 def test_measured_and_mfu_pages_draw_the_prediction_in_the_runs_own_mode(data):
     store = RunStore(data / "runs.sqlite")

@@ -281,7 +281,7 @@ def test_analytic_cli_profile_errors(profile_file, tmp_path, capsys):
 def test_build_profile_is_strict():
     with pytest.raises(Exception, match="no GEMM table"):
         build_profile(device={"name": "x", "kind": "cpu"}, environment={}, versions={},
-                      ceilings={"flops_per_s": 1.0, "bytes_per_s": 1.0, "source": "s"},
+                      ceilings={"flops_per_s": 1e12, "bytes_per_s": 1e11, "source": "s"},
                       launch={k: 0.0 for k in ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s",
                                                "graph_launch_s")},
                       tables={}, calibration={}, created="2026-01-01")
@@ -299,3 +299,25 @@ def test_a_profile_stopped_before_its_memory_tables_is_named_as_unable_to_predic
     raw["tables"] = {k: v for k, v in raw["tables"].items() if k.startswith("gemm.")}  # stopped inside the GEMMs
     gaps = prediction_gaps(profile_from_dict(raw))
     assert "memory.elementwise" in gaps and "attention.sdpa" in gaps and "gemm" not in gaps
+
+
+def test_no_kernel_is_predicted_faster_than_its_roofline():
+    """A profile may hold efficiencies a little above 1 (MAX_EFFICIENCY); the time model takes them as 1, so with
+    the analytic work and no launch cost the prediction is the roofline, never below it."""
+    spec, pts = ModelSpec(), Points.grid(crops=[(1, 1), (3, 3)], text_tokens=[10, 900], decode_steps=[0, 64])
+    fast = with_profile(H200, uniform_profile(H200.peak_flops, H200.bandwidth, 1.2, 0.0, kind="cuda"),
+                        "reference", work="analytic")
+    st = evaluate(spec, pts, fast)
+    for stage in ("sam", "prefill", "decode", "total"):
+        np.testing.assert_allclose(st[stage]["predicted_s"], st[stage]["time_s"], rtol=1e-9)
+    assert any("taken as 1" in n for n in fast.prediction.notes)
+
+
+def test_the_cli_refuses_an_impossible_profile_instead_of_predicting_nan(tmp_path, capsys):
+    raw = uniform_profile(H200.peak_flops, H200.bandwidth, 0.5, 1e-6, kind="cuda").to_dict()
+    raw["ceilings"]["bytes_per_s"] = 1e-300
+    path = tmp_path / "tiny_bandwidth.json"
+    path.write_text(json.dumps(raw))
+    assert main(["analytic", "--crops", "2x2", "--decode-steps", "10", "--profile", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "ceilings.bytes_per_s" in out.err and str(path) in out.err and "nan" not in out.out

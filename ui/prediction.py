@@ -26,7 +26,7 @@ from pathlib import Path
 import streamlit as st
 
 from dsocr_core.analytic.predict import prediction_gaps, profile_hardware, with_profile
-from dsocr_core.calibration.profile import Profile, ProfileError, load_profile
+from dsocr_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
 from dsocr_core.spec import Hardware
 
@@ -130,6 +130,9 @@ def choose(path: Path, origin: str) -> ProfileChoice:
 
 def _save_upload(name: str, data: bytes) -> Path:
     """Validate an uploaded profile and keep it in the uploaded folder (raises ProfileError naming the upload)."""
+    if len(data) > MAX_PROFILE_BYTES:  # refused before it is written or parsed
+        raise ProfileError(f"the uploaded file {name} is {len(data):,} bytes, larger than the limit of "
+                           f"{MAX_PROFILE_BYTES:,} bytes for a calibration profile")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name).lstrip(".") or "profile.json"
     safe = safe if safe.endswith(".json") else f"{safe}.json"
     out = uploaded_dir() / safe

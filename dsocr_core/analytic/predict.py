@@ -10,7 +10,9 @@ the session mode runs and splits the row's FLOPs and bytes over them. With P and
     host      H = eager host ops x host_op_s + syncs x sync_s + graph replays x graph_launch_s
     time      t = max(D, H) = D + max(H - D, 0)
 
-eff_k is the profile's efficiency of kernel k at its shape (log-space interpolation, clamped at the edges);
+eff_k is the profile's efficiency of kernel k at its shape (log-space interpolation, clamped at the edges; above 1,
+which a profile may hold up to calibration.profile.MAX_EFFICIENCY, it is taken as 1, so no kernel is predicted
+faster than its own roofline and no row faster than the roofline of the work the engine really does);
 (F_k, B_k) its share of the row's work, (F'_k, B'_k) the work the engine really does (= the share with
 work="analytic"). The shares partition the row, so with every efficiency 1, every launch cost 0 and
 work="analytic" the prediction is the roofline exactly; with work="engine" it is the roofline plus the engine's
@@ -178,7 +180,11 @@ class Predictor:
     def efficiency(self, k: Kernel, dtype: str):
         table, conv = self._table(k.table, dtype)
         coords = k.coords if conv is None else conv(k.coords)
-        return table.lookup(**coords)
+        eff = table.lookup(**coords)
+        if np.any(eff > 1.0):
+            self.prediction.notes.add(f"{table.name}: efficiencies above 1 taken as 1 (never faster than the "
+                                      "roofline)")
+        return np.minimum(eff, 1.0)
 
     def _excess(self, k: Kernel, dtype: str):
         share = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)

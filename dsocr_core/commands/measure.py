@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli import UserError, add_model_options, session_from_args
-from ..measure.scale_out import add_scale_out_options, scale_out_requested
+from ..measure.scale_out import add_scale_out_options, lost_to_dead_workers, scale_out_requested
 
 
 def _ints(text: str) -> list[int]:
@@ -50,8 +50,9 @@ def register(sub) -> None:
     p.add_argument("--logits", default="all", choices=["all", "last"])
     p.add_argument("--store", type=Path, default=None, help="run store (default data/runs.sqlite or $DSOCR_STORE)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an earlier run, skipping finished points")
-    p.add_argument("--name", default=None)
-    p.add_argument("--kind", default="sweep", choices=["sweep", "reference"])
+    p.add_argument("--name", default=None, help="name of a new run (with --resume: must be the run's, or left out)")
+    p.add_argument("--kind", default=None, choices=["sweep", "reference"],
+                   help="kind of a new run (default sweep; with --resume: must be the run's, or left out)")
     p.add_argument("--calibrate", action="store_true", help="measure matmul and copy ceilings first (GPU)")
     p.add_argument("--export", type=Path, help="write the run to this .json or .csv when done")
     p.add_argument("--summary", type=Path, help="write the analytic-vs-measured summary (.md, plus .json beside)")
@@ -73,7 +74,8 @@ def run(args) -> int:
         raise UserError("batch and text tokens must be at least 1")
     if args.repeats < 1 or args.warmup < 0:
         raise UserError("--repeats must be at least 1 and --warmup at least 0")
-    name = args.name or f"{args.kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
+    kind = args.kind or "sweep"
+    name = args.name or f"{kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
     if len(name) > MAX_NAME_CHARS:
         raise UserError(f"--name has {len(name)} characters, more than the limit of {MAX_NAME_CHARS}")
     workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
@@ -82,6 +84,7 @@ def run(args) -> int:
     # resume with other settings ends here, in one line, with nothing measured
     store = RunStore(args.store)  # StoreCorrupt (a ValueError): one line, exit 2
     run_id = _resume_target(store, args) if args.resume else None
+    args.kind = kind  # checked against a resumed run's above; from here on the kind of the run
     pool = None
     if scale_out_requested(args):
         if args.calibrate:
@@ -106,11 +109,12 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
     from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..results.store import StoreError
 
+    driver: dict = {}  # scaled out: the driver's counts (items lost when workers died)
     if pool is not None:
         from ..measure.scale_out import run_sweep_scaled
 
         def sweep_fn(_session, *a, **k):
-            return run_sweep_scaled(pool, *a, **k)
+            return run_sweep_scaled(pool, *a, stats=driver, **k)
     else:
         sweep_fn = run_sweep
     if run_id is not None:
@@ -165,13 +169,13 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(md)
         args.summary.with_suffix(".json").write_text(summary_json(summary))
-    return 0
+    return lost_to_dead_workers(driver, run_id)
 
 
 def _resume_target(store, args) -> str:
     """The full id of --resume (a unique prefix will do), refused unless it is a measured sweep recorded with the
     same settings these arguments ask for (as `profile --resume` refuses)."""
-    from ..results.runs import settings_problems
+    from ..results.runs import plain_text, settings_problems
     from ..results.store import StoreError
 
     try:
@@ -186,6 +190,11 @@ def _resume_target(store, args) -> str:
               "weights_source": "synthetic" if args.synthetic else "checkpoint"}
     points = store.points(run_id)
     problems = settings_problems(run, wanted, point_logits=points["logits"].dropna().unique())
+    # a resume continues the run under its own name and kind: another --name or --kind would be ignored, so refuse
+    if args.name is not None and args.name != run["name"]:
+        problems.append(f"name {plain_text(run['name'], 80)!r} -> {plain_text(args.name, 80)!r}")
+    if args.kind is not None and args.kind != run["kind"]:
+        problems.append(f"kind {run['kind']} -> {args.kind}")
     if problems:
         raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "
                         "new run instead (leave out --resume)")

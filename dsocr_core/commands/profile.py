@@ -58,11 +58,21 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _resolve_run(store, prefix: str) -> str:
-    runs = [r["id"] for r in store.list_runs("dataset") if r["id"].startswith(prefix)]
-    if len(runs) != 1:
-        raise UserError(f"--resume {prefix}: {'no' if not runs else len(runs)} dataset runs match in {store.path}")
-    return runs[0]
+def _resolve_run(store, args) -> str:
+    """The full id of --resume, resolved as the store resolves ids (a unique prefix, any case), checked before the
+    model loads; a --name other than the run's is refused (a resume never renames a run)."""
+    from ..results.runs import plain_text
+    from ..results.store import StoreError
+
+    try:
+        run_id = store.resolve_id(args.resume, kinds=("dataset",))
+        run = store.get_run(run_id)
+    except StoreError as exc:
+        raise UserError(f"--resume: {exc}") from None
+    if args.name is not None and args.name != run["name"]:
+        raise UserError(f"cannot resume run {run_id[:12]} under another name (name {plain_text(run['name'], 80)!r} "
+                        f"-> {plain_text(args.name, 80)!r}); leave out --name, or start a new run")
+    return run_id
 
 
 def run(args) -> int:
@@ -87,6 +97,7 @@ def run(args) -> int:
 
         hardware = get_hardware(args.hardware)
     store = RunStore(args.store)
+    run_id = _resolve_run(store, args) if args.resume else None
     if scale_out_requested(args):
         if args.trace:
             raise UserError("--trace (the operator breakdown) runs in one process; leave out --workers / "
@@ -94,25 +105,26 @@ def run(args) -> int:
         from ..measure.scale_out import command_pool
 
         with command_pool(args) as pool:
-            return _run_loaded(args, store, pool.lead, dataset, samples, settings, hardware, pool)
-    return _run_loaded(args, store, session_from_args(args), dataset, samples, settings, hardware, None)
+            return _run_loaded(args, store, run_id, pool.lead, dataset, samples, settings, hardware, pool)
+    return _run_loaded(args, store, run_id, session_from_args(args), dataset, samples, settings, hardware, None)
 
 
-def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool) -> int:
+def _run_loaded(args, store, run_id, session, dataset, samples, settings, hardware, pool) -> int:
     """The dataset run once the session (or, scaled out, the pool and its lead worker's session facts) is
     ready."""
     from ..measure.dataset_run import check_resume, create_dataset_run, run_dataset
 
-    create, run_fn = {}, run_dataset
+    from ..measure.scale_out import lost_to_dead_workers
+
+    create, run_fn, driver = {}, run_dataset, {}  # driver: scaled out, the driver's counts (items lost)
     if pool is not None:
         from ..measure.scale_out import run_dataset_scaled
 
         create = {"environment": pool.lead.info["environment"], "meta": {"scale_out": pool.describe()}}
-        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, **k)  # noqa: E731
+        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, stats=driver, **k)  # noqa: E731
     sampling = {"n": args.sample, "epochs": args.epochs, "seed": args.seed, "order": args.order,
                 "samples": len(samples)}
-    if args.resume:
-        run_id = _resolve_run(store, args.resume)
+    if run_id is not None:
         check_resume(store, run_id, session, dataset, settings)
         store.update_run(run_id, meta={"sampling": sampling})
     else:
@@ -168,7 +180,8 @@ def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool
         else:
             store_operator_profile(store, run_id, prof)
 
-    return report(store, run_id, hardware, as_json=args.json)
+    code = report(store, run_id, hardware, as_json=args.json)
+    return max(code, lost_to_dead_workers(driver, run_id, "page"))
 
 
 def report(store, run_id: str, hardware, as_json: bool = False) -> int:

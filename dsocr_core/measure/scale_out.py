@@ -9,8 +9,10 @@ least loaded first), waits on whatever finishes (`ray.wait`) and writes each res
 Failures: an exception inside a measurement is a status recorded by the worker (`oom` / `error` through
 `sweep.failure`, as in one process); a worker that dies (RayActorError, WorkerCrashedError) is dropped and each of
 its items is retried once on another worker, else recorded as `error` with the message; the run goes on while a
-worker is alive. Resume skips finished keys. A stop (`should_stop`, polled about every 0.2 s) cancels the queued
-items and stores the ones already running; Ctrl-C cancels everything, kills the workers and keeps what is stored.
+worker is alive. Each death, retry and item lost is said (`WorkerPool.events`, and the pool's `log` as it happens),
+and the driver's counts tell the commands how many items were lost for lack of a worker (they exit non-zero).
+Resume skips finished keys. A stop (`should_stop`, polled about every 0.2 s) cancels the queued items and stores
+the ones already running; Ctrl-C cancels everything, kills the workers and keeps what is stored.
 
 Where: every point's `extra` holds `node` (host name), `node_id` (Ray node id), `gpu_index` (the Ray GPU id),
 `gpu_name` (None on the CPU) and `worker`; a pool whose GPUs are of different models is refused unless
@@ -218,11 +220,14 @@ class WorkerPool:
     """Ray actors, one per GPU (or CPU slot), each holding one loaded Session. Use `WorkerPool.start(...)` and
     `close()` (or a `with` block)."""
 
-    def __init__(self, workers: list[WorkerState], infos: list[dict], settings: dict, owns_ray: bool):
+    def __init__(self, workers: list[WorkerState], infos: list[dict], settings: dict, owns_ray: bool,
+                 log: Callable[[str], None] | None = None):
         self.workers = workers
         self.infos = infos
         self.settings = settings
         self.owns_ray = owns_ray
+        self.log = log
+        self.events: list[str] = []  # worker deaths, retries and items lost, in order
         self.lead = RemoteSession(infos[0]) if "weights" in infos[0] else None  # None: no model loaded
 
     @classmethod
@@ -297,11 +302,16 @@ class WorkerPool:
             raise
         settings = {"workers": workers, "address": address, "allow_mixed_gpus": allow_mixed_gpus,
                     "resources": "GPU" if use_gpu else "CPU"}
-        return cls(states, infos, settings, owns)
+        return cls(states, infos, settings, owns, log)
 
     # ------------------------------------------------------------------ state
     def alive(self) -> list[WorkerState]:
         return [w for w in self.workers if w.alive]
+
+    def _say(self, line: str) -> None:
+        self.events.append(line)
+        if self.log:
+            self.log(line)
 
     def describe(self) -> dict:
         """For the run's meta: how the run was spread and where each worker ran."""
@@ -383,6 +393,8 @@ class WorkerPool:
                     if on_submit:
                         on_submit(item, worker.index)
                 if not self.alive():
+                    if pending:
+                        self._say(f"no Ray worker is left: {len(pending)} item(s) not run, recorded as error")
                     while pending:
                         item, _ = pending.popleft()
                         lost(item, "error: every Ray worker died before this item could run")
@@ -401,19 +413,22 @@ class WorkerPool:
                         stats["stopped"] += 1
                         continue
                     except (RayActorError, WorkerCrashedError) as exc:
+                        name = f"worker {worker.index} on {worker.where.get('node')}"
                         if worker.alive:
                             worker.alive = False
                             worker.death = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                        message = (f"error: worker {worker.index} on {worker.where.get('node')} died "
-                                   f"({type(exc).__name__})")
+                            self._say(f"{name} died ({worker.death}); {len(self.alive())} worker(s) left")
+                        message = f"error: {name} died ({type(exc).__name__})"
                         if stopping:
                             stats["stopped"] += 1
                         elif attempt == 0 and self.alive():
                             stats["retried"] += 1
                             pending.appendleft((item, 1))
+                            self._say(f"retrying {item_label(item)} (it was on {name}) on another worker")
                         else:
-                            lost(item, message + ("; it had been retried once already" if attempt else
-                                                  "; no other worker left"))
+                            why = "it had been retried once already" if attempt else "no other worker left"
+                            lost(item, f"{message}; {why}")
+                            self._say(f"{item_label(item)} recorded as error: {name} died and {why}")
                         continue
                     except Exception as exc:  # noqa: BLE001 - a failure of the actor method itself (not expected)
                         worker.failed += 1
@@ -438,6 +453,15 @@ class WorkerPool:
             self.close()
             raise
         return stats
+
+
+def item_label(item: WorkItem) -> str:
+    """A work item in a few words, for the messages on deaths and retries."""
+    if item.kind == "page":
+        return f"page {item.payload.label}"
+    from .sweep import workload_label
+
+    return f"point {workload_label(item.payload)}"
 
 
 def calibrate_scaled(pool: WorkerPool, options: dict) -> list[dict]:
@@ -611,6 +635,17 @@ def command_pool(args, load: bool = True):
         yield pool
     finally:
         pool.close()
+
+
+def lost_to_dead_workers(stats: dict, run_id: str, what: str = "point") -> int:
+    """The exit status of a scaled-out command once its run ended: 1, with a line saying so, when items failed for
+    lack of a live worker (their error statuses are stored; a resume retries them); else 0."""
+    lost = stats.get("lost", 0)
+    if not lost:
+        return 0
+    print(f"{lost} {what}(s) failed because their Ray workers died (see the lines above); they are stored as "
+          f"errors: retry them with --resume {run_id[:12]}", file=sys.stderr, flush=True)
+    return 1
 
 
 def pool_line(pool: WorkerPool) -> str:

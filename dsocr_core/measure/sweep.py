@@ -60,6 +60,12 @@ class PointResult:
     engine_state: dict
 
 
+def workload_label(w: Workload) -> str:
+    """A point in a few words (progress bars, messages): mode, crop grid, text tokens, batch, decode steps."""
+    crops = f" {w.crops[0]}x{w.crops[1]}" if w.crops else ""
+    return f"{w.mode}{crops} T{w.text_tokens} B{w.batch} K{w.decode_steps}"
+
+
 def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 

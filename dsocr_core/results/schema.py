@@ -351,10 +351,12 @@ def _stage_rows(stages: Mapping[str, Mapping[str, Any]] | None) -> list[dict[str
                 row[col] = None
             elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise ValueError(f"stage {stage} {col} must be a number of seconds, got {_short(value)}")
+            elif not math.isfinite(float(value)):  # stored as NULL it would leave a done point with no time
+                raise ValueError(f"stage {stage} {col} must be a finite number of seconds, got {value!r}")
             elif float(value) < 0:
                 raise ValueError(f"stage {stage} {col} must not be negative, got {value!r}")
             else:
-                row[col] = float(value) if math.isfinite(float(value)) else None
+                row[col] = float(value)
         extra = {k: v for k, v in result.items() if k not in STAGE_NUMBERS}
         row["extra"] = _dumps(extra, f"stage {stage}")
         rows.append(row)
