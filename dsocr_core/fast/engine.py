@@ -42,6 +42,7 @@ from .compiled import COMPILE_OPTIONS, Compiled
 from .decode_kernels import FusedDecode
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer
+from .options import DEFAULT_NEW_TOKENS  # cache room a bare prefill() leaves for decoding (grown on demand)
 from .prefill import prefill_entry, prefill_key
 from .state import DecodeState, FastCache
 from .static_cache import StaticKVCache, round_up
@@ -49,7 +50,6 @@ from .triton_kernels import HAS_TRITON
 from .vision import Positions, clip_layer_fn, sam_block_eager, sam_block_fn
 from .weights import LMWeights
 
-DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
 # compiled SAM blocks and CLIP layers specialise on shapes (2 block kinds x 2 view sizes x each tile count in use;
 # CLIP: each view-group layout); each function's compiles count against this one limit, shared by all engines
 SAM_RECOMPILE_LIMIT = 64

@@ -99,7 +99,8 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     on_pred = dict(zip(keys, workload_stage_totals(spec, ws, prediction))) if pred is not None else {}
     pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU
         "predicted_profile": pred.profile.label(), "predicted_derived": pred.profile.derived,
-        "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode}
+        "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode,
+        "predicted_engine": pred.engine.label(), "predicted_routing": pred.routing_label()}
     rows = []
     for _, p in pts.iterrows():
         w = workloads[p["key"]]
