@@ -27,7 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "ttft", "tpot")
+from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
+
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
 
 
@@ -68,15 +69,11 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
 
 def predicted(spec, workload, profile, mode: str, work: str, overlap: str = "row") -> dict[str, float]:
     """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps)."""
-    from dsocr_core.analytic import stage_totals
     from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.results.prediction_check import predicted_stages
 
-    st = stage_totals(spec, workload, with_profile(profile_hardware(profile), profile, mode, work, overlap))
-    out = {s: st[s]["predicted_s"] for s in ("sam", "clip", "projector", "vision", "prefill", "decode")}
-    out["ttft"] = out["vision"] + out["prefill"]
-    out["tpot"] = out["decode"] / max(workload.decode_steps, 1)
-    out["roofline_ttft"] = st["vision"]["predicted_roofline_s"] + st["prefill"]["predicted_roofline_s"]
-    return out
+    return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, mode, work,
+                                                           overlap))[0]
 
 
 def measured(store, run_id: str) -> list[dict]:
@@ -96,19 +93,6 @@ def measured(store, run_id: str) -> list[dict]:
         if "decode_step" in s:
             s["tpot"] = s["decode_step"]
     return list(out.values())
-
-
-def summarize(rows: list[dict]) -> dict[str, dict]:
-    """Per stage: points, median / p90 / max absolute relative error, median signed error."""
-    out = {}
-    for stage in STAGES:
-        err = np.array([r["error"][stage] for r in rows if stage in r["error"]], dtype=float)
-        if err.size == 0:
-            continue
-        a = np.abs(err)
-        out[stage] = {"n": int(err.size), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
-                      "max_abs": float(a.max()), "median_signed": float(np.median(err))}
-    return out
 
 
 def table(summary: dict, mode: str) -> str:
@@ -261,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             pred = predicted(spec, w, profile, mode, args.work, args.overlap)
             meas = rec["stages"]
-            err = {s: pred[s] / meas[s] - 1.0 for s in STAGES if s in meas and meas[s] > 0}
+            err = relative_errors(pred, meas)
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
                          "predicted_s": pred, "error": err})
         summary = summarize([r for r in rows if r["status"] == "done"])

@@ -1,13 +1,29 @@
-"""How a stored run is named wherever the pages list one: ui.measured.run_title plus the session mode it was
-measured in (reference | fast; the run store records it with every run)."""
+"""How a stored run is named wherever the pages list one: ui.measured.run_title plus the engine it was measured
+with (its session mode and any non-default option; the run store records the engine description with every run).
+Torch-free."""
 from __future__ import annotations
+
+from dsocr_core.engines import run_engine
 
 from . import measured as ms
 
 
 def run_mode(run: dict) -> str:
-    """e.g. 'fast session mode' ('unrecorded session mode' for runs stored before modes were recorded)."""
-    return f"{run.get('session_mode') or 'unrecorded'} session mode"
+    """e.g. 'fast session mode', 'fast session mode (bucket=128)' ('unrecorded session mode' for runs stored
+    before modes were recorded)."""
+    if not run.get("session_mode"):
+        return "unrecorded session mode"
+    engine, _ = run_engine(run)
+    options = engine.label()[len(engine.kind):]
+    return f"{engine.kind} session mode{options}"
+
+
+def engine_note(run: dict) -> str:
+    """What the pages say about a run's engine description: recorded, or assumed (runs stored before)."""
+    engine, recorded = run_engine(run)
+    if recorded:
+        return f"engine {engine.label()} (recorded with the run)"
+    return f"engine {engine.kind} with its default options (assumed: the run predates engine descriptions)"
 
 
 def run_session_mode(run: dict) -> str:

@@ -95,7 +95,7 @@ def touched_experts(c: Call, tokens):
     s = c.spec
     if c.routing is None:
         return expected_experts(s.n_routed_experts, s.num_experts_per_tok, tokens)
-    return c.routing.distinct(s.n_routed_experts, s.num_experts_per_tok, tokens)
+    return c.routing.touched(s.n_routed_experts, s.num_experts_per_tok, tokens)
 
 
 # -------------------------------------------------------------------------------------------------- vision
