@@ -29,13 +29,16 @@ def half_uniform(tokens=(8.0, 512.0)) -> Routing:
 
 def test_touched_interpolates_the_observed_ratio_and_stays_possible():
     r = half_uniform()
-    t = np.array([1.0, 8.0, 64.0, 512.0, 4096.0])
+    t = np.array([1.0, 4.0, 8.0, 64.0, 512.0, 4096.0])
     got = r.touched(E, K, t)
     uniform = expected_experts(E, K, t)
     assert got[0] == pytest.approx(K)  # one token always reaches its k experts
-    assert got[1] == pytest.approx(0.5 * uniform[1]) and got[2] == pytest.approx(0.5 * uniform[2])
-    assert got[4] == pytest.approx(0.5 * uniform[4])  # ratio held past the last observed count
+    assert got[2] == pytest.approx(0.5 * uniform[2]) and got[3] == pytest.approx(0.5 * uniform[3])
+    assert got[4] == pytest.approx(0.5 * uniform[4])
+    # outside the observed 8-512 tokens per call the routing says nothing: uniform
+    assert got[1] == pytest.approx(uniform[1]) and got[5] == pytest.approx(uniform[5])
     assert (got >= K).all() and (got <= E).all()
+    assert r.touched(E, K, 64.0) == pytest.approx(0.5 * expected_experts(E, K, 64.0))  # scalars too
 
 
 def test_a_routing_for_another_model_is_refused():
@@ -91,7 +94,7 @@ def test_observed_routing_lowers_the_predicted_moe_time():
     uniform = with_profile(profile_hardware(prof), prof, "fast")
     observed = with_profile(profile_hardware(prof), prof, "fast", routing=half_uniform())
     assert uniform.prediction.routing_label() == UNIFORM_ROUTING
-    assert observed.prediction.routing_label() == "observed (test)"
+    assert observed.prediction.routing_label().startswith("observed (test; 8-512 tokens per call")
     (u,), (o,) = predicted_stages(ModelSpec(), [w], uniform), predicted_stages(ModelSpec(), [w], observed)
     assert o["tpot"] < 0.95 * u["tpot"] and o["sam"] == pytest.approx(u["sam"])
 
@@ -134,3 +137,39 @@ def test_a_measured_run_is_predicted_with_its_observed_routing(measured_run):
     assert observed_routing(run, no_routing) is None
     hw = run_prediction(run, no_routing, with_profile(profile_hardware(prof), prof, "fast"))
     assert hw.prediction.routing_label() == UNIFORM_ROUTING
+
+
+def test_cli_saves_a_runs_routing_and_predicts_what_ifs_with_it(measured_run, tmp_path, capsys):
+    from dsocr_core.cli import main
+
+    store, run_id = measured_run
+    out = tmp_path / "routing.json"
+    assert main(["runs", run_id[:12], "--store", str(store.path), "--save-routing", str(out)]) == 0
+    assert "saved the routing" in capsys.readouterr().out
+    assert load_routing(out).source.startswith(f"run {run_id[:8]}")
+    args = ["analytic", "--spec", "tiny", "--mode", "base", "--batch", "8", "--decode-steps", "4", "--logits",
+            "last", "--profile", str(PROFILE), "--session-mode", "fast", "--json"]
+    assert main(args) == 0
+    uniform = json.loads(capsys.readouterr().out)
+    assert main(args + ["--routing", str(out)]) == 0
+    observed = json.loads(capsys.readouterr().out)
+    assert uniform["prediction"]["routing"] == UNIFORM_ROUTING
+    assert observed["prediction"]["routing"] == load_routing(out).label()
+
+
+def test_cli_refuses_routing_it_cannot_use(measured_run, tmp_path, capsys):
+    from dsocr_core.cli import main
+
+    store, run_id = measured_run
+    assert main(["analytic", "--routing", str(tmp_path / "none.json")]) == 2
+    assert "--routing needs --profile" in capsys.readouterr().err
+    assert main(["analytic", "--profile", str(PROFILE), "--routing", str(tmp_path / "none.json")]) == 2
+    assert "none.json: no such file" in capsys.readouterr().err
+    full = half_uniform().save(tmp_path / "full.json")  # k=6 of E=64: not the tiny model's experts
+    assert main(["analytic", "--spec", "tiny", "--batch", "4", "--decode-steps", "2", "--profile", str(PROFILE),
+                 "--routing", str(full)]) == 2
+    assert "k=6 of E=64" in capsys.readouterr().err
+    bare = RunStore(tmp_path / "bare.sqlite")
+    rid = bare.import_run(PROFILE.parents[1] / "reference" / "h200_fast.json")  # measured before routing records
+    assert main(["runs", rid[:12], "--store", str(bare.path), "--save-routing", str(tmp_path / "r.json")]) == 2
+    assert "recorded no MoE routing" in capsys.readouterr().err and not (tmp_path / "r.json").exists()

@@ -5,7 +5,9 @@ of E experts uniformly and independently: E x (1 - (1 - k/E)^T) (analytic/lm.py 
 are not uniform: synthetic weights, for one, send a batch of tokens to far fewer experts (docs/accuracy.md). A
 `Routing` holds what a measured run observed: per tokens-per-call, the mean distinct experts per MoE layer and
 call (recorded by measure/routing_record.py). Between observed token counts the ratio observed / uniform is
-interpolated in log(tokens), and held constant past the ends; the result stays within [k, E].
+interpolated in log(tokens); outside the observed range the routing says nothing, so uniform routing is used
+there (a decode-only profile, 1-64 tokens per call, must not set the experts a 700-token prefill reaches); the
+result stays within [k, E].
 
 A routing profile is that table in a JSON file (`format` "dsocr-routing-profile", version 1), saved from a run
 (`python -m dsocr_core runs RUN --save-routing FILE`, or the MFU page) and chosen for what-if predictions (the
@@ -64,12 +66,15 @@ class Routing:
                             f"the model picks k={k} of E={n_experts}")
         tokens = np.asarray(tokens, dtype=float)
         uniform = expected_experts(n_experts, k, tokens)
-        ratio = np.interp(np.log(np.maximum(tokens, 1.0)), np.log(np.asarray(self.tokens)), self.ratios())
+        inside = (tokens >= self.tokens[0]) & (tokens <= self.tokens[-1])
+        ratio = np.where(inside, np.interp(np.log(np.maximum(tokens, 1.0)), np.log(np.asarray(self.tokens)),
+                                           self.ratios()), 1.0)
         low = np.where(tokens > 0, float(min(k, n_experts)), 0.0)
         return np.clip(ratio * uniform, low, np.minimum(float(n_experts), k * tokens))
 
     def label(self) -> str:
-        return f"observed ({self.source})"
+        return (f"observed ({self.source}; {self.tokens[0]:g}-{self.tokens[-1]:g} tokens per call, uniform "
+                "outside)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "experts": self.experts, "k": self.k,

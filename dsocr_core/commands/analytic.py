@@ -44,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--session-mode", default="reference",
                    help=f"the engine the prediction is for: {' or '.join(ENGINES)}")
     p.add_argument("--engine-options", metavar="JSON", help=f"with --profile: {options_help()}")
+    p.add_argument("--routing", metavar="FILE",
+                   help="with --profile: the MoE routing a measured run observed (a routing profile, saved with "
+                        "runs RUN --save-routing FILE); default uniform routing (assumed)")
     p.add_argument("--work", default="engine", help=argparse.SUPPRESS)  # engine | analytic (see analytic/predict)
     p.add_argument("--overlap", default="row", help=argparse.SUPPRESS)  # row | kernel (see analytic/predict)
     p.set_defaults(func=run)
@@ -111,15 +114,19 @@ def _hardware(name: str):
 def _with_profile(hw, args):
     """The hardware plus the calibration profile's prediction (--profile), or the hardware alone."""
     if not args.profile:
+        if args.routing:
+            raise SpecError("--routing needs --profile: the routing changes the predicted time, not the roofline")
         return hw
     from ..analytic.predict import with_profile
+    from ..analytic.routing import load_routing
     from ..calibration.profile import load_profile
 
     mode = _choice(args.session_mode, tuple(ENGINES), "session-mode")
     work = _choice(args.work, ("engine", "analytic"), "work")
     overlap = _choice(args.overlap, ("row", "kernel"), "overlap")
     engine = EngineSpec.of(mode, parse_options(args.engine_options))
-    return with_profile(hw, load_profile(args.profile), engine, work, overlap)
+    routing = load_routing(args.routing) if args.routing else None
+    return with_profile(hw, load_profile(args.profile), engine, work, overlap, routing)
 
 
 def _one_line(exc: ValidationError) -> str:
