@@ -57,22 +57,33 @@ MODE_OF_TABLE = {"Fast session mode": "fast", "Reference session mode": "referen
 BUNDLED_TITLE = "A third, independent check: the bundled H200 runs"
 BUNDLED = {"fast mode": ("h200_fast.json", "h200.json"), "reference mode": ("h200_reference.json", "h200.json")}
 BUNDLED_STAGES = {"LM prefill": "prefill", "decode step": "decode_step"}
+# the batched points' TPOT with uniform and with the observed routing: row (mode, point set) -> source file
+ROUTED_TITLE = "Batched decode with the observed routing"
+ROUTED_ROWS = {"H200 own": "h200_prediction_accuracy.json",
+               "H200 confirmation": "h200_prediction_accuracy_confirm.json",
+               "H100 own": "h100_prediction_accuracy.json",
+               "H100 confirmation": "h100_prediction_accuracy_confirm.json",
+               "H100 from the H200-derived profile": "h100_from_h200_prediction_accuracy.json"}
+ROUTING = ROOT / "data" / "routing" / "h200_synthetic_decode.json"
+ROUTED_COLUMNS = {"uniform routing (assumed)": None, "observed routing": ROUTING}
 
 CELL = re.compile(r"^\s*([\d.]+)% / ([\d.]+)% / ([\d.]+)% \([+-]?[\d.]+%\)\s*$")
 
 
 def stated_tables(text: str) -> dict[str, dict]:
-    """{table title: {"columns": [names], "points": {column: n} (from the title line's "points: ..."), "rows":
-    {stage: [(median, max) per column]}}} for every table of error cells, titled by the bold text of the
-    paragraph just before it (tables of other cells, e.g. the roofline's, are left out)."""
+    """{table title: {"columns": [names], "points": {column: n} (from the header or the title line's "points:
+    ..."), "rows": {row: [(median, max) per column]}, "points_line"}} for every table of error cells (rows by
+    stage, or by point set), titled by the bold text of the paragraph just before it (tables of other cells, e.g.
+    the roofline's, are left out)."""
     found, title, points_line, current = [], None, "", None
     for line in text.splitlines():
         if line.startswith("**") or line.startswith("### ") or line.startswith("## "):
             bold = re.match(r"\*\*(.+?)\*\*", line)
             title, points_line, current = (bold.group(1).rstrip(".:") if bold else None), line, None
-        elif line.startswith("| stage |") and title is not None:
+        elif re.match(r"\| (stage|points) \|", line) and title is not None:
             columns = [c.strip() for c in line.strip().strip("|").split("|")][1:]
-            current = {"columns": [re.sub(r" \(\d+ points\)$", "", c) for c in columns], "points": {}, "rows": {}}
+            current = {"columns": [re.sub(r" \(\d+ points\)$", "", c) for c in columns], "points": {}, "rows": {},
+                       "points_line": points_line}
             found.append((title, current))
             for c in columns:
                 n = re.search(r"\((\d+) points\)$", c)
@@ -103,12 +114,15 @@ def stated(table: dict, column: str) -> dict[str, tuple[float, float]]:
     return {stage: cells[i] for stage, cells in table["rows"].items()}
 
 
-def accuracy_summary(file: str, mode: str, keep, profile=None) -> tuple[dict, int]:
+def accuracy_summary(file: str, mode: str, keep, profile=None, routing=None) -> tuple[dict, int]:
+    """The summary of one result's points of `mode` predicted again; `keep`: (workload field, value) or a
+    predicate on the workload; None keeps every point."""
     result = json.loads((RESULTS / file).read_text())
     profile = profile or load_profile(ROOT / result["profile"]["path"])
-    rows = accuracy_errors(result, profile, mode)
+    rows = accuracy_errors(result, profile, mode, routing)
     if keep is not None:
-        rows = [r for r in rows if getattr(r["workload"], keep[0]) == keep[1]]
+        test = keep if callable(keep) else (lambda w: getattr(w, keep[0]) == keep[1])
+        rows = [r for r in rows if test(r["workload"])]
     return summarize(rows), len(rows)
 
 
@@ -161,6 +175,30 @@ def test_bundled_runs_predict_within_the_stated_errors(tables, bundled_store, co
     assert len(rows) == table["points"][column]
     want = {BUNDLED_STAGES.get(s, s): v for s, v in stated(table, column).items()}
     breaches = exceeded(summarize(rows, tuple(want)), want, MARGIN, f"{file}: ")
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_routed_table_names_every_row_this_check_reads(tables):
+    table = tables[ROUTED_TITLE]
+    assert set(table["columns"]) == set(ROUTED_COLUMNS)
+    want = {f"{mode}, {name}" for name in ROUTED_ROWS for mode in ("fast", "reference")} - {
+        "reference, H100 confirmation"}  # the H100 confirmation set measured the fast mode only
+    assert set(table["rows"]) == want
+
+
+@pytest.mark.parametrize("column", list(ROUTED_COLUMNS))
+def test_batched_decode_predicts_within_the_stated_errors_with_each_routing(tables, column):
+    from dsocr_core.analytic.routing import load_routing
+
+    table = tables[ROUTED_TITLE]
+    routing = None if ROUTED_COLUMNS[column] is None else load_routing(ROUTED_COLUMNS[column])
+    breaches = []
+    for row in table["rows"]:
+        mode, name = row.split(", ", 1)
+        summary, n = accuracy_summary(ROUTED_ROWS[name], mode, lambda w: w.batch > 1, routing=routing)
+        stated_n = re.search(re.escape(row) + r" (\d+)(,|$)", table["points_line"])
+        assert stated_n and n == int(stated_n.group(1)), f"{row}: {n} batched points"
+        breaches += exceeded(summary, {"tpot": stated(table, column)[row]}, MARGIN, f"{row}, {column}: ")
     assert not breaches, "\n".join(breaches)
 
 

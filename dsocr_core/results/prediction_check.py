@@ -58,11 +58,12 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
     return out
 
 
-def accuracy_errors(result: Mapping[str, Any], profile, mode: str) -> list[dict]:
+def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
-    overlap): [{"workload": Workload, "measured_s", "predicted_s", "error"}]. A result without that mode, or with
-    settings the predictor refuses, raises a SpecError naming them."""
+    overlap), with `routing` (analytic/routing.py; None: uniform): [{"workload": Workload, "measured_s",
+    "predicted_s", "error"}]. A result without that mode, or with settings the predictor refuses, raises a
+    SpecError naming them."""
     from ..analytic.predict import profile_hardware, with_profile
 
     settings = result.get("settings") or {}
@@ -74,7 +75,7 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str) -> list[dict]
     if preset not in PRESETS:
         raise SpecError(f"settings.synthetic must be one of {', '.join(PRESETS)}, got {preset!r}")
     hw = with_profile(profile_hardware(profile), profile, mode, settings.get("work", "engine"),
-                      settings.get("overlap", "row"))
+                      settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
     preds = predicted_stages(PRESETS[preset](), workloads, hw)
