@@ -8,7 +8,7 @@ import ui
 from dsocr_core.results.analytic_join import FLAG_NOTE, summarize, summary_frame
 from ui import charts, prediction, resources, routing_choice
 from ui import measured as ms
-from ui.runs import engine_note, run_mode, run_session_mode, run_title
+from ui.runs import run_caption, run_session_mode, run_title
 
 settings = ui.page_setup()
 st.title("MFU and MBU")
@@ -36,7 +36,7 @@ if use_sidebar:
     if not ms.is_gpu_run(run):
         st.warning(f"This run was measured on the CPU; its MFU against {settings.hardware.name} is only a "
                    "demonstration of the method.")
-st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}; {ms.md(engine_note(run))}")
+st.caption(run_caption(run))
 if ds is None and cal is None:
     st.warning("This run has no GPU ceilings (no datasheet preset matches its device and it stored no "
                "calibration): turn on the sidebar's ceilings to compute MFU and MBU against them.")

@@ -81,7 +81,8 @@ def render(side) -> tuple[str | None, int, str]:
     except (OSError, RoutingError) as exc:
         side.error(f"{md(exc)} — predicting with uniform routing instead.")
         return None, 0, UNIFORM_ROUTING
-    side.caption(f"Routing: {md(routing.label())}")
+    side.caption(f"Routing: {md(routing.label())}, for models whose tokens pick k={routing.k} of E={routing.experts} "
+                 "routed experts")
     return str(path), mtime, routing.label()
 
 

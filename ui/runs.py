@@ -34,3 +34,9 @@ def run_session_mode(run: dict) -> str:
 
 def run_title(run: dict) -> str:
     return f"{ms.run_title(run)} · {run_mode(run)}"
+
+
+def run_caption(run: dict) -> str:
+    """The caption under a chosen run (markdown-escaped): its label, engine, flags and whether the engine
+    description was recorded with it."""
+    return f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}; {ms.md(engine_note(run))}"
