@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsocr_core.engines import SESSION_MODES  # noqa: E402
 from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cuda", help="cuda or cpu (default cuda)")
     ap.add_argument("--quick", action="store_true", help="tiny model, two points, short calibration (CPU test)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="calibration budget when calibrating")
-    ap.add_argument("--modes", default="reference,fast", help="session modes to measure (default both)")
+    ap.add_argument("--modes", default=",".join(SESSION_MODES), help="session modes to measure (default all)")
     ap.add_argument("--groups", default=",".join(DEFAULT_GROUPS),
                     help="point groups (default the first four): grids (vendor tile grids + untiled page), native "
                          "(the four native modes), text (500/2000/3300 text tokens on a 2x2 page), batch (4/16/64 "
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
     steps = args.decode_steps or (2 if quick else 32)
     repeats = args.repeats or (1 if quick else 3)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(SESSION_MODES):
+        ap.error(f"--modes: choose from {', '.join(SESSION_MODES)}, got {args.modes!r}")
     t0 = time.perf_counter()
     if args.profile:
         profile = load_profile(args.profile)
