@@ -311,3 +311,27 @@ def test_mfu_page_shows_the_observed_routing_and_saves_it_for_what_if_prediction
     at.run()  # the saved profile is selected in the sidebar on the next run
     assert at.sidebar.selectbox(key="sb_routing").value == f"saved:{saved.name}"
     assert f"Routing: observed (run {run_id[:8]}" in sidebar_text(at)
+
+
+def test_what_if_predictions_take_the_sidebars_routing_profile(data, tmp_path, monkeypatch):
+    at = pick(goto(make_app(), "analytic"), H200)
+    assert at.sidebar.selectbox(key="sb_routing").value == "uniform"
+    assert "MoE routing uniform (assumed)" in plain(page_text(open_tab(at, "an_tab", "Time")))
+    uniform = export_frame(open_tab(at, "an_tab", "Download"))
+    assert uniform["predicted.routing"].eq("uniform (assumed)").all()
+
+    at.sidebar.selectbox(key="sb_routing").set_value("repo:h200_synthetic_decode.json").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "k=6 of E=64" in sidebar_text(at)
+    observed = export_frame(at)
+    assert observed["predicted.routing"].str.startswith("observed (routing_spread.py").all()
+    assert (observed["decode.predicted_s"] <= uniform["decode.predicted_s"] * (1 + 1e-9)).all()
+    assert (observed["sam.predicted_s"] == uniform["sam.predicted_s"]).all()
+
+    (tmp_path / "routing").mkdir()  # a malformed routing profile: named, and the prediction stays uniform
+    (tmp_path / "routing" / "bad.json").write_text('{"format": "dsocr-routing-profile"}')
+    monkeypatch.setenv("DSOCR_ROUTING_DIR", str(tmp_path / "routing"))
+    at.run()
+    at.sidebar.selectbox(key="sb_routing").set_value("repo:bad.json").run()
+    assert "bad.json: format_version must be 1" in sidebar_text(at)
+    assert export_frame(at)["predicted.routing"].eq("uniform (assumed)").all()
