@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..analytic.routing import routing_from_dict
 from ..spec import PRESETS, Hardware, ModelSpec, SpecError, Workload
 from .analytic_join import compare_run, workload_stage_totals
 from .store import RunStore
@@ -61,9 +62,9 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
-    overlap), with `routing` (analytic/routing.py; None: uniform): [{"workload": Workload, "measured_s",
-    "predicted_s", "error"}]. A result without that mode, or with settings the predictor refuses, raises a
-    SpecError naming them."""
+    overlap), with `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing"
+    entry), else uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. A result without that
+    mode, or with settings the predictor refuses, raises a SpecError naming them."""
     from ..analytic.predict import profile_hardware, with_profile
 
     settings = result.get("settings") or {}
@@ -71,6 +72,8 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None)
     if entry is None:
         have = sorted(result.get("modes") or {})
         raise SpecError(f"the accuracy result has no {mode!r} session mode (it has {have})")
+    if routing is None and entry.get("routing"):
+        routing = routing_from_dict(entry["routing"], f"the {mode} mode's recorded routing")
     preset = settings.get("synthetic") or "full"
     if preset not in PRESETS:
         raise SpecError(f"settings.synthetic must be one of {', '.join(PRESETS)}, got {preset!r}")
