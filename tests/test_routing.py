@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from dsocr_core.analytic.lm import expected_experts
@@ -173,3 +174,19 @@ def test_cli_refuses_routing_it_cannot_use(measured_run, tmp_path, capsys):
     rid = bare.import_run(PROFILE.parents[1] / "reference" / "h200_fast.json")  # measured before routing records
     assert main(["runs", rid[:12], "--store", str(bare.path), "--save-routing", str(tmp_path / "r.json")]) == 2
     assert "recorded no MoE routing" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def test_a_dataset_page_whose_flops_are_reused_records_no_routing_of_another_page():
+    """FLOPs follow the shape, routing follows the content: a page that reuses an earlier page's FLOP count
+    (--flops shape) stores no routing rather than the other page's."""
+    from dsocr_core.measure.dataset_run import FlopCache
+    from dsocr_core.runtime.inputs import synthetic_inputs
+    from dsocr_core.runtime.session import Session
+
+    session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    cache = FlopCache(session, "shape")
+    first, how = cache.counted(synthetic_inputs("tiny", (1, 1), 12, 1, seed=1, dtype=torch.float32), "last")
+    assert how == "counted" and first["routing"]["prefill"]["distinct"]
+    again, how = cache.counted(synthetic_inputs("tiny", (1, 1), 12, 1, seed=2, dtype=torch.float32), "last")
+    assert how == "same shape" and again["routing"] is None and again["prefill"] == first["prefill"]
+    assert first["routing"] is not None  # the cached count keeps the first page's own record
