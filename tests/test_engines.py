@@ -106,8 +106,12 @@ def test_the_session_builds_its_engine_from_the_description_and_runs_store_it(tm
     run_id = run_sweep(s, store, [Workload(mode="tiny", decode_steps=2)], repeats=1, warmup=0)
     engine, recorded = run_engine(store.get_run(run_id))
     assert recorded and engine == s.engine_spec
+    from dsocr_core.results.runs import engine_note, run_details
+
+    assert "engine fast (bucket=64, graph_steps=3) (recorded with the run)" in run_details(store.get_run(run_id))
     # a run stored before engine descriptions: its session mode's defaults, said so
     assert run_engine({"session_mode": "fast", "meta": {}}) == (EngineSpec.of("fast"), False)
+    assert "default options (assumed" in engine_note({"session_mode": "fast", "meta": {}})
     with pytest.raises(SpecError, match="bucket"):
         Session.load(synthetic="tiny", device="cpu", session_mode="fast", engine_options={"bucket": -1})
 

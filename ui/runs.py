@@ -4,6 +4,7 @@ Torch-free."""
 from __future__ import annotations
 
 from dsocr_core.engines import run_engine
+from dsocr_core.results.runs import engine_note
 
 from . import measured as ms
 
@@ -16,14 +17,6 @@ def run_mode(run: dict) -> str:
     engine, _ = run_engine(run)
     options = engine.label()[len(engine.kind):]
     return f"{engine.kind} session mode{options}"
-
-
-def engine_note(run: dict) -> str:
-    """What the pages say about a run's engine description: recorded, or assumed (runs stored before)."""
-    engine, recorded = run_engine(run)
-    if recorded:
-        return f"engine {engine.label()} (recorded with the run)"
-    return f"engine {engine.kind} with its default options (assumed: the run predates engine descriptions)"
 
 
 def run_session_mode(run: dict) -> str:
