@@ -190,3 +190,14 @@ def test_a_dataset_page_whose_flops_are_reused_records_no_routing_of_another_pag
     again, how = cache.counted(synthetic_inputs("tiny", (1, 1), 12, 1, seed=2, dtype=torch.float32), "last")
     assert how == "same shape" and again["routing"] is None and again["prefill"] == first["prefill"]
     assert first["routing"] is not None  # the cached count keeps the first page's own record
+
+
+def test_the_routing_travels_with_an_exported_run(measured_run, tmp_path):
+    """A run measured on a GPU machine and imported into the dashboard's store keeps its routing records."""
+    store, run_id = measured_run
+    path = store.export_run(run_id, tmp_path / "run.json")
+    other = RunStore(tmp_path / "other.sqlite")
+    rid = other.import_run(path)
+    here = observed_routing(store.get_run(run_id), store.points(run_id))
+    there = observed_routing(other.get_run(rid), other.points(rid))
+    assert there.tokens == here.tokens and there.observed == pytest.approx(here.observed)
