@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import commands
+from .engines import ENGINES, options_help, parse_options
 
 
 class UserError(Exception):
@@ -54,8 +55,9 @@ def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> 
     src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
     p.add_argument(seed_flag, dest="weights_seed", type=int, default=0, metavar="N",
                    help="seed of --synthetic weights")
-    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
-                   help="reference: our PyTorch model as written; fast: static cache, grouped experts, CUDA graphs")
+    p.add_argument("--session-mode", choices=list(ENGINES), default="reference",
+                   help="; ".join(f"{k.name}: {k.help}" for k in ENGINES.values()))
+    p.add_argument("--engine-options", metavar="JSON", help=options_help())
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
@@ -66,7 +68,8 @@ def session_from_args(args):
     from .runtime.session import Session
 
     return Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                        session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
+                        session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
+                        engine_options=parse_options(getattr(args, "engine_options", None)))
 
 
 def build_parser() -> argparse.ArgumentParser:

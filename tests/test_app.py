@@ -7,6 +7,7 @@ import io
 import json
 import os
 import struct
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -523,7 +524,7 @@ def test_fast_mode_that_cannot_be_built_falls_back_with_the_reason(no_reference,
     build = core.build_engine
 
     def broken(mode, *args, **kwargs):
-        if mode == "fast":
+        if getattr(mode, "kind", mode) == "fast":  # an engine description (or a bare session mode)
             raise RuntimeError("Triton is not installed")
         return build(mode, *args, **kwargs)
 
@@ -578,3 +579,30 @@ def test_dataset_run_started_from_the_page_records_the_session_mode(no_reference
     at.text_input(key="ds_source").set_value(str(tmp_path / "nowhere"))
     [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
     assert any("no such folder" in e for e in texts(at, "error"))
+
+
+def test_the_loaded_model_builds_any_registered_engine_once_and_one_at_a_time(monkeypatch):
+    """LoadedModel asks the engine registry nothing by name: a session mode other than the reference's is built
+    with with_mode on first use, kept while chosen, dropped when another mode is chosen."""
+    from ui import resources
+
+    built = []
+
+    class FakeSession:
+        session_mode = "reference"
+        lock = threading.Lock()
+
+        def with_mode(self, mode):
+            other = FakeSession()
+            other.session_mode, other.engine = mode, object()
+            built.append(mode)
+            return other
+
+    monkeypatch.setattr(resources, "free_device_memory", lambda: None)
+    loaded = resources.LoadedModel(FakeSession())
+    assert loaded.needs_build("fast") and not loaded.needs_build("reference")
+    fast, refusal = loaded.session("fast")
+    assert refusal is None and fast.session_mode == "fast" and not loaded.needs_build("fast")
+    assert loaded.session("fast") == (fast, None) and built == ["fast"]  # kept, not rebuilt on a rerun
+    assert loaded.session("other")[0].session_mode == "other" and loaded.other[0] == "other"  # one at a time
+    assert loaded.session("reference") == (loaded.reference, None) and loaded.other is None

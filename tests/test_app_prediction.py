@@ -296,3 +296,61 @@ def test_a_profile_that_cannot_time_every_kernel_is_refused_up_front(data):
     assert "gemm_only.json cannot predict: no table times" in error and "memory.elementwise" in error
     open_tab(at, "an_tab", "Time")
     assert not at.exception
+
+
+def test_mfu_page_shows_the_observed_routing_and_saves_it_for_what_if_predictions(data):
+    store = RunStore(data / "runs.sqlite")
+    run_id = cpu_run(store, modes=("tiny",))
+    w = {"mode": "base", "text_tokens": 10, "batch": 2, "decode_steps": 2, "dtype": "float32", "attn": "sdpa",
+         "logits": "all", "crops": None, "image_size": None, "min_crops": 2, "max_crops": 9}
+    stages = {s: {"median_s": t, "p10_s": t, "p90_s": t, "repeats": 3}
+              for s, t in (("sam", 0.01), ("clip", 0.004), ("projector", 0.001), ("vision", 0.015),
+                           ("prefill", 0.05), ("decode", 0.02), ("decode_step", 0.01))}
+    # the routing records of the FLOP-counting pass (measure/routing_record.py): the tiny model's 2 MoE layers
+    stages["prefill"]["routing"] = {"tokens": 546, "distinct": [8, 7]}
+    stages["decode_step"]["routing"] = {"tokens": 2, "distinct": [[2, 3], [2, 2]]}
+    store.put_point(run_id, w, "done", stages=stages)
+
+    at = pick(goto(make_app(), "mfu"), H200)
+    at.selectbox(key="mfu_run").set_value(run_id).run()
+    at.toggle(key="mfu_sidebar").set_value(True).run()  # a CPU run: MFU against the sidebar's ceilings
+    assert "MoE routing: observed vs assumed" in page_text(at)
+    table = [f.value for f in at.dataframe if "observed distinct experts" in f.value.columns][0]
+    assert list(table["tokens per call"]) == [2, 546] and list(table["layer-calls"]) == [4, 2]
+    assert table["observed distinct experts"].tolist() == pytest.approx([2.25, 7.5])
+    assert "engine reference with its default options (assumed" in plain(page_text(at))
+    cmp = [f.value for f in at.dataframe if "predicted_routing" in f.value.columns][0]
+    assert cmp["predicted_routing"].str.startswith(f"observed (run {run_id[:8]}").all()
+
+    assert "h200_synthetic_decode.json (data/routing)" in at.sidebar.selectbox(key="sb_routing").options
+    at.button(key="mfu_save_routing").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    saved = data / "routing_profiles" / f"run_{run_id[:8]}.json"
+    assert saved.is_file()
+    at.run()  # the saved profile is selected in the sidebar on the next run
+    assert at.sidebar.selectbox(key="sb_routing").value == f"saved:{saved.name}"
+    assert f"Routing: observed (run {run_id[:8]}" in sidebar_text(at)
+
+
+def test_what_if_predictions_take_the_sidebars_routing_profile(data, tmp_path, monkeypatch):
+    at = pick(goto(make_app(), "analytic"), H200)
+    assert at.sidebar.selectbox(key="sb_routing").value == "uniform"
+    assert "MoE routing uniform (assumed)" in plain(page_text(open_tab(at, "an_tab", "Time")))
+    uniform = export_frame(open_tab(at, "an_tab", "Download"))
+    assert uniform["predicted.routing"].eq("uniform (assumed)").all()
+
+    at.sidebar.selectbox(key="sb_routing").set_value("repo:h200_synthetic_decode.json").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "k=6 of E=64" in sidebar_text(at)
+    observed = export_frame(at)
+    assert observed["predicted.routing"].str.startswith("observed (routing_spread.py").all()
+    assert (observed["decode.predicted_s"] <= uniform["decode.predicted_s"] * (1 + 1e-9)).all()
+    assert (observed["sam.predicted_s"] == uniform["sam.predicted_s"]).all()
+
+    (tmp_path / "routing").mkdir()  # a malformed routing profile: named, and the prediction stays uniform
+    (tmp_path / "routing" / "bad.json").write_text('{"format": "dsocr-routing-profile"}')
+    monkeypatch.setenv("DSOCR_ROUTING_DIR", str(tmp_path / "routing"))
+    at.run()
+    at.sidebar.selectbox(key="sb_routing").set_value("repo:bad.json").run()
+    assert "bad.json: format_version must be 1" in sidebar_text(at)
+    assert export_frame(at)["predicted.routing"].eq("uniform (assumed)").all()

@@ -235,10 +235,11 @@ def test_pages_without_a_model_never_import_torch():
 
 
 def test_session_modes_match_the_core():
+    from dsocr_core.engines import ENGINES
     from dsocr_core.runtime.engine import SESSION_MODES
     from ui import sidebar
 
-    assert sidebar.SESSION_MODES == SESSION_MODES
+    assert sidebar.SESSION_MODES == SESSION_MODES == tuple(ENGINES)
 
 
 def test_comparison_evaluates_the_analytic_model_once_per_group(with_reference, monkeypatch):

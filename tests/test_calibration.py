@@ -332,3 +332,14 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
     for mode in ("reference", "fast"):
         assert again["modes"][mode]["run_id"] == res["modes"][mode]["run_id"]
         assert again["modes"][mode]["summary"] == res["modes"][mode]["summary"]
+    # each mode was predicted with the routing its run recorded, and the result carries it: predicting the saved
+    # result again (what tests/test_prediction_regression.py does with the shipped ones) reads it back
+    from dsocr_core.results.prediction_check import accuracy_errors, summarize
+
+    saved = json.loads(out.read_text())
+    assert saved["settings"]["routing"] == "observed"
+    for mode, entry in saved["modes"].items():
+        assert entry["routing"]["source"].startswith(f"run {entry['run_id'][:8]}")
+        again = summarize(accuracy_errors(saved, load_profile(quick_profile_path), mode))
+        for stage, s in entry["summary"].items():
+            assert again[stage]["median_abs"] == pytest.approx(s["median_abs"], rel=1e-9, abs=1e-12), (mode, stage)

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 
 from dsocr_core.analytic import Points, analyze, evaluate, module_table, sweep_columns
-from dsocr_core.analytic.kernels import Call, plan
+from dsocr_core.analytic.kernels import Call
 from dsocr_core.analytic.predict import PREDICTED, Prediction, Predictor, with_profile
 from dsocr_core.analytic.stages import aggregate, all_rows, decode_step_rows, prefill_rows
 from dsocr_core.calibration.profile import build_profile, profile_from_dict, uniform_profile
 from dsocr_core.cli import main
+from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec, Workload, tiny_spec
 
@@ -117,7 +118,7 @@ def test_one_row_by_hand():
     assert f_total == f_g and b_r == pytest.approx(v * dt + v * 4)
     r_g, r_r = max(f_g / P, b_g / W), b_r / W
     roof = max(f_total / P, b_total / W)
-    pred = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1e-6), "reference"))
+    pred = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1e-6), EngineSpec.of("reference")))
     out = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in pred.row(row).items()}
     kernel = r_g / 0.5 - r_g + r_r / 0.25 - r_r
     assert out["predicted_roofline_s"] == pytest.approx(roof, rel=1e-12)
@@ -126,7 +127,7 @@ def test_one_row_by_hand():
     assert out["predicted_host_s"] == 0.0  # 2 host ops x 1 us do not outrun the device
     assert out["predicted_s"] == pytest.approx(roof + kernel + 4e-6, rel=1e-12)
     # host-bound: the device waits for the host, so the time is the host's
-    slow = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1.0), "reference"))
+    slow = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1.0), EngineSpec.of("reference")))
     out = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in slow.row(row).items()}
     assert out["predicted_s"] == pytest.approx(2.0, rel=1e-12)
     assert out["predicted_host_s"] == pytest.approx(2.0 - (roof + kernel + 4e-6), rel=1e-9)
@@ -167,7 +168,7 @@ def test_kernel_shares_never_exceed_the_row(mode):
                 list(zip(row.parts or (row.cost,), row.ctx))
             for cost, ctx in parts:
                 for fused in ((False, True) if mode == "fast" and ctx["phase"] == "decode" else (False,)):
-                    pl = plan(Call(row.kind, cost, ctx, mode, fused))
+                    pl = EngineSpec.of(mode).kernel_plan("cuda").plan(Call(row.kind, cost, ctx, fused))
                     f = sum((k.flops for k in pl.kernels), 0.0)
                     b = sum((k.nbytes for k in pl.kernels), 0.0)
                     assert np.all(f <= cost.flops * (1 + 1e-12) + 1e-6), row.kind

@@ -228,7 +228,8 @@ def _capacity(v: View) -> None:
                    "meets the target.")
 
 
-PROFILE_COLUMNS = ("predicted.profile", "predicted.derived", "predicted.device_kind", "predicted.session_mode")
+PROFILE_COLUMNS = ("predicted.profile", "predicted.derived", "predicted.device_kind", "predicted.session_mode",
+                   "predicted.engine", "predicted.routing")
 
 
 def _profile_columns(v: View) -> dict:

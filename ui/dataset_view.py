@@ -14,7 +14,7 @@ from dsocr_core.grounding import samples
 from . import dataset_results, inputs, resources, scale_out, sweeps, uploads_view
 from . import measured as ms
 from . import prediction as predictions
-from .runs import run_mode, run_title, show_order_check
+from .runs import run_caption, run_title, show_order_check
 
 SOURCES = {"uploads": "Uploaded pages", "path": "A folder, list file, PDF or image on this machine"}
 
@@ -144,7 +144,7 @@ def render(store, runs: list[dict], settings) -> None:
     run_id = st.selectbox("Dataset run", list(by_id), index=index, format_func=lambda i: run_title(by_id[i]),
                           key=key)
     run = by_id[run_id]
-    st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
+    st.caption(run_caption(run))
     show_order_check(run)
     gpu_preset = ms.run_ceilings(run)[0]
     hardware = gpu_preset or settings.hardware

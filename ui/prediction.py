@@ -19,18 +19,18 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 import streamlit as st
 
-from dsocr_core.analytic.predict import prediction_gaps, profile_hardware, with_profile
+from dsocr_core.analytic.predict import UNIFORM_ROUTING, prediction_gaps, profile_hardware, with_profile
 from dsocr_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
 from dsocr_core.spec import Hardware
 
-from . import resources, sweeps
+from . import resources, routing_choice, sweeps
 from .measured import md
 
 PROFILES_ENV = "DSOCR_PROFILES_DIR"  # the repository's profiles (tests point it at their own folder)
@@ -55,6 +55,9 @@ class ProfileChoice:
     derived: bool
     device_kind: str  # "cuda" | "cpu"
     origin: str  # where it came from (KINDS value)
+    routing_path: str | None = None  # the what-if routing profile (ui/routing_choice.py); None: uniform
+    routing_mtime_ns: int = 0
+    routing_label: str = UNIFORM_ROUTING
 
 
 # ------------------------------------------------------------------------------------------- folders
@@ -165,26 +168,26 @@ def current_profile(settings) -> Profile | None:
 
 
 def predicted_hardware(settings) -> Hardware | None:
-    """The sidebar's hardware carrying the prediction of the chosen profile in the sidebar's session mode, or None.
+    """The sidebar's hardware carrying the prediction of the chosen profile in the sidebar's session mode, under
+    the sidebar's routing, or None.
 
     Why the sidebar's ceilings and not the profile's own (profile_hardware): the time model times every row on the
     PROFILE's ceilings whatever Hardware it rides on (predict.Predictor reads profile.peak_flops / bandwidth), so
     the predicted figures are the same either way; the Hardware's ceilings only give the roofline columns
     (time_s, bound, the capacity bounds, memory fit), and the roofline shown beside the prediction must stay the
     one the sidebar chose."""
-    prof = current_profile(settings)
-    if prof is None:
-        return None
-    return with_profile(settings.hardware, prof, settings.model.session_mode)
+    pkey = key(settings)
+    return None if pkey is None or current_profile(settings) is None else attach(settings.hardware, pkey)
 
 
 def key(settings, mode: str | None = None) -> str | None:
-    """The cache key of the prediction: JSON of (profile path, file mtime, session mode), or None without a
-    profile. `mode`: a stored run's own session mode instead of the sidebar's."""
+    """The cache key of the prediction: JSON of (profile path, file mtime, session mode, routing profile path,
+    its mtime), or None without a profile. `mode`: a stored run's own session mode instead of the sidebar's (a
+    run's prediction then takes the run's engine and observed routing, results.analytic_join.run_prediction)."""
     c = getattr(settings, "profile", None)
     if c is None:
         return None
-    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode])
+    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode, c.routing_path, c.routing_mtime_ns])
 
 
 def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
@@ -192,20 +195,24 @@ def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
     own ceilings (for joins that only read the predicted time, not the roofline)."""
     if pkey is None:
         return hw
-    path, mtime, mode = json.loads(pkey)
+    path, mtime, mode, routing_path, routing_mtime = json.loads(pkey)
     prof = _load(path, mtime)
-    return with_profile(hw if hw is not None else profile_hardware(prof), prof, mode)
+    routing = None if routing_path is None else routing_choice.load(routing_path, routing_mtime)
+    return with_profile(hw if hw is not None else profile_hardware(prof), prof, mode, routing=routing)
 
 
-def note(settings, mode: str | None = None) -> str:
-    """The caption a page shows about its prediction: which profile and mode, or how to get one."""
+def note(settings, mode: str | None = None, run: bool = False) -> str:
+    """The caption a page shows about its prediction: which profile, mode and routing, or how to get one. `run`:
+    the prediction of a measured run (its own engine and observed routing)."""
     c = getattr(settings, "profile", None)
     if c is None:
         return HOW_TO
     # the time model runs on the profile's ceilings and tables: its figures are for the profile's device, whatever
-    # hardware a roofline beside it uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
-    return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode: times on the "
-            "profile's device, whichever hardware the roofline beside them uses.")
+    # hardware a roofline beside them uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
+    routing = ("the run's own engine and the MoE routing it observed (uniform, assumed, where it recorded none)"
+               if run else f"MoE routing {md(c.routing_label)}")
+    return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode, {routing}: "
+            "times on the profile's device, whichever hardware the roofline beside them uses.")
 
 
 # ------------------------------------------------------------------------------------------- the sidebar
@@ -238,6 +245,8 @@ def render(side, gpu) -> ProfileChoice | None:
         side.caption(md(choice.label))
         if choice.derived:
             side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
+        path, mtime, label = routing_choice.render(side)
+        choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
     _calibrate_panel(side, gpu)
     return choice
 

@@ -12,7 +12,7 @@ import streamlit as st
 
 from . import charts, prediction, resources, sweeps
 from . import measured as ms
-from .runs import run_mode, run_session_mode, run_title, show_order_check
+from .runs import engine_note, run_mode, run_session_mode, run_title, show_order_check
 
 RUNS_KEY = "ms_runs"
 FILTERS = ("ms_f_modes", "ms_f_batch", "ms_f_text")
@@ -92,6 +92,7 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
         st.markdown(f"**{ms.md(run['label'])}** ({run_mode(run)}) — {run['n_done']} done, {run['n_oom']} oom, "
                     f"{run['n_error']} error")
         show_order_check(run)
+        st.caption(ms.md(engine_note(run)))
         st.dataframe(ms.point_table(pts), hide_index=True, width="stretch", height=260,
                      column_config={"status": st.column_config.TextColumn("status", width="small")})
     if any(not pts.empty for _, _, pts in frames):
@@ -106,8 +107,9 @@ def _prediction_notes(settings, chosen: list[dict]) -> None:
         st.caption(prediction.HOW_TO)
         return
     modes = sorted({run_session_mode(r) for r in chosen})
-    st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, in each run's own session mode "
-               f"({', '.join(modes) or 'none chosen'}).")
+    st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, with each run's own engine "
+               f"({', '.join(modes) or 'none chosen'}) and the MoE routing it observed (uniform, assumed, where it "
+               "recorded none).")
     for r in chosen:
         on_cpu = bool(r["flags"]["cpu"])
         if on_cpu != (c.device_kind == "cpu"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from dsocr_core.engines import ENGINES
 from dsocr_core.hardware import PRESETS
 from dsocr_core.spec import Hardware, ModelSpec, SpecError
 
@@ -24,13 +25,11 @@ SOURCES = {
     "checkpoint": "Local checkpoint folder",
 }
 DTYPES = {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16", "float16", "float32"]}
-# dsocr_core.runtime.engine.SESSION_MODES, spelled out so the sidebar (drawn on every page) never imports torch;
-# tests/test_app_pages.py checks the two agree
-SESSION_MODES = ("reference", "fast")
-MODE_NAMES = {"reference": "Reference", "fast": "Fast"}
-MODE_HELP = ("Reference: the plain PyTorch model with HF generate() semantics. Fast: the fast engine (static KV "
-             "cache, CUDA graphs, fused Triton decode kernels); it needs a CUDA GPU. Both give the same greedy "
-             "tokens; every result and export names the mode it ran in.")
+# the session modes are the engine registry's (dsocr_core/engines.py: torch-free, like the whole sidebar)
+SESSION_MODES = tuple(ENGINES)
+MODE_NAMES = {k: e.title for k, e in ENGINES.items()}
+MODE_HELP = (" ".join(f"{e.title}: {e.help}." for e in ENGINES.values())
+             + " Both give the same greedy tokens; every result and export names the engine it ran.")
 CALIBRATED, CUSTOM = "calibrated", "custom"
 
 
@@ -109,14 +108,16 @@ def _checkpoint_problem(folder: str) -> str | None:
     return None
 
 
-def _fast_refusal(device: str, gpu: GpuInfo) -> str | None:
-    """Why fast mode cannot be used with this device, or None."""
-    if device == "cuda":
+def _mode_refusal(mode: str, device: str, gpu: GpuInfo) -> str | None:
+    """Why the session mode cannot be used with this device (its engine needs CUDA), or None."""
+    engine = ENGINES[mode]
+    if device == "cuda" or not engine.needs_cuda:
         return None
     if not gpu.available:
-        return ("Fast mode needs a CUDA GPU; this machine has none — using the reference mode. (The fast engine "
-                "runs on CUDA: static KV cache, CUDA graphs and Triton kernels.)")
-    return "Fast mode needs the CUDA device; the device chosen above is the CPU — using the reference mode."
+        return (f"{engine.title} mode needs a CUDA GPU; this machine has none — using the reference mode. "
+                f"({engine.title}: {engine.help}.)")
+    return (f"{engine.title} mode needs the CUDA device; the device chosen above is the CPU — using the reference "
+            "mode.")
 
 
 def _ceiling_caption(hw: Hardware) -> str:
@@ -147,7 +148,7 @@ def render() -> Settings:
     attn = side.selectbox("LM attention", ["sdpa", "eager"], key="sb_attn")
     requested = side.radio("Session mode", list(SESSION_MODES), format_func=MODE_NAMES.get, key="sb_session_mode",
                            horizontal=True, help=MODE_HELP)
-    mode_note = _fast_refusal(device, gpu) if requested == "fast" else None
+    mode_note = _mode_refusal(requested, device, gpu)
     if mode_note:
         side.warning(mode_note)
     model = ModelChoice("checkpoint" if source == "checkpoint" else "synthetic",

@@ -44,6 +44,7 @@ from .compiled import COMPILE_OPTIONS, Compiled
 from .decode_kernels import FusedDecode
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer
+from .options import DEFAULT_NEW_TOKENS  # cache room a bare prefill() leaves for decoding (grown on demand)
 from .prefill import prefill_entry, prefill_key
 from .state import DecodeState, FastCache
 from .static_cache import StaticKVCache, round_up
@@ -55,7 +56,6 @@ from .weights import LMWeights
 # mid-sized prompt, so Inductor's size-based kernel choices suit the prompts of every mode.
 CANONICAL_PROMPT = 1000
 CANONICAL_BATCH = 2
-DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
 
 
 class FastEngine:

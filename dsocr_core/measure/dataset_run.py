@@ -121,8 +121,8 @@ class FlopCache:
         if self.policy == "none":
             return None, "not counted"
         key = shape_key(inputs, logits)
-        if self.policy == "shape" and key in self._by_shape:
-            return self._by_shape[key], "same shape"
+        if self.policy == "shape" and key in self._by_shape:  # FLOPs follow the shape; routing the page's content
+            return {**self._by_shape[key], "routing": None}, "same shape"
         flops = counted_flops(self.session, inputs, logits)
         self._by_shape[key] = flops
         return flops, "counted"

@@ -617,8 +617,11 @@ def pool_from_args(args, log: Callable[[str], None] | None = None, load: bool = 
         except ValueError:
             raise ScaleOutError(f"--workers must be a whole number of at least 1, got {args.workers!r}") from None
     if load:
+        from ..engines import parse_options
+
         load_args = dict(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                         session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
+                         session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
+                         engine_options=parse_options(getattr(args, "engine_options", None)))
     else:
         load_args = dict(device=args.device)
     return WorkerPool.start(load_args, workers=workers, address=args.ray_address,

@@ -42,6 +42,8 @@ import pandas as pd
 from ..hardware import run_ceilings
 from ..measure.order_check import summary as order_summary
 from ..spec import Hardware, ModelSpec
+from .analytic_join import run_prediction
+from .runs import run_spec
 from .store import RunStore
 
 STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode")
@@ -121,18 +123,12 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
         how = dict(dtype=run.get("dtype") or "bfloat16", attn=run.get("attn") or "sdpa",
                    logits=(run["meta"].get("settings") or {}).get("logits", "all"))
         parts = [frame, analytic_columns(frame, spec, hw, **how)]
-        if prediction is not None:
-            parts.append(predicted_columns(frame, spec, prediction, **how))
+        if prediction is not None:  # the run's own engine and the routing it observed
+            parts.append(predicted_columns(frame, spec, run_prediction(run, pts, prediction, spec), **how))
         frame = pd.concat(parts, axis=1)
     frame.attrs["run_id"] = run_id
     frame.attrs["label"] = run.get("label")
     return frame
-
-
-def run_spec(run: dict) -> ModelSpec:
-    """The model spec a run was measured with (from its meta; the full DeepSeek-OCR spec when absent)."""
-    data = (run.get("meta") or {}).get("spec")
-    return ModelSpec(**data) if data else ModelSpec()
 
 
 def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | None = None,

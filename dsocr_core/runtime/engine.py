@@ -23,11 +23,13 @@ from typing import Protocol
 
 import torch
 
+from ..engines import SESSION_MODES, EngineSpec, as_engine
 from ..model.kv_cache import KVCache
 from .generate import next_tokens
 from .timing import StageTimer
 
-SESSION_MODES = ("reference", "fast")
+__all__ = ["Engine", "OneShotEngine", "ReferenceCache", "ReferenceEngine", "SESSION_MODES", "build_engine",
+           "history_buffer"]
 
 
 class Engine(Protocol):
@@ -76,7 +78,7 @@ class ReferenceEngine:
     eos_check_interval = 1  # the reference loop looks for EOS after every step, like HF generate()
     state_epoch = 0  # nothing is kept between runs
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):  # no options (runtime/reference_plan.ReferenceOptions)
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -152,17 +154,10 @@ class OneShotEngine(ReferenceEngine):
         return {"session_mode": self.mode, "call_pattern": "one-shot"}
 
 
-def build_engine(mode: str, model: torch.nn.Module, options: dict | None = None) -> Engine:
-    """The engine of a session mode over `model` (options: the fast engine's, see fast.engine.FastEngine)."""
-    if mode == "reference":
-        if options:
-            raise ValueError(f"the reference engine takes no options, got {sorted(options)}")
-        return ReferenceEngine(model)
-    if mode == "fast":
-        from ..fast.engine import FastEngine
-
-        return FastEngine(model, **(options or {}))
-    raise ValueError(f"session_mode must be one of {SESSION_MODES}, got {mode!r}")
+def build_engine(engine: "EngineSpec | str", model: torch.nn.Module) -> Engine:
+    """The engine an engine description (engines.EngineSpec, or a session mode: its default options) describes,
+    over `model`."""
+    return as_engine(engine).build(model)
 
 
 def state_text(state: dict | None) -> str | None:
