@@ -108,8 +108,8 @@ def gpu_turn():
     """Hold the device for one job, or raise Busy at once when another job holds it."""
     lock = gpu_lock()
     if not lock.acquire(blocking=False):
-        raise Busy("the device is busy with another job (a measured sweep, a parity run or a calibration from "
-                   "this or another tab); try again when it finishes")
+        raise Busy("the device is busy with another job (a measured sweep, a dataset run, a parity run or a "
+                   "calibration from this or another tab); try again when it finishes")
     try:
         yield
     finally:
@@ -118,20 +118,23 @@ def gpu_turn():
 
 # ------------------------------------------------------------------------------------------- hardware
 @st.cache_resource(show_spinner=False)
-def calibrations() -> dict[str, Hardware]:
-    """Ceilings measured on this machine, per device (shared by all tabs: the machine does not change)."""
+def calibrations() -> dict[tuple[str, str], Hardware]:
+    """Ceilings measured on this machine, per (device, dtype) (shared by all tabs: the machine does not change)."""
     return {}
 
 
-def run_calibration(device: str) -> Hardware:
-    """Measure matmul and copy ceilings (small sizes on the CPU, where it is only a smoke test)."""
+def run_calibration(device: str, dtype: str) -> Hardware:
+    """Measure matmul (in the runs' `dtype`, with their threads) and copy ceilings; on the CPU the matmul size
+    follows the CPU's speed (hardware.cpu_matmul_size) and the copy is 64 MiB, so it takes about a second."""
     with gpu_turn():
-        if device.startswith("cuda"):
-            hw = calibrate(device=device)
-        else:
-            hw = calibrate(device="cpu", matmul_size=1024, copy_bytes=64 << 20, warmup=1, repeats=3)
-    calibrations()[device] = hw
+        hw = cpu_ceilings(dtype) if device == "cpu" else calibrate(device=device, dtype=dtype)
+    calibrations()[(device, dtype)] = hw
     return hw
+
+
+def cpu_ceilings(dtype: str) -> Hardware:
+    """This CPU's ceilings in `dtype` (the caller holds the device): the bound of the CPU runs made here."""
+    return calibrate(device="cpu", dtype=dtype, matmul_size=None, copy_bytes=64 << 20, warmup=1, repeats=3)
 
 
 # ------------------------------------------------------------------------------------------- session
