@@ -245,3 +245,10 @@ def calibrate(device: str = "cuda", matmul_size: int | None = 8192, copy_bytes: 
         source += f"; datasheet {preset.peak_tflops:g} TFLOP/s, {preset.bandwidth_tbs:g} TB/s"
     return Hardware(name=name, peak_tflops=flops / 1e12, bandwidth_tbs=bandwidth / 1e12, memory_gb=memory_gb,
                     source=source, calibrated=True)
+
+
+def cpu_ceilings(dtype: str = "float32") -> Hardware:
+    """This CPU's ceilings in `dtype` with torch's threads, in about a second: what a CPU run stores (meta
+    'calibration') as the bound of its own stages. A GPU's roofline under a CPU run is decades off, and a CPU's
+    bf16 matmul is no bound of a float32 run."""
+    return calibrate(device="cpu", dtype=dtype, matmul_size=None, copy_bytes=64 << 20, warmup=1, repeats=3)

@@ -19,7 +19,7 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
     """Each page's stage times (points) against its crop grid or prompt length, with the analytic bound (dashed)
     and, where the frame has it, the predicted time (solid) of the same workloads drawn through them (their mean
     at each x). One panel per stage, each with its own log y scale (a CPU run sits decades above a GPU bound)."""
-    keep = list(dict.fromkeys(["label", "grid", "prompt_tokens", "stage", x]))
+    keep = list(dict.fromkeys(["label", "grid", "prompt_tokens", "stage", "beats_bound", x]))
     series = {"measured": "measured_s", "analytic bound": "analytic_s", "predicted": "predicted_s"}
     parts = []
     for name, col in series.items():
@@ -36,10 +36,12 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
     xs = x_channel(x, X_AXES.get(x, x), data)
     ys = alt.Y("ms:Q", title="ms (log scale)", scale=alt.Scale(type="log"))
     base = alt.Chart()
-    points = base.mark_point(filled=True, size=60, opacity=0.8).encode(
+    points = base.mark_point(filled=True, size=60, opacity=0.8, strokeWidth=2).encode(
         x=xs, y=ys, color=colour,
+        stroke=alt.condition("datum.beats_bound", alt.value("#d62728"), alt.value("transparent")),
         tooltip=["label:N", "grid:N", alt.Tooltip("prompt_tokens:Q", title="prompt tokens"),
-                 alt.Tooltip("ms:Q", format=",.4~g", title="measured ms")],
+                 alt.Tooltip("ms:Q", format=",.4~g", title="measured ms"),
+                 alt.Tooltip("beats_bound:N", title="faster than its bound (a defect of the bound)")],
     ).transform_filter(alt.datum.series == "measured")
     lines = base.mark_line(point=alt.OverlayMarkDef(size=20)).encode(
         x=xs, y=alt.Y("mean(ms):Q", title="ms (log scale)", scale=alt.Scale(type="log")), color=colour,

@@ -51,8 +51,18 @@ def per_page(view) -> None:
     if long.empty:
         st.info("No stage time was recorded for the finished pages.")
         return
-    x = st.radio("Against", list(pc.X_AXES), format_func=pc.X_AXES.get, horizontal=True, key="ds_x")
+    # crop tiles by default where the pages differ in them, else the prompt length (a run without tiles)
+    varies = long["crop_count"].nunique() > 1
+    x = st.radio("Against", list(pc.X_AXES), format_func=pc.X_AXES.get, horizontal=True, index=0 if varies else 1,
+                 key="ds_x")
     st.altair_chart(charts.page_stages(long, x))
+    defects = pc.bound_defects(long)
+    if len(defects):
+        where = ", ".join(f"{r.stage} {r.n} of {r.of} (down to {r.lowest:.2g}x its bound)"
+                          for r in defects.itertuples())
+        st.error(f"**The analytic bound lies above measured points** (red rings): {where}. A lower bound can "
+                 "never exceed a measurement, so the bound is wrong there: its ceilings are below what this device "
+                 "reaches in the run's dtype, or the model over-counts the stage's work.")
     has_pred = long["predicted_s"].notna().any()
     st.caption("Points: each page's measured time (every epoch). Dashed: the analytic bound (roofline) of the same "
                "page workloads" + (", solid: the predicted time" if has_pred else "") + ", their mean at each x. "

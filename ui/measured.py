@@ -5,8 +5,7 @@ import re
 
 import pandas as pd
 
-from dsocr_core.hardware import match_device_name
-from dsocr_core.spec import Hardware
+from dsocr_core.hardware import run_ceilings  # noqa: F401 - the pages read a run's ceilings from here
 
 from .analytic import STAGE_NAMES
 
@@ -36,14 +35,6 @@ def run_title(run: dict) -> str:
 
 def is_gpu_run(run: dict) -> bool:
     return not run["flags"]["cpu"] and bool((run.get("environment") or {}).get("gpu_name"))
-
-
-def run_ceilings(run: dict) -> tuple[Hardware | None, Hardware | None]:
-    """(datasheet preset of the run's GPU, calibration stored in the run), each None when unknown."""
-    env = run.get("environment") or {}
-    datasheet = match_device_name(env["gpu_name"]) if env.get("gpu_name") else None
-    cal = (run.get("meta") or {}).get("calibration")
-    return datasheet, (Hardware(**cal) if cal else None)
 
 
 def flag_notes(run: dict) -> list[str]:

@@ -23,7 +23,7 @@ import pandas as pd
 import streamlit as st
 
 from dsocr_core import analytic, tiling
-from dsocr_core.hardware import calibrate, match_device_name
+from dsocr_core.hardware import calibrate, cpu_ceilings, match_device_name
 from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec
 from dsocr_core.results.store import RunImportError, RunStore, StoreError, default_path
 
@@ -130,11 +130,6 @@ def run_calibration(device: str, dtype: str) -> Hardware:
         hw = cpu_ceilings(dtype) if device == "cpu" else calibrate(device=device, dtype=dtype)
     calibrations()[(device, dtype)] = hw
     return hw
-
-
-def cpu_ceilings(dtype: str) -> Hardware:
-    """This CPU's ceilings in `dtype` (the caller holds the device): the bound of the CPU runs made here."""
-    return calibrate(device="cpu", dtype=dtype, matmul_size=None, copy_bytes=64 << 20, warmup=1, repeats=3)
 
 
 # ------------------------------------------------------------------------------------------- session

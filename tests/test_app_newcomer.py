@@ -1,0 +1,63 @@
+"""The dashboard as a newcomer on a CPU machine finds it (AppTest): the bound of a CPU run lies below its
+measurements, predictions that miss say so, a running job is never shown as 'no runs', tables and charts show
+their data in the units of their neighbours, and labels do not contradict each other."""
+from __future__ import annotations
+
+import pandas as pd
+
+from dsocr_core.results import dataset_stats, page_costs
+from dsocr_core.results.store import RunStore
+from page_files import page_png
+from test_app import goto, make_app, no_reference, open_tab, texts, wait_for_sweep  # noqa: F401
+
+
+def shown(at, kind: str) -> str:
+    return " ".join(texts(at, kind)).replace("\\", "")
+
+
+def upload_and_start(at, tokens: int = 2):
+    at.file_uploader(key="up_files").set_value([
+        ("wide.png", page_png(1800, 600, seed=1), "image/png"),
+        ("square.png", page_png(800, 800, seed=2), "image/png"),
+    ]).run()
+    at.number_input(key="ds_tokens").set_value(tokens)
+    [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
+    assert not at.exception and not at.error, texts(at, "error")
+
+
+def test_a_cpu_dataset_run_is_bounded_by_its_own_cpu_measured_in_its_dtype(no_reference):
+    """The sidebar's CPU ceilings are measured in the runs' dtype (float32), a CPU run stores its CPU's ceilings,
+    its bound comes from them, and no measured point of any stage lies below its bound."""
+    at = make_app()
+    at.sidebar.selectbox(key="sb_hardware").set_value("calibrated").run()
+    at.sidebar.button(key="sb_calibrate").click().run()
+    at = open_tab(goto(at, "measured"), "ms_tab", "Dataset runs")
+    assert at.selectbox(key="ds_mode").value == "gundam"  # the main chart is against crop tiles
+    upload_and_start(at)
+    job = wait_for_sweep()
+    assert job.error is None and job.statuses["done"] == 2, (job.error, job.statuses)
+    at.run()
+    run = RunStore().get_run(job.run_id)
+    stored = run["meta"]["calibration"]
+    assert stored["name"].startswith("CPU (float32") and stored["calibrated"]
+    caption = shown(at, "caption")
+    assert f"the roofline of {stored['name']} (measured with the run)" in caption, caption
+    assert at.radio(key="ds_x").value == "crop_count"  # the two pages have different crop grids
+    assert "bound lies above measured points" not in shown(at, "error")
+    # every stage of every page: measured >= its bound
+    from dsocr_core.spec import Hardware
+
+    pages = dataset_stats.page_table(RunStore(), job.run_id, Hardware(**stored))
+    long = page_costs.page_stage_long(pages)
+    assert long["analytic_s"].notna().all() and len(long) == 2 * len(page_costs.METRICS)
+    below = long[long["measured_s"] < long["analytic_s"]]
+    assert below.empty, below[["stage", "measured_s", "analytic_s"]]
+
+
+def test_a_bound_above_a_measured_point_is_flagged_as_a_defect_of_the_bound():
+    long = pd.DataFrame({"stage": ["SAM", "SAM", "LM prefill", "TPOT"], "measured_s": [1.0, 3.0, 2.0, 0.5],
+                         "analytic_s": [2.0, 1.0, 1.0, float("nan")]})
+    long["beats_bound"] = long["measured_s"] < long["analytic_s"]
+    defects = page_costs.bound_defects(long)
+    assert defects.to_dict("records") == [{"stage": "SAM", "n": 1, "of": 2, "lowest": 0.5}]
+    assert page_costs.bound_defects(long.iloc[2:]).empty
