@@ -61,3 +61,13 @@ def test_a_bound_above_a_measured_point_is_flagged_as_a_defect_of_the_bound():
     defects = page_costs.bound_defects(long)
     assert defects.to_dict("records") == [{"stage": "SAM", "n": 1, "of": 2, "lowest": 0.5}]
     assert page_costs.bound_defects(long.iloc[2:]).empty
+
+
+def test_a_running_dataset_run_is_never_shown_as_no_runs_and_the_live_table_says_what_it_holds(no_reference):
+    at = open_tab(goto(make_app(), "measured"), "ms_tab", "Dataset runs")
+    assert "No dataset runs in the store yet" in shown(at, "info")
+    upload_and_start(at)
+    assert "No dataset runs in the store yet" not in shown(at, "info")  # the run started by this very click
+    job = wait_for_sweep()
+    at.run()
+    assert f"measured last, of {job.handled} handled so far (the run has {job.total})" in shown(at, "caption")

@@ -159,6 +159,9 @@ def run_bound(run: dict, settings) -> tuple[object, str, str | None]:
 def render(store, runs: list[dict], settings) -> None:
     """The chosen dataset run: its summary, per-stage table, and the per-page views (ui.dataset_results), with the
     predicted times of the sidebar's calibration profile (if one is chosen) in the run's own session mode."""
+    if not runs and sweeps.runner().busy and sweeps.runner().job.kind == "dataset":
+        st.info("The dataset run is starting: it appears here once it is recorded.")
+        return
     if not runs:
         st.info("No dataset runs in the store yet. Upload your pages above and start one, or record one with "
                 "`python -m dsocr_core profile --pages FOLDER --synthetic tiny --device cpu --max-new-tokens 32` "

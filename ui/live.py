@@ -202,7 +202,10 @@ def progress_panel(kind: str = "sweep") -> None:
             st.dataframe(sweep_points(str(job.store.path), job.run_id, job.handled), hide_index=True,
                          width="stretch")
         elif job.run_id:
-            st.dataframe(recent_pages(str(job.store.path), job.run_id, job.handled), hide_index=True, width="stretch")
+            recent = recent_pages(str(job.store.path), job.run_id, job.handled)
+            st.caption(f"The {len(recent)} page(s) measured last, of {job.handled} handled so far (the run has "
+                       f"{job.total}); every page is in the run's views below.")
+            st.dataframe(recent, hide_index=True, width="stretch")
         if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
             st.session_state[f"{prefix}_seen_finish"] = id(job)
             st.rerun(scope="app")  # the finished run now shows in the run list
