@@ -3,6 +3,8 @@ measurements, predictions that miss say so, a running job is never shown as 'no 
 their data in the units of their neighbours, and labels do not contradict each other."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from dsocr_core.results import dataset_stats, page_costs
@@ -15,12 +17,21 @@ def shown(at, kind: str) -> str:
     return " ".join(texts(at, kind)).replace("\\", "")
 
 
-def upload_and_start(at, tokens: int = 2):
+def four_digits(text: str) -> bool:
+    """A number as a reader compares it: no exponent, at most 4 significant digits (a whole number keeps all)."""
+    whole, _, frac = text.replace(",", "").partition(".")
+    return "e" not in text and (not frac or len((whole.lstrip("0") + frac).lstrip("0")) <= 4)
+
+
+def upload_and_start(at, tokens: int = 2, trace: bool = False):
     at.file_uploader(key="up_files").set_value([
         ("wide.png", page_png(1800, 600, seed=1), "image/png"),
         ("square.png", page_png(800, 800, seed=2), "image/png"),
     ]).run()
     at.number_input(key="ds_tokens").set_value(tokens)
+    if trace:
+        at.checkbox(key="ds_trace").check()
+        at.number_input(key="ds_trace_tokens").set_value(2)
     [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
     assert not at.exception and not at.error, texts(at, "error")
 
@@ -66,8 +77,28 @@ def test_a_bound_above_a_measured_point_is_flagged_as_a_defect_of_the_bound():
 def test_a_running_dataset_run_is_never_shown_as_no_runs_and_the_live_table_says_what_it_holds(no_reference):
     at = open_tab(goto(make_app(), "measured"), "ms_tab", "Dataset runs")
     assert "No dataset runs in the store yet" in shown(at, "info")
-    upload_and_start(at)
+    upload_and_start(at, tokens=4, trace=True)
     assert "No dataset runs in the store yet" not in shown(at, "info")  # the run started by this very click
     job = wait_for_sweep()
     at.run()
     assert f"measured last, of {job.handled} handled so far (the run has {job.total})" in shown(at, "caption")
+
+    # the per-stage table: ms and GFLOP like the charts, 4 significant digits, no 'None'
+    table = [t.value for t in at.dataframe if "measured / analytic" in t.value.columns][0]
+    assert set(table["unit"]) == {"ms", "GFLOP", "tokens"} and "metric" not in table
+    assert not any(v in ("None", "nan") for v in table.astype(str).to_numpy().ravel())
+    assert all(four_digits(v) for v in table["mean"] if v), list(table["mean"])
+
+    # TTFT and TPOT each binned over their own range, in ms, named so
+    open_tab(at, "ds_view", "Distribution")
+    hist = [c for c in at.get("vega_lite_chart") if '"hconcat"' in c.proto.spec][0]
+    spec = json.loads(hist.proto.spec)
+    titles = [panel["encoding"]["x"]["title"] for panel in spec["hconcat"]]
+    assert titles == ["TTFT (ms)", "TPOT (ms)"]
+
+    # the operators' stage table: a heading, ms and a percentage
+    open_tab(at, "ds_view", "Operators")
+    assert "Time per stage in the traced pages" in shown(at, "markdown")
+    stages = [t.value for t in at.dataframe if "operators' self time (ms)" in t.value.columns][0]
+    assert not [c for c in stages.columns if c.endswith("_us")]
+    assert all(v.endswith("%") for v in stages["share of the device's self time"])

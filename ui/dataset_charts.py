@@ -55,16 +55,24 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
     return finish(chart)
 
 
-def latency_histogram(latency: pd.DataFrame) -> alt.FacetChart:
-    """Histograms of TTFT and TPOT over the samples (dataset_stats.distributions)."""
+LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT"}
+
+
+def latency_histogram(latency: pd.DataFrame) -> alt.HConcatChart:
+    """Histograms of TTFT and TPOT over the samples (dataset_stats.distributions), each binned over its own range:
+    a TPOT is tens of times shorter than a TTFT, and bins shared by both would put every TPOT in the first one."""
     data = latency.assign(ms=latency["value"] * 1e3)
-    return finish(alt.Chart(data).mark_bar().encode(
-        x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="milliseconds"),
-        y=alt.Y("count():Q", title="samples"),
-        color=alt.Color("metric:N", legend=None),
-        tooltip=["metric", alt.Tooltip("count():Q")],
-    ).properties(height=200, width=330).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
-        x="independent"))
+    panels = []
+    for metric in [m for m in LATENCY_NAMES if m in set(data["metric"])]:
+        name = LATENCY_NAMES[metric]
+        panels.append(alt.Chart(data[data["metric"] == metric], title=name).mark_bar(
+            color="#4c78a8" if metric == "ttft_s" else "#f58518").encode(
+            x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title=f"{name} (ms)"),
+            y=alt.Y("count():Q", title="samples"),
+            tooltip=[alt.Tooltip("ms:Q", bin=alt.Bin(maxbins=30), title=f"{name} (ms)"),
+                     alt.Tooltip("count():Q", title="samples")],
+        ).properties(height=200, width=330))
+    return finish(alt.hconcat(*panels))
 
 
 def spread(table: pd.DataFrame) -> alt.LayerChart:

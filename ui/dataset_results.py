@@ -131,7 +131,8 @@ def operators(view) -> None:
     st.dataframe(part.drop(columns=["stage", "device"]), hide_index=True, width="stretch",
                  column_config={"short": "operator", "operator": "full name", "self_ms": "self (ms)"})
     if not view.operator_stages.empty:
-        st.dataframe(view.operator_stages, hide_index=True, width="stretch")
+        st.markdown("**Time per stage in the traced pages**")
+        st.dataframe(operator_stage_table(view.operator_stages), hide_index=True, width="stretch")
     trace = view.files.get("trace")
     if trace and Path(trace).is_file():
         st.download_button("Chrome trace (JSON; open in ui.perfetto.dev or chrome://tracing)",
@@ -139,6 +140,35 @@ def operators(view) -> None:
                            key="ds_trace_dl", on_click="ignore")
     elif trace:
         st.caption(f"The Chrome trace was written to {ms.md(trace)}, which is not on this machine.")
+
+
+def stage_table(stages: pd.DataFrame) -> pd.DataFrame:
+    """dataset_stats.stage_summary as shown: times in ms and FLOPs in GFLOP (the units of the charts beside it),
+    4 significant digits, an empty cell where there is no analytic value, the internal metric names dropped."""
+    scale = {"s": (1e3, "ms"), "FLOP": (1e-9, "GFLOP")}
+    rows = []
+    for r in stages.to_dict("records"):
+        factor, unit = scale.get(r["unit"], (1.0, r["unit"]))
+        row = {"stage": r["stage"], "unit": unit, "samples": int(r["n"])}
+        for col, name in (("mean", "mean"), ("median", "median"), ("p90", "p90"), ("min", "min"), ("max", "max"),
+                          ("analytic_mean", "analytic mean")):
+            row[name] = _num(r[col] * factor)
+        row["measured / analytic"] = _num(r["measured_over_analytic"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _num(value) -> str:
+    return "" if value is None or pd.isna(value) else ms.sig(float(value), 4)
+
+
+def operator_stage_table(stages: pd.DataFrame) -> pd.DataFrame:
+    """operators' stage totals as shown: ms like the operator table beside it, the share in percent."""
+    return pd.DataFrame({
+        "stage": stages["stage"], "device": stages["device"], "ranges": stages["ranges"],
+        "wall time in the stage's ranges (ms)": [_num(v / 1e3) for v in stages["range_us"]],
+        "operators' self time (ms)": [_num(v / 1e3) for v in stages["total_us"]],
+        "share of the device's self time": ["" if pd.isna(v) else f"{v:.1%}" for v in stages["share_of_total"]]})
 
 
 def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:

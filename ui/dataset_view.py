@@ -196,5 +196,5 @@ def render(store, runs: list[dict], settings) -> None:
                  "; no predicted time (no calibration profile chosen)")
     st.caption(f"Analytic bound: {ms.md(bound)}{predicted}.")
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")
-    st.dataframe(view.stages, hide_index=True, width="stretch")
+    st.dataframe(dataset_results.stage_table(view.stages), hide_index=True, width="stretch")
     dataset_results.render(store, view, runs, hardware, pkey)

@@ -48,6 +48,14 @@ def flag_notes(run: dict) -> list[str]:
     return notes
 
 
+def sig(value: float, digits: int = 3) -> str:
+    """`value` to `digits` significant digits, thousands separated, never in exponent notation where a reader
+    compares it with its neighbours: 12,345, 989, 4.8, 0.191, 0.00528."""
+    if abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}g}" if abs(value) >= 1e-4 or value == 0 else f"{value:.{digits - 1}e}"
+
+
 SPREAD_STAGES = ("vision", "prefill", "decode")  # the point table shows their p10-p90 spread
 
 

@@ -15,6 +15,7 @@ from dsocr_core.hardware import PRESETS
 from dsocr_core.spec import Hardware, ModelSpec, SpecError
 
 from . import prediction, resources
+from .measured import sig
 from .resources import GpuInfo
 
 CHECKPOINT_ENV = "DSOCR_CHECKPOINT"  # a default checkpoint folder for the sidebar
@@ -123,11 +124,6 @@ def _ceiling_caption(hw: Hardware) -> str:
     """Three significant digits: a CPU's 0.19 TFLOP/s must not read 0.0."""
     return (f"{sig(hw.peak_tflops)} TFLOP/s · {sig(hw.bandwidth_tbs)} TB/s · {hw.memory_gb:,.0f} GB · "
             f"ridge {hw.ridge_intensity:,.0f} FLOP/byte")
-
-
-def sig(value: float, digits: int = 3) -> str:
-    """`value` to `digits` significant digits, thousands separated: 989, 4.8, 0.191, 0.00528."""
-    return f"{value:,.0f}" if value >= 10 ** digits else f"{value:.{digits}g}"
 
 
 def render() -> Settings:
