@@ -74,6 +74,7 @@ with right:
     st.caption("Measured time next to the predicted time (with a profile) and the time the stage would take at "
                "the roofline limit; log scale, so the short vision stages stay visible beside decode.")
     st.caption(prediction.note(settings, run_session_mode(run)))
+    prediction.show_misses(settings, run_session_mode(run), int(cmp["batch"].max()))
 
 # the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
 st.subheader(f"Analytic vs measured: {ms.md(run['name'])}")

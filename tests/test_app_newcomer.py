@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from dsocr_core.results import dataset_stats, page_costs
 from dsocr_core.results.store import RunStore
 from page_files import page_png
 from test_app import goto, make_app, no_reference, open_tab, texts, wait_for_sweep  # noqa: F401
+from test_app_prediction import CPU, cpu_quick, data, pick, plain  # noqa: F401
 
 
 def shown(at, kind: str) -> str:
@@ -102,3 +104,46 @@ def test_a_running_dataset_run_is_never_shown_as_no_runs_and_the_live_table_says
     stages = [t.value for t in at.dataframe if "operators' self time (ms)" in t.value.columns][0]
     assert not [c for c in stages.columns if c.endswith("_us")]
     assert all(v.endswith("%") for v in stages["share of the device's self time"])
+
+
+@pytest.fixture
+def bundled(tmp_path, monkeypatch):
+    """A fresh store beside the repository's bundled H200 runs and measured profiles (what a fresh clone has)."""
+    monkeypatch.setenv("DSOCR_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.delenv("DSOCR_REFERENCE_DIR", raising=False)
+    monkeypatch.delenv("DSOCR_PROFILES_DIR", raising=False)
+    return tmp_path
+
+
+def test_the_quick_cpu_profile_is_not_offered_as_a_predictor(data):
+    """The quick grids stop at 128-wide shapes and miss CPU runs 10-40x: the sidebar, the calibration panel and
+    every page beside a prediction say it is a smoke test, never that it predicts this CPU's runs."""
+    at = pick(goto(make_app(), "analytic"), CPU)
+    side = plain(" ".join(texts(at.sidebar, "warning") + texts(at.sidebar, "caption")))
+    assert "QUICK profile: a smoke test of the calibration, not a predictor" in side
+    assert "predicts runs on this CPU" not in side and "10x or more" in side
+    (warning,) = [w for w in map(plain, texts(at, "warning")) if "This prediction is known to miss" in w]
+    assert "quick grids" in warning and "reference session mode misses" in warning
+
+
+def test_a_prediction_outside_the_documented_accuracy_says_so_beside_it(bundled):
+    """The shipped H200 profile on the bundled H200 reference-mode run: the measured and MFU pages warn that the
+    reference mode misses (LM prefill +124% there), and the chart's legend draws 'datasheet roofline' and
+    'predicted' as distinct dashes, long enough to see."""
+    at = goto(make_app(), "measured")
+    runs = RunStore(bundled / "runs.sqlite").list_runs()
+    (ref,) = [r["id"] for r in runs if r["session_mode"] == "reference" and "H200" in r["label"]]
+    at.session_state["ms_runs"] = [ref]
+    pick(at, "repo:h200.json")
+    (warning,) = [w for w in map(plain, texts(at, "warning")) if "This prediction is known to miss" in w]
+    assert "reference session mode misses the 15% target" in warning and "+124%" in warning
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    dash = [layer["encoding"]["strokeDash"] for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
+    (enc,) = dash
+    assert enc["legend"]["symbolType"] == "stroke" and enc["legend"]["symbolSize"] >= 900
+    ranges = dict(zip(enc["scale"]["domain"], map(tuple, enc["scale"]["range"])))
+    assert {"datasheet roofline", "predicted"} <= set(ranges)
+    assert ranges["datasheet roofline"] != ranges["predicted"]
+
+    goto(at, "mfu")
+    assert any("reference session mode misses" in plain(w) for w in texts(at, "warning"))

@@ -87,7 +87,7 @@ def test_analytic_page_without_and_with_a_profile(data):
 
     pick(at, CPU)
     side = sidebar_text(at)
-    assert "measured quick" in side and "CPU profile: it predicts runs on this CPU, not a GPU" in side
+    assert "measured quick" in side and "CPU profile: its kernels are this CPU's, not a GPU's" in side
     frame = chart_frames(at.get("vega_lite_chart")[0])[0]
     assert set(frame["series"]) == {"roofline", "predicted"}
     both = frame.pivot_table(index=["config", "crop_count", "stage"], columns="series", values="value")
@@ -191,7 +191,7 @@ def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profi
     saved = list((data / "calibrated_profiles").glob("cpu_quick_*.json"))
     assert len(saved) == 1 and load_profile(saved[0]).raw["calibration"]["quick"]
     assert at.sidebar.selectbox(key="sb_profile").value == f"calibrated:{saved[0].name}"
-    assert "CPU profile: it predicts runs on this CPU" in sidebar_text(at)
+    assert "QUICK grids: a smoke test of the calibration, not a predictor" in sidebar_text(at)
     assert "Saved cpu_quick_" in sidebar_text(at)
     frame = chart_frames(at.get("vega_lite_chart")[0])  # FLOPs tab: no roofline there, nothing predicted
     assert frame and "series" not in frame[0]

@@ -32,6 +32,13 @@ def finish(chart):
     return chart
 
 
+def dash_legend(title: str) -> alt.Legend:
+    """A legend of line dashes drawn as lines 30 px long: the default symbol (a dot, or a 10 px stroke) shows an
+    8-4 dash and a solid line as the same glyph, so 'datasheet roofline' and 'predicted' could not be told apart."""
+    return alt.Legend(title=title, symbolType="stroke", symbolSize=900, symbolStrokeColor="#333333",
+                      symbolStrokeWidth=2)
+
+
 def _x(field: str, title: str, data: pd.DataFrame, log: bool = False) -> alt.X:
     """The x channel. Whole-number fields (crop count, batch, steps, lengths) get whole-number ticks, and a single
     value gets a domain around it (Vega would otherwise tick 9.9, 10.0, ... and print '10.000000')."""
@@ -94,10 +101,9 @@ def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colou
     )
     if series and series in data:
         kinds = [k for k in SERIES_DASHES if k in set(data[series])]
-        enc["strokeDash"] = alt.StrokeDash(f"{series}:N", title="time",
+        enc["strokeDash"] = alt.StrokeDash(f"{series}:N",
                                            scale=alt.Scale(domain=kinds, range=[SERIES_DASHES[k] for k in kinds]),
-                                           legend=alt.Legend(symbolType="stroke", symbolStrokeColor="#333333",
-                                                             symbolStrokeWidth=2))  # the dash, not a dot
+                                           legend=dash_legend("time"))
         if several and not side_by_side:  # configurations: thin and thick lines (no points here, see below)
             enc["strokeWidth"] = alt.StrokeWidth("config:N", title="configuration",
                                                  scale=alt.Scale(range=[1.5, 3.5]))
@@ -120,7 +126,7 @@ def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
     roof = alt.Chart(roofs).mark_line(color="#333333").encode(
         x=alt.X("intensity:Q", title="arithmetic intensity (FLOPs per byte)", scale=alt.Scale(type="log")),
         y=alt.Y("attainable_flops:Q", title="FLOP/s", scale=alt.Scale(type="log"), axis=alt.Axis(format="~s")),
-        strokeDash=alt.StrokeDash("hardware:N", title="roof"),
+        strokeDash=alt.StrokeDash("hardware:N", legend=dash_legend("roof")),
         tooltip=[alt.Tooltip("hardware:N"), alt.Tooltip("intensity:Q", format=",.3~g"),
                  alt.Tooltip("attainable_flops:Q", format="~s")],
     )
@@ -187,7 +193,7 @@ def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str
         sources = [s for s in DASHES if s in set(p["source"])]
         layers.append(alt.Chart(p).mark_line().encode(
             x=xs, y=ys, color=colour, detail="source:N",
-            strokeDash=alt.StrokeDash("source:N", title="analytic",
+            strokeDash=alt.StrokeDash("source:N", legend=dash_legend("line"),
                                       scale=alt.Scale(domain=sources, range=[DASHES[s] for s in sources])),
             tooltip=[alt.Tooltip(c) for c in ["run", "stage", "source"] if c in p]
             + [alt.Tooltip("value:Q", format=",.4~g")]))

@@ -195,6 +195,8 @@ def render(store, runs: list[dict], settings) -> None:
     predicted = (f"; predicted: {ms.md(settings.profile.label)}" if pkey is not None else
                  "; no predicted time (no calibration profile chosen)")
     st.caption(f"Analytic bound: {ms.md(bound)}{predicted}.")
+    if pkey is not None:
+        predictions.show_misses(settings, run.get("session_mode") or "reference")  # one page at a time: batch 1
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")
     st.dataframe(dataset_results.stage_table(view.stages), hide_index=True, width="stretch")
     dataset_results.render(store, view, runs, hardware, pkey)

@@ -82,7 +82,8 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
                          "measured times are shown without an analytic time prediction.")
     for n in notes:
         st.caption(n)
-    _prediction_notes(settings, [by_id[i] for i in chosen])
+    _prediction_notes(settings, [by_id[i] for i in chosen],
+                      max([int(c["batch"].max()) for _, c, _ in frames if not c.empty], default=1))
     finished = [c for _, c, _ in frames if not c.empty]
     if chosen and not finished:
         st.warning("The chosen runs have no finished points yet.")
@@ -98,8 +99,9 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
                    "(one repeat: none).")
 
 
-def _prediction_notes(settings, chosen: list[dict]) -> None:
-    """Which profile the predicted lines come from, in which mode, and where its device is not the run's."""
+def _prediction_notes(settings, chosen: list[dict], max_batch: int) -> None:
+    """Which profile the predicted lines come from, in which mode, where its device is not the run's, and where
+    the prediction is known to miss (the reference mode's misses include the fast mode's)."""
     c = settings.profile
     if c is None:
         st.caption(prediction.HOW_TO)
@@ -107,6 +109,8 @@ def _prediction_notes(settings, chosen: list[dict]) -> None:
     modes = sorted({run_session_mode(r) for r in chosen})
     st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, in each run's own session mode "
                f"({', '.join(modes) or 'none chosen'}).")
+    if modes:
+        prediction.show_misses(settings, "reference" if "reference" in modes else modes[0], max_batch)
     for r in chosen:
         on_cpu = bool(r["flags"]["cpu"])
         if on_cpu != (c.device_kind == "cpu"):
