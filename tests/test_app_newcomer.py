@@ -147,3 +147,18 @@ def test_a_prediction_outside_the_documented_accuracy_says_so_beside_it(bundled)
 
     goto(at, "mfu")
     assert any("reference session mode misses" in plain(w) for w in texts(at, "warning"))
+
+
+def test_a_bundled_fast_mode_run_is_not_titled_reference_and_a_refused_start_names_the_running_job(bundled):
+    """'[reference, 35 points] · fast session mode' read as a contradiction: the kind is a benchmark sweep, bundled
+    with the project; a start refused while a dataset run or a calibration runs names that job."""
+    at = goto(make_app(), "mfu")
+    titles = [o for o in at.selectbox(key="mfu_run").options if "fast session mode" in o]
+    assert titles and all("[benchmark sweep, bundled, " in t and "[reference" not in t for t in titles), titles
+
+    from ui import sweeps
+
+    runner = sweeps.SweepRunner()
+    for kind, name in (("dataset", "a dataset run"), ("calibration", "a calibration"), ("sweep", "a measured sweep")):
+        runner.job = sweeps.SweepJob(name="x", label="x", total=1, kind=kind)
+        assert runner.busy_message().startswith(f"{name} is already running"), kind

@@ -86,7 +86,7 @@ def new_run_form(settings, session) -> None:
 
     try:
         if runner.busy:
-            raise resources.Busy("a measured sweep or dataset run is already running; stop it or wait for it")
+            raise resources.Busy(runner.busy_message())
         prompt = inputs.PROMPTS.get(prompt_kind) or custom
         ps = dataset_run.ProfileSettings(mode=mode, prompt=prompt, min_crops=int(min_crops),
                                          max_crops=int(max_crops), max_new_tokens=int(max_new),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pandas as pd
 
@@ -28,9 +29,18 @@ def md(text: object, one_line: bool = True) -> str:
     return re.sub(r"\s*\n\s*", " ", text) if one_line else text.replace("\n", "  \n")
 
 
-def run_title(run: dict) -> str:
-    """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind and size."""
-    return f"{run['label']} [{run['kind']}, {run['n_points']} points]"
+# a run's kind as its title says it: kind "reference" is a benchmark sweep (benchmarks/gpu_reference.py), and the
+# word beside a session mode ("[reference, 35 points] · fast session mode") read as a contradiction
+KIND_TITLES = {"reference": "benchmark sweep", "sweep": "sweep", "dataset": "dataset run", "parity": "parity run"}
+
+
+def run_title(run: dict, bundled_dir: str | None = None) -> str:
+    """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind, where it came from
+    (bundled: imported from `bundled_dir`, the project's reference folder; or imported) and size."""
+    origin = run.get("imported_from")
+    where = "" if not origin else ", bundled" if bundled_dir and Path(origin).parent == Path(bundled_dir) else \
+        ", imported"
+    return f"{run['label']} [{KIND_TITLES.get(run['kind'], run['kind'])}{where}, {run['n_points']} points]"
 
 
 def is_gpu_run(run: dict) -> bool:

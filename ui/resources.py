@@ -100,7 +100,7 @@ def gpu_lock() -> threading.Lock:
 
 
 class Busy(RuntimeError):
-    """The device is running another job (a sweep, or a parity run from another tab)."""
+    """The device is running another job (a measured sweep, a dataset run, a parity run or a calibration)."""
 
 
 @contextmanager
@@ -271,10 +271,15 @@ def _open_store(path: str, reference_dir: str) -> StoreHandle:
     return StoreHandle(store, Path(reference_dir), imported, error, store_error)
 
 
+def reference_dir() -> Path:
+    """The folder of bundled runs imported into every store ($DSOCR_REFERENCE_DIR, or data/reference)."""
+    return Path(os.environ.get(REFERENCE_ENV) or REFERENCE_DIR)
+
+
 def run_store() -> StoreHandle:
     """$DSOCR_STORE (or data/runs.sqlite) with the bundled reference runs imported. When that file is unusable,
     a temporary store stands in and the page shows why (once per page run)."""
-    handle = _open_store(str(default_path()), os.environ.get(REFERENCE_ENV) or str(REFERENCE_DIR))
+    handle = _open_store(str(default_path()), str(reference_dir()))
     if handle.store_error:
         _show_store_error(handle)
     return handle

@@ -3,6 +3,7 @@ measured in (reference | fast; the run store records it with every run)."""
 from __future__ import annotations
 
 from . import measured as ms
+from . import resources
 
 
 def run_mode(run: dict) -> str:
@@ -17,4 +18,4 @@ def run_session_mode(run: dict) -> str:
 
 
 def run_title(run: dict) -> str:
-    return f"{ms.run_title(run)} · {run_mode(run)}"
+    return f"{ms.run_title(run, str(resources.reference_dir()))} · {run_mode(run)}"
