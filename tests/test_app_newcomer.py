@@ -201,3 +201,28 @@ def test_parity_warms_both_paths_up_twice_before_it_times_them():
     parity_run.run_parity(session, page_png(320, 240, seed=4), mode="tiny", max_new_tokens=6)
     warm = [("generate_one_shot", 2), ("generate_separated", 2)] * 2
     assert calls[:4] == warm and calls[4:6] == [("generate_one_shot", 6), ("generate_separated", 6)], calls
+
+
+def test_units_agree_between_neighbours(no_reference, tmp_path):
+    """The uploader's '116.8KB' and the list's '114 KB' of one file; a PDF listed at 1190 x 1684 px and stored at
+    1191 x 1684; 'three_pages.pdf p1' beside pdf_page 0; a TTFT target in s beside a TPOT target in ms."""
+    from dsocr_core.measure.datasets import render_pdf_page
+    from page_files import page_pdf
+    from ui.dataset_results import page_numbers
+
+    a4 = page_pdf(pages=1, width=2480, height=3508, resolution=300.0)  # 595.2 x 841.92 pt: 1190.4 px at 144 dpi
+    png = page_png(900, 700, seed=5)
+    at = open_tab(goto(make_app(), "measured"), "ms_tab", "Dataset runs")
+    at.file_uploader(key="up_files").set_value([("a4.pdf", a4, "application/pdf"),
+                                                ("page.png", png, "image/png")]).run()
+    captions = shown(at, "caption")
+    assert f"{len(png) / 1e3:,.1f} KB" in captions and f"{len(a4) / 1e3:,.1f} KB" in captions, captions
+    (pdf_file,) = list(tmp_path.glob("**/uploads/**/*.pdf"))  # the stored upload
+    assert render_pdf_page(pdf_file, 0).size == (1191, 1684) and "1191x1684 px (p1, 144 dpi)" in captions.replace(" x ", "x"), captions
+
+    pages = pd.DataFrame({"label": ["three_pages.pdf p1", "page.png"], "pdf_page": [0, None]})
+    assert page_numbers(pages)["PDF page"].tolist()[0] == 1 and pd.isna(page_numbers(pages)["PDF page"][1])
+
+    open_tab(goto(at, "analytic"), "an_tab", "Capacity")
+    labels = [n.label for n in at.number_input if n.key in ("an_ttft", "an_tpot")]
+    assert labels == ["TTFT target (ms)", "TPOT target (ms)"]

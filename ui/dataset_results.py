@@ -197,9 +197,19 @@ def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
                  hide_index=True, width="stretch")
 
 
+def page_numbers(pages: pd.DataFrame) -> pd.DataFrame:
+    """The PDF page counted from 1, as the labels count it ('three_pages.pdf p1' beside a pdf_page of 0 read as
+    two pages); the CSV keeps the store's 0-based pdf_page."""
+    if "pdf_page" not in pages:
+        return pages
+    out = pages.copy()
+    out["pdf_page"] = pd.to_numeric(out["pdf_page"], errors="coerce").add(1).astype("Int64")
+    return out.rename(columns={"pdf_page": "PDF page"})
+
+
 def tables(view) -> None:
     st.markdown("**Per page**")
     shown = view.pages.drop(columns=["key", "text", "source"], errors="ignore")
-    st.dataframe(shown, hide_index=True, width="stretch", height=300)
+    st.dataframe(page_numbers(shown), hide_index=True, width="stretch", height=300)
     st.download_button("Per-page table (CSV)", shown.to_csv(index=False), f"pages_{view.run['id'][:8]}.csv",
                        "text/csv", key="ds_pages_csv", on_click="ignore")
