@@ -78,8 +78,8 @@ with right:
 
 # the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
 st.subheader(f"Analytic vs measured: {ms.md(run['name'])}")
-st.dataframe(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point])), hide_index=True,
-             width="stretch")
+st.dataframe(ms.stages_as_columns(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point]))),
+             hide_index=True, width="stretch")
 st.caption(FLAG_NOTE)
 with st.expander("Every point and stage"):
     table = cmp.assign(session_mode=run.get("session_mode"))  # the export names the mode it was measured in

@@ -226,3 +226,27 @@ def test_units_agree_between_neighbours(no_reference, tmp_path):
     open_tab(goto(at, "analytic"), "an_tab", "Capacity")
     labels = [n.label for n in at.number_input if n.key in ("an_ttft", "an_tpot")]
     assert labels == ["TTFT target (ms)", "TPOT target (ms)"]
+
+
+def test_no_text_is_cut_and_overlapping_configurations_stay_visible(bundled):
+    """'gun…' in the Modes chip and 'sequence length (' in the x-axis selector (each had a sixth of the row);
+    the MFU summary's fifteen columns cut at the right; the time tab's y title longer than its chart; '1e+4'
+    beside '1,000' on an axis; configuration B's line drawn over an identical A with nothing to tell them apart."""
+    from test_app_usability import widths
+
+    at = goto(make_app(), "measured")
+    share = {getattr(e, "key", None): w for e, w in widths(at.main)}
+    assert share["ms_f_modes"] >= 0.35 and share["ms_f_x"] >= 0.35, share
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert "~g" not in json.dumps(spec)  # no exponent notation on any axis or tooltip
+
+    goto(at, "mfu")
+    summary = [f.value for f in at.dataframe if "figure" in f.value.columns][0]
+    assert len(summary.columns) <= 9 and "SAM" in summary.columns
+
+    at = open_tab(goto(at, "analytic"), "an_tab", "Time")
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    enc = spec.get("encoding") or spec["spec"]["encoding"]
+    assert enc["y"]["title"] == "time per stage (ms)"
+    width = enc["strokeWidth"]["scale"]["range"]
+    assert width[0] > width[1]  # A thick under B thin: where they coincide, both show

@@ -117,7 +117,7 @@ def _memory(v: View) -> None:
 
 def _time(v: View) -> None:
     predicted = an.has_prediction(v.frames[0])
-    title = "roofline and predicted time per stage" if predicted else "roofline time per stage"
+    title = "time per stage"  # short: a longer y title was cut at the chart's height; the legend names the lines
     st.altair_chart(charts.lines(an.time_long(v.both, v.x), v.x, v.x_title, "ms", title, log_y=v.log_y,
                                  side_by_side=v.side, series="series" if predicted else None), width="stretch")
     st.caption("Roofline (dashed where a prediction is drawn): each module at its own bound, max(FLOPs / peak, "

@@ -40,7 +40,7 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
         x=xs, y=ys, color=colour,
         stroke=alt.condition("datum.beats_bound", alt.value("#d62728"), alt.value("transparent")),
         tooltip=["label:N", "grid:N", alt.Tooltip("prompt_tokens:Q", title="prompt tokens"),
-                 alt.Tooltip("ms:Q", format=",.4~g", title="measured ms"),
+                 alt.Tooltip("ms:Q", format=",.4~r", title="measured ms"),
                  alt.Tooltip("beats_bound:N", title="faster than its bound (a defect of the bound)")],
     ).transform_filter(alt.datum.series == "measured")
     lines = base.mark_line(point=alt.OverlayMarkDef(size=20)).encode(
@@ -48,7 +48,7 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
         strokeDash=alt.StrokeDash("series:N", legend=None,
                                   scale=alt.Scale(domain=present, range=[DASH[s] for s in present])),
         tooltip=[alt.Tooltip("series:N"), alt.Tooltip(f"{x}:Q", title=X_AXES.get(x, x)),
-                 alt.Tooltip("mean(ms):Q", format=",.4~g", title="ms (mean at this x)")],
+                 alt.Tooltip("mean(ms):Q", format=",.4~r", title="ms (mean at this x)")],
     ).transform_filter(alt.datum.series != "measured")
     chart = alt.layer(lines, points, data=data).properties(width=215, height=180).facet(
         facet=alt.Facet("stage:N", title=None, sort=STAGE_SORT), columns=columns).resolve_scale(y="independent")
@@ -84,7 +84,7 @@ def spread(table: pd.DataFrame) -> alt.LayerChart:
     y = alt.Y("stage:N", title=None, sort=STAGE_SORT)
     xs = alt.Scale(type="log")
     tips = [alt.Tooltip("stage:N"), alt.Tooltip("n:Q", title="samples")] + [
-        alt.Tooltip(f"{c}_ms:Q", format=",.4~g", title=f"{c} ms") for c in ("min", "p10", "median", "p90", "max")]
+        alt.Tooltip(f"{c}_ms:Q", format=",.4~r", title=f"{c} ms") for c in ("min", "p10", "median", "p90", "max")]
     whisker = alt.Chart(data).mark_rule(color="#888888").encode(
         x=alt.X("min_ms:Q", title="ms (log scale)", scale=xs), x2="max_ms:Q", y=y, tooltip=tips)
     box = alt.Chart(data).mark_bar(size=14, color="#4c78a8", opacity=0.55).encode(
@@ -100,7 +100,7 @@ def operators(table: pd.DataFrame) -> alt.Chart:
         x=alt.X("self_ms:Q", title="self time (ms)"),
         y=alt.Y("short:N", title=None, sort="-x", axis=alt.Axis(labelLimit=420, labelOverlap=False)),
         tooltip=[alt.Tooltip("operator:N", title="full name"), alt.Tooltip("calls:Q"),
-                 alt.Tooltip("self_ms:Q", format=",.4~g", title="self ms"),
+                 alt.Tooltip("self_ms:Q", format=",.4~r", title="self ms"),
                  alt.Tooltip("share:Q", format=".1%", title="share of the stage")],
     ).properties(height=28 * max(len(table), 1) + 30))
 
@@ -115,7 +115,7 @@ def compare_stages(stages: pd.DataFrame, names: tuple[str, str]) -> alt.Chart:
         y=alt.Y("ms:Q", title="median ms (log scale)", scale=alt.Scale(type="log")),
         y2=alt.datum(float(data["ms"].min()) / 3 if len(data) else 1e-3),
         color=alt.Color("run:N", title=None, sort=list(names)),
-        tooltip=["stage:N", "run:N", alt.Tooltip("ms:Q", format=",.4~g", title="median ms")],
+        tooltip=["stage:N", "run:N", alt.Tooltip("ms:Q", format=",.4~r", title="median ms")],
     ).properties(height=280))
 
 
@@ -131,7 +131,7 @@ def compare_pages(pages: pd.DataFrame, names: tuple[str, str]) -> alt.LayerChart
         x=alt.X("a_ms:Q", title=f"{names[0]} (ms, log)", scale=alt.Scale(type="log")),
         y=alt.Y("b_ms:Q", title=f"{names[1]} (ms, log)", scale=alt.Scale(type="log")),
         color=alt.Color("stage:N", title="stage", sort=STAGE_SORT),
-        tooltip=["label:N", "stage:N", alt.Tooltip("a_ms:Q", format=",.4~g", title=f"{names[0]} ms"),
-                 alt.Tooltip("b_ms:Q", format=",.4~g", title=f"{names[1]} ms"),
+        tooltip=["label:N", "stage:N", alt.Tooltip("a_ms:Q", format=",.4~r", title=f"{names[0]} ms"),
+                 alt.Tooltip("b_ms:Q", format=",.4~r", title=f"{names[1]} ms"),
                  alt.Tooltip("b_over_a:Q", format=".3~g", title="B / A")])
     return finish(alt.layer(diagonal, dots).properties(height=320).interactive())

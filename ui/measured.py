@@ -76,6 +76,14 @@ def spread_text(low, high) -> str | None:
     return f"{low:,.4g} - {high:,.4g}"
 
 
+def stages_as_columns(summary: pd.DataFrame) -> pd.DataFrame:
+    """analytic_join.summary_frame turned: one row per figure, one column per stage. Eight columns fit the page;
+    its fifteen figure columns were cut at the right."""
+    turned = summary.set_index("stage").T.astype(str).replace({"None": "", "nan": ""})
+    turned.columns = [STAGE_NAMES.get(s, s) for s in turned.columns]
+    return turned.rename_axis("figure").reset_index()
+
+
 def point_table(points: pd.DataFrame) -> pd.DataFrame:
     """One row per point: its workload, status (done / oom / error) and message, each stage's median in ms, the
     p10-p90 spread of the main stages and the number of timed repeats."""

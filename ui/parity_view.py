@@ -167,7 +167,8 @@ def show(res: ParityResult) -> None:
             st.caption(f"{_title(p.reference, res)} vs {_title(p.other, res)}: texts first differ at line "
                        f"{t.line}, column {t.column}.")
 
-    t1, t2 = st.columns([2, 3])
+    # one above the other: side by side, the blocks table (five columns) was cut at the right
+    t1, t2 = st.container(), st.container()
     with t1:
         st.markdown("**Blocks**")
         st.dataframe(pd.DataFrame([{"output": _title(o.name, res), "blocks": o.blocks, "characters": o.characters,

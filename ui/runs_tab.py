@@ -125,7 +125,8 @@ def _chart(frames, finished: list[pd.DataFrame]) -> None:
     reset = st.session_state.get("_ms_f_runs") != signature  # other runs chosen: filters follow them
     st.session_state["_ms_f_runs"] = signature
     defaults = filter_defaults(finished)
-    f = st.columns([1, 1, 1, 2, 1])
+    # two rows, so a chip ('gundam') and the x axis ('sequence length (prompt tokens)') are never cut to 'gun…'
+    f = st.columns([1.2, 1, 1]) + st.columns([2, 1.3])
     options = {"ms_f_modes": sorted(done["mode"].unique()),
                "ms_f_batch": sorted(int(b) for b in done["batch"].unique()),
                "ms_f_text": sorted(int(t) for t in done["text_tokens"].unique())}
