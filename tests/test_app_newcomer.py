@@ -56,6 +56,9 @@ def test_a_cpu_dataset_run_is_bounded_by_its_own_cpu_measured_in_its_dtype(no_re
     caption = shown(at, "caption")
     assert f"the roofline of {stored['name']} (measured with the run)" in caption, caption
     assert at.radio(key="ds_x").value == "crop_count"  # the two pages have different crop grids
+    per_page = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    x_titles = {layer["encoding"]["x"]["title"] for layer in per_page["spec"]["layer"]}
+    assert x_titles == {"crop tiles (number)"}  # not 'grid width x height' over tile-count ticks
     assert "bound lies above measured points" not in shown(at, "error")
     # every stage of every page: measured >= its bound
     from dsocr_core.spec import Hardware
