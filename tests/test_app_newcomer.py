@@ -87,6 +87,8 @@ def test_a_running_dataset_run_is_never_shown_as_no_runs_and_the_live_table_says
     job = wait_for_sweep()
     at.run()
     assert f"measured last, of {job.handled} handled so far (the run has {job.total})" in shown(at, "caption")
+    live = [t.value for t in at.dataframe if "page wall (ms)" in t.value.columns][0]
+    assert all(four_digits(v) for v in live["TTFT (ms)"].tolist() + live["page wall (ms)"].tolist() if v), live
 
     # the per-stage table: ms and GFLOP like the charts, 4 significant digits, no 'None'
     table = [t.value for t in at.dataframe if "measured / analytic" in t.value.columns][0]
@@ -221,7 +223,8 @@ def test_units_agree_between_neighbours(no_reference, tmp_path):
     captions = shown(at, "caption")
     assert f"{len(png) / 1e3:,.1f} KB" in captions and f"{len(a4) / 1e3:,.1f} KB" in captions, captions
     (pdf_file,) = list(tmp_path.glob("**/uploads/**/*.pdf"))  # the stored upload
-    assert render_pdf_page(pdf_file, 0).size == (1191, 1684) and "1191x1684 px (p1, 144 dpi)" in captions.replace(" x ", "x"), captions
+    assert render_pdf_page(pdf_file, 0).size == (1191, 1684)
+    assert "1191x1684 px (p1, 144 dpi)" in captions.replace(" x ", "x"), captions
 
     pages = pd.DataFrame({"label": ["three_pages.pdf p1", "page.png"], "pdf_page": [0, None]})
     assert page_numbers(pages)["PDF page"].tolist()[0] == 1 and pd.isna(page_numbers(pages)["PDF page"][1])

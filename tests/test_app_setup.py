@@ -89,7 +89,8 @@ def test_an_unreachable_wheel_index_is_one_line_not_twenty_retries(tmp_path):
                     "NewConnectionError: [Errno -2] Name or service not known\" >&2; done\n"
                     "exit 1\n")
     fake.chmod(0o755)
-    script = f'source "{ROOT}/scripts/setup-env.sh"; PY="{fake}"; _pip_from_index torch==0 https://unreachable.invalid/x'
+    script = (f'source "{ROOT}/scripts/setup-env.sh"; PY="{fake}"; '
+              "_pip_from_index torch==0 https://unreachable.invalid/x")
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and out.stdout == ""
     assert out.stderr.splitlines() == ["[setup] https://unreachable.invalid/x is unreachable; installing torch==0 "

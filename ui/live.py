@@ -3,6 +3,7 @@ button that starts it in the background, and a fragment that shows its progress,
 they finish (re-run every second while the sweep runs)."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dsocr_core import tiling
@@ -160,7 +161,7 @@ def recent_pages(store_path: str, run_id: str, handled: int, n: int = 5):
     pages = page_table(RunStore(store_path), run_id, analytic=False).sort_values("updated_at").tail(n).iloc[::-1]
     out = pages[["label", "epoch", "status", "message"]].copy()
     for col, name in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("wall_s", "page wall (ms)")):
-        out[name] = pages[col] * 1e3
+        out[name] = [measured.sig(float(v) * 1e3, 4) if pd.notna(v) else "" for v in pages[col]]  # 4 digits
     return out
 
 
