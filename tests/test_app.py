@@ -476,7 +476,7 @@ def test_mfu_bars_roofline_and_limits_of_a_gpu_run(with_reference):
     assert "facet" in bars  # datasheet | calibrated
     text = page_text(at)
     assert "calibrated: NVIDIA H200, 780.0 TFLOP/s" in text
-    assert any("median MFU (calibrated)" in f.value.columns for f in at.dataframe)  # the summary table
+    assert any("median MFU (calibrated)" in set(f.value.get("figure", [])) for f in at.dataframe)  # the summary
     options = at.selectbox(key="mfu_point").options
     at.selectbox(key="mfu_point").set_value(options[1]).run()
     assert not at.exception and len(charts(at)) == 3
