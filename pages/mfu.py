@@ -23,7 +23,7 @@ if not runs:
     st.stop()
 runs.sort(key=lambda r: (not ms.is_gpu_run(r), r["kind"] != "reference"))  # GPU reference runs first
 by_id = {r["id"]: r for r in runs}
-c1, c2 = st.columns([3, 2])
+c1, c2 = st.container(), st.container()  # the run's title (about 150 characters) needs the full width
 run_id = c1.selectbox("Run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="mfu_run")
 run = by_id[run_id]
 ds, cal = ms.run_ceilings(run)

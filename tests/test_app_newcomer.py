@@ -247,6 +247,7 @@ def test_no_text_is_cut_and_overlapping_configurations_stay_visible(bundled):
     assert "~g" not in json.dumps(spec)  # no exponent notation on any axis or tooltip
 
     goto(at, "mfu")
+    assert {getattr(e, "key", None): w for e, w in widths(at.main)}["mfu_run"] == 1.0  # a 150-character title
     summary = [f.value for f in at.dataframe if "figure" in f.value.columns][0]
     assert len(summary.columns) <= 9 and "SAM" in summary.columns
 
