@@ -172,8 +172,8 @@ def render(store, runs: list[dict], settings) -> None:
     # choice when its options change, so setting the old key's state is not enough), then the user's choice.
     started = st.session_state.get("ds_started")
     key, index = ("ds_run", 0) if started not in by_id else (f"ds_run_{started[:8]}", list(by_id).index(started))
-    run_id = st.selectbox("Dataset run", list(by_id), index=index, format_func=lambda i: run_title(by_id[i]),
-                          key=key)
+    run_id = st.selectbox("Dataset run", list(by_id), index=index, key=key,
+                          format_func=lambda i: run_title(by_id[i], size=False))  # no count: it would stay stale
     run = by_id[run_id]
     st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
     hardware, bound_from, bound_warning = run_bound(run, settings)

@@ -34,13 +34,15 @@ def md(text: object, one_line: bool = True) -> str:
 KIND_TITLES = {"reference": "benchmark sweep", "sweep": "sweep", "dataset": "dataset run", "parity": "parity run"}
 
 
-def run_title(run: dict, bundled_dir: str | None = None) -> str:
+def run_title(run: dict, bundled_dir: str | None = None, size: bool = True) -> str:
     """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind, where it came from
-    (bundled: imported from `bundled_dir`, the project's reference folder; or imported) and size."""
+    (bundled: imported from `bundled_dir`, the project's reference folder; or imported) and, with `size`, its
+    number of points."""
     origin = run.get("imported_from")
     where = "" if not origin else ", bundled" if bundled_dir and Path(origin).parent == Path(bundled_dir) else \
         ", imported"
-    return f"{run['label']} [{KIND_TITLES.get(run['kind'], run['kind'])}{where}, {run['n_points']} points]"
+    count = f", {run['n_points']} points" if size else ""
+    return f"{run['label']} [{KIND_TITLES.get(run['kind'], run['kind'])}{where}{count}]"
 
 
 def is_gpu_run(run: dict) -> bool:

@@ -17,5 +17,8 @@ def run_session_mode(run: dict) -> str:
     return run.get("session_mode") or "reference"
 
 
-def run_title(run: dict) -> str:
-    return f"{ms.run_title(run, str(resources.reference_dir()))} · {run_mode(run)}"
+def run_title(run: dict, size: bool = True) -> str:
+    """size=False for a picker whose run may still be growing: a keyed selectbox keeps the option texts it was
+    first drawn with, so a count in them stays at what it was when the run started ('[dataset run, 0 points]'
+    under a finished run of 4 pages)."""
+    return f"{ms.run_title(run, str(resources.reference_dir()), size)} · {run_mode(run)}"

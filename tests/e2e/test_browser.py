@@ -251,6 +251,9 @@ def test_profile_uploaded_pages(page, server, shots):
     assert "Done / error / oom" in text
     # bounded by this CPU's own ceilings, measured with the run in its dtype, and below every measured point
     assert "(measured with the run)" in text and "The analytic bound lies above measured points" not in text
+    picker = main.locator("[data-testid='stSelectbox']", has_text="Dataset run").evaluate(  # the shown choice
+        "e => e.textContent + ' ' + [...e.querySelectorAll('input')].map(i => i.value || i.placeholder).join(' ')")
+    assert "[dataset run] · reference session mode" in picker and " points]" not in picker, picker
     assert_no_point_beats_its_bound(SERVED["store"])
     snap(page, shots, "dataset", 2300)
     page.get_by_role("tab", name="Distribution").click()
