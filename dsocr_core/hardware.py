@@ -166,8 +166,8 @@ def _torch_dtype(dtype: str):
 def measure_matmul_flops(size: int = 8192, device: str = "cuda", warmup: int = 3, repeats: int = 10,
                          dtype: str = "bfloat16", best: bool = False) -> float:
     """Achieved FLOP/s of a size^3 matmul in `dtype` (2*size^3 FLOPs per call), median (best=True: fastest) of
-    `repeats` after warm-up. Measure in the dtype the runs use: a CPU without bf16 units runs a bf16 matmul tens of times slower
-    than a float32 one, and a ceiling measured that way is no bound of a float32 run."""
+    `repeats` after warm-up. Measure in the dtype the runs use: a CPU without bf16 units runs a bf16 matmul tens of
+    times slower than a float32 one, and a ceiling measured that way is no bound of a float32 run."""
     import torch
 
     _check_device(device)
