@@ -23,7 +23,7 @@ if not runs:
     st.stop()
 runs.sort(key=lambda r: (not ms.is_gpu_run(r), r["kind"] != "reference"))  # GPU reference runs first
 by_id = {r["id"]: r for r in runs}
-c1, c2 = st.columns([3, 2])
+c1, c2 = st.container(), st.container()  # the run's title (about 150 characters) needs the full width
 run_id = c1.selectbox("Run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="mfu_run")
 run = by_id[run_id]
 ds, cal = ms.run_ceilings(run)
@@ -75,11 +75,12 @@ with right:
     st.caption("Measured time next to the predicted time (with a profile) and the time the stage would take at "
                "the roofline limit; log scale, so the short vision stages stay visible beside decode.")
     st.caption(prediction.note(settings, run_session_mode(run), run=True))
+    prediction.show_misses(settings, run_session_mode(run), int(cmp["batch"].max()))
 
 # the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
 st.subheader(f"Analytic vs measured: {ms.md(run['name'])}")
-st.dataframe(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point])), hide_index=True,
-             width="stretch")
+st.dataframe(ms.stages_as_columns(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point]))),
+             hide_index=True, width="stretch")
 st.caption(FLAG_NOTE)
 routing_choice.show_run_routing(run, pts)
 with st.expander("Every point and stage"):

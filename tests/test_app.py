@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import struct
 import threading
 import time
@@ -182,8 +183,16 @@ def test_sidebar_calibration_on_the_cpu_is_labelled(no_reference):
     assert any("not calibrated yet" in t for t in texts(at.sidebar, "info"))
     at.sidebar.button(key="sb_calibrate").click().run()
     assert not at.exception
-    assert any("CPU" in str(c.value) for c in at.sidebar.caption)
-    assert {m.label: m.value for m in at.metric}["Peak BF16 (dense)"] != "989 TFLOP/s"
+    captions = " ".join(str(c.value) for c in at.sidebar.caption)
+    assert "Calibrated on this CPU in float32" in captions
+    # measured in the runs' dtype (float32 on the CPU), named so, and never shown as "0.0 TFLOP/s"
+    assert "0.0 TFLOP/s" not in captions and re.search(r"\b0\.\d*[1-9]\d* TFLOP/s", captions), captions
+    status = [e for e in at.sidebar.get("status") if "Measur" in e.proto.label]
+    assert status and status[0].proto.label.startswith("Measured: "), [e.proto.label for e in status]
+    from ui import resources
+
+    assert "float32" in resources.calibrations()[("cpu", "float32")].name
+    assert "Peak matmul (measured)" in {m.label for m in at.metric}
 
 
 def test_missing_checkpoint_folder_is_a_clear_message_everywhere(no_reference, tmp_path):
@@ -468,7 +477,7 @@ def test_mfu_bars_roofline_and_limits_of_a_gpu_run(with_reference):
     assert "facet" in bars  # datasheet | calibrated
     text = page_text(at)
     assert "calibrated: NVIDIA H200, 780.0 TFLOP/s" in text
-    assert any("median MFU (calibrated)" in f.value.columns for f in at.dataframe)  # the summary table
+    assert any("median MFU (calibrated)" in set(f.value.get("figure", [])) for f in at.dataframe)  # the summary
     options = at.selectbox(key="mfu_point").options
     at.selectbox(key="mfu_point").set_value(options[1]).run()
     assert not at.exception and len(charts(at)) == 3

@@ -87,7 +87,7 @@ def test_analytic_page_without_and_with_a_profile(data):
 
     pick(at, CPU)
     side = sidebar_text(at)
-    assert "measured quick" in side and "CPU profile: it predicts runs on this CPU, not a GPU" in side
+    assert "measured quick" in side and "CPU profile: its kernels are this CPU's, not a GPU's" in side
     frame = chart_frames(at.get("vega_lite_chart")[0])[0]
     assert set(frame["series"]) == {"roofline", "predicted"}
     both = frame.pivot_table(index=["config", "crop_count", "stage"], columns="series", values="value")
@@ -184,8 +184,8 @@ def test_measured_and_mfu_pages_draw_the_prediction_in_the_runs_own_mode(data):
     goto(at, "mfu")
     limits = chart_frames(at.get("vega_lite_chart")[2])[0]
     assert {"measured", "predicted", "at the datasheet limit"} <= set(limits["time"])
-    summary = [f.value for f in at.dataframe if "max FLOP diff" in f.value.columns][0]
-    assert "predicted time error, median / max" in summary
+    summary = [f.value for f in at.dataframe if "figure" in f.value.columns][0]
+    assert "predicted time error, median / max" in set(summary["figure"])
     table = [f.value for f in at.dataframe if "predicted_s" in f.value.columns][0]
     assert table["predicted_profile"].str.contains("NVIDIA H200").all() and table["predicted_session_mode"].eq(
         "reference").all() and table["predicted_device_kind"].eq("cuda").all()
@@ -210,7 +210,7 @@ def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profi
     saved = list((data / "calibrated_profiles").glob("cpu_quick_*.json"))
     assert len(saved) == 1 and load_profile(saved[0]).raw["calibration"]["quick"]
     assert at.sidebar.selectbox(key="sb_profile").value == f"calibrated:{saved[0].name}"
-    assert "CPU profile: it predicts runs on this CPU" in sidebar_text(at)
+    assert "QUICK grids: a smoke test of the calibration, not a predictor" in sidebar_text(at)
     assert "Saved cpu_quick_" in sidebar_text(at)
     frame = chart_frames(at.get("vega_lite_chart")[0])  # FLOPs tab: no roofline there, nothing predicted
     assert frame and "series" not in frame[0]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from dsocr_core.analytic.known_misses import DOC, known_misses
 from dsocr_core.analytic.predict import UNIFORM_ROUTING, prediction_gaps, profile_hardware, with_profile
 from dsocr_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
@@ -38,7 +39,8 @@ NONE, UPLOAD = "none", "upload"
 PICKER = "sb_profile"
 PENDING = "_sb_profile_pending"  # a profile calibrated here: selected on the next run, before the picker is drawn
 KINDS = {"repo": "data/profiles", "calibrated": "calibrated here", "uploaded": "uploaded"}
-CPU_NOTE = "CPU profile: it predicts runs on this CPU, not a GPU"
+CPU_NOTE = "CPU profile: its kernels are this CPU's, not a GPU's"
+QUICK_NOTE = "QUICK grids: a smoke test of the calibration, not a predictor"
 HOW_TO = ("No prediction: choose a calibration profile in the sidebar (**Predicted time**), or calibrate this "
           "machine there, to see the predicted time beside the roofline bound.")
 CPU_BUDGET_S = 60.0  # the quick CPU grids take a few seconds; the budget only stops a machine far too busy
@@ -58,6 +60,7 @@ class ProfileChoice:
     routing_path: str | None = None  # the what-if routing profile (ui/routing_choice.py); None: uniform
     routing_mtime_ns: int = 0
     routing_label: str = UNIFORM_ROUTING
+    quick: bool = False  # the quick grids: a smoke test whose predictions miss by 10x or more
 
 
 # ------------------------------------------------------------------------------------------- folders
@@ -107,10 +110,12 @@ def _load(path: str, mtime_ns: int) -> Profile:
 
 def describe(profile: Profile) -> str:
     """How every caption and export names the profile: its label (DERIVED said there), and for a CPU profile that
-    it predicts CPU runs; a calibration stopped early says so."""
+    its kernels are not a GPU's, for a quick one that it is a smoke test; a calibration stopped early says so."""
     label = profile.label()
     if profile.device.get("kind") == "cpu":
         label += f" — {CPU_NOTE}"
+    if _quick(profile):
+        label += f" — {QUICK_NOTE}"
     cal = profile.raw.get("calibration") or {}
     if cal.get("complete") is False:
         label += " (calibration stopped early: unmeasured shapes take their nearest measured neighbour's value)"
@@ -128,7 +133,12 @@ def choose(path: Path, origin: str) -> ProfileChoice:
     if gaps:
         raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
                            "before it measured them); calibrate again with a larger budget")
-    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin)
+    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin,
+                         _quick(prof))
+
+
+def _quick(profile: Profile) -> bool:
+    return bool((profile.raw.get("calibration") or {}).get("quick"))
 
 
 def _save_upload(name: str, data: bytes) -> Path:
@@ -215,6 +225,17 @@ def note(settings, mode: str | None = None, run: bool = False) -> str:
             "times on the profile's device, whichever hardware the roofline beside them uses.")
 
 
+def show_misses(settings, mode: str | None = None, max_batch: int = 1, stages=None) -> None:
+    """A warning beside a prediction where docs/accuracy.md measured it outside its targets (the session mode,
+    batched decode, a stage, a quick, CPU or derived profile): nothing without a profile or without a known miss."""
+    prof = current_profile(settings)
+    if prof is None:
+        return
+    misses = known_misses(prof, mode or settings.model.session_mode, max_batch, stages)
+    if misses:
+        st.warning(f"**This prediction is known to miss** ({DOC}):\n\n" + "\n".join(f"* {md(m)}" for m in misses))
+
+
 # ------------------------------------------------------------------------------------------- the sidebar
 def render(side, gpu) -> ProfileChoice | None:
     """The 'Predicted time' section of the sidebar: the picker, the chosen profile's label, and calibration."""
@@ -247,6 +268,9 @@ def render(side, gpu) -> ProfileChoice | None:
             side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
         path, mtime, label = routing_choice.render(side)
         choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
+        if choice.quick:
+            side.warning("QUICK profile: a smoke test of the calibration, not a predictor. Its kernel tables stop "
+                         "far below the model's shapes, so its predicted times miss by 10x or more.")
     _calibrate_panel(side, gpu)
     return choice
 
@@ -260,8 +284,9 @@ def _calibrate_panel(side, gpu) -> None:
             device = "cpu"
         if device == "cpu":
             quick, budget = True, CPU_BUDGET_S
-            st.caption(f"The quick kernel grids (a few seconds), labelled as a {CPU_NOTE}; it is no stand-in for "
-                       "a GPU profile.")
+            st.caption("The quick kernel grids (a few seconds): a smoke test of the calibration, labelled "
+                       f"'{QUICK_NOTE}'. Its predicted times miss this CPU's runs by 10x or more (the grids stop "
+                       "far below the model's shapes), and it is no stand-in for a GPU profile.")
         else:
             quick = st.toggle("Quick grids (a smoke test, not for predictions)", key="sb_cal_quick")
             lo, hi, default = GPU_BUDGET_S
@@ -312,4 +337,5 @@ def _progress(runner) -> None:
     panel()
 
 
-__all__ = ["ProfileChoice", "attach", "current_profile", "describe", "key", "note", "predicted_hardware", "render"]
+__all__ = ["ProfileChoice", "attach", "current_profile", "describe", "key", "note", "predicted_hardware", "render",
+           "show_misses"]

@@ -24,7 +24,7 @@ import streamlit as st
 
 from dsocr_core import analytic, tiling
 from dsocr_core.engines import ENGINES
-from dsocr_core.hardware import calibrate, match_device_name
+from dsocr_core.hardware import calibrate, cpu_ceilings, match_device_name
 from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec
 from dsocr_core.results.store import RunImportError, RunStore, StoreError, default_path
 
@@ -101,7 +101,7 @@ def gpu_lock() -> threading.Lock:
 
 
 class Busy(RuntimeError):
-    """The device is running another job (a sweep, or a parity run from another tab)."""
+    """The device is running another job (a measured sweep, a dataset run, a parity run or a calibration)."""
 
 
 @contextmanager
@@ -109,8 +109,8 @@ def gpu_turn():
     """Hold the device for one job, or raise Busy at once when another job holds it."""
     lock = gpu_lock()
     if not lock.acquire(blocking=False):
-        raise Busy("the device is busy with another job (a measured sweep, a parity run or a calibration from "
-                   "this or another tab); try again when it finishes")
+        raise Busy("the device is busy with another job (a measured sweep, a dataset run, a parity run or a "
+                   "calibration from this or another tab); try again when it finishes")
     try:
         yield
     finally:
@@ -119,19 +119,17 @@ def gpu_turn():
 
 # ------------------------------------------------------------------------------------------- hardware
 @st.cache_resource(show_spinner=False)
-def calibrations() -> dict[str, Hardware]:
-    """Ceilings measured on this machine, per device (shared by all tabs: the machine does not change)."""
+def calibrations() -> dict[tuple[str, str], Hardware]:
+    """Ceilings measured on this machine, per (device, dtype) (shared by all tabs: the machine does not change)."""
     return {}
 
 
-def run_calibration(device: str) -> Hardware:
-    """Measure matmul and copy ceilings (small sizes on the CPU, where it is only a smoke test)."""
+def run_calibration(device: str, dtype: str) -> Hardware:
+    """Measure matmul (in the runs' `dtype`, with their threads) and copy ceilings; on the CPU the matmul size
+    follows the CPU's speed (hardware.cpu_matmul_size) and the copy is 64 MiB, so it takes about a second."""
     with gpu_turn():
-        if device.startswith("cuda"):
-            hw = calibrate(device=device)
-        else:
-            hw = calibrate(device="cpu", matmul_size=1024, copy_bytes=64 << 20, warmup=1, repeats=3)
-    calibrations()[device] = hw
+        hw = cpu_ceilings(dtype) if device == "cpu" else calibrate(device=device, dtype=dtype)
+    calibrations()[(device, dtype)] = hw
     return hw
 
 
@@ -282,10 +280,15 @@ def _open_store(path: str, reference_dir: str) -> StoreHandle:
     return StoreHandle(store, Path(reference_dir), imported, error, store_error)
 
 
+def reference_dir() -> Path:
+    """The folder of bundled runs imported into every store ($DSOCR_REFERENCE_DIR, or data/reference)."""
+    return Path(os.environ.get(REFERENCE_ENV) or REFERENCE_DIR)
+
+
 def run_store() -> StoreHandle:
     """$DSOCR_STORE (or data/runs.sqlite) with the bundled reference runs imported. When that file is unusable,
     a temporary store stands in and the page shows why (once per page run)."""
-    handle = _open_store(str(default_path()), os.environ.get(REFERENCE_ENV) or str(REFERENCE_DIR))
+    handle = _open_store(str(default_path()), str(reference_dir()))
     if handle.store_error:
         _show_store_error(handle)
     return handle

@@ -10,6 +10,7 @@ from dsocr_core.measure.order_check import summary as order_summary
 from dsocr_core.results.runs import engine_note
 
 from . import measured as ms
+from . import resources
 
 
 def run_mode(run: dict) -> str:
@@ -28,8 +29,11 @@ def run_session_mode(run: dict) -> str:
     return run.get("session_mode") or "reference"
 
 
-def run_title(run: dict) -> str:
-    return f"{ms.run_title(run)} · {run_mode(run)}"
+def run_title(run: dict, size: bool = True) -> str:
+    """size=False for a picker whose run may still be growing: a keyed selectbox keeps the option texts it was
+    first drawn with, so a count in them stays at what it was when the run started ('[dataset run, 0 points]'
+    under a finished run of 4 pages)."""
+    return f"{ms.run_title(run, str(resources.reference_dir()), size)} · {run_mode(run)}"
 
 
 def run_caption(run: dict) -> str:

@@ -82,7 +82,8 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
                          "measured times are shown without an analytic time prediction.")
     for n in notes:
         st.caption(n)
-    _prediction_notes(settings, [by_id[i] for i in chosen])
+    _prediction_notes(settings, [by_id[i] for i in chosen],
+                      max([int(c["batch"].max()) for _, c, _ in frames if not c.empty], default=1))
     finished = [c for _, c, _ in frames if not c.empty]
     if chosen and not finished:
         st.warning("The chosen runs have no finished points yet.")
@@ -100,8 +101,9 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
                    "(one repeat: none).")
 
 
-def _prediction_notes(settings, chosen: list[dict]) -> None:
-    """Which profile the predicted lines come from, in which mode, and where its device is not the run's."""
+def _prediction_notes(settings, chosen: list[dict], max_batch: int) -> None:
+    """Which profile the predicted lines come from, in which mode, where its device is not the run's, and where
+    the prediction is known to miss (the reference mode's misses include the fast mode's)."""
     c = settings.profile
     if c is None:
         st.caption(prediction.HOW_TO)
@@ -110,6 +112,8 @@ def _prediction_notes(settings, chosen: list[dict]) -> None:
     st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, with each run's own engine "
                f"({', '.join(modes) or 'none chosen'}) and the MoE routing it observed (uniform, assumed, where it "
                "recorded none).")
+    if modes:
+        prediction.show_misses(settings, "reference" if "reference" in modes else modes[0], max_batch)
     for r in chosen:
         on_cpu = bool(r["flags"]["cpu"])
         if on_cpu != (c.device_kind == "cpu"):
@@ -124,7 +128,8 @@ def _chart(frames, finished: list[pd.DataFrame]) -> None:
     reset = st.session_state.get("_ms_f_runs") != signature  # other runs chosen: filters follow them
     st.session_state["_ms_f_runs"] = signature
     defaults = filter_defaults(finished)
-    f = st.columns([1, 1, 1, 2, 1])
+    # two rows, so a chip ('gundam') and the x axis ('sequence length (prompt tokens)') are never cut to 'gun…'
+    f = st.columns([1.2, 1, 1]) + st.columns([2, 1.3])
     options = {"ms_f_modes": sorted(done["mode"].unique()),
                "ms_f_batch": sorted(int(b) for b in done["batch"].unique()),
                "ms_f_text": sorted(int(t) for t in done["text_tokens"].unique())}

@@ -16,6 +16,7 @@ from dsocr_core.hardware import PRESETS
 from dsocr_core.spec import Hardware, ModelSpec, SpecError
 
 from . import prediction, resources
+from .measured import sig
 from .resources import GpuInfo
 
 CHECKPOINT_ENV = "DSOCR_CHECKPOINT"  # a default checkpoint folder for the sidebar
@@ -121,7 +122,8 @@ def _mode_refusal(mode: str, device: str, gpu: GpuInfo) -> str | None:
 
 
 def _ceiling_caption(hw: Hardware) -> str:
-    return (f"{hw.peak_tflops:,.1f} TFLOP/s · {hw.bandwidth_tbs:,.3g} TB/s · {hw.memory_gb:,.0f} GB · "
+    """Three significant digits: a CPU's 0.19 TFLOP/s must not read 0.0."""
+    return (f"{sig(hw.peak_tflops)} TFLOP/s · {sig(hw.bandwidth_tbs)} TB/s · {hw.memory_gb:,.0f} GB · "
             f"ridge {hw.ridge_intensity:,.0f} FLOP/byte")
 
 
@@ -168,14 +170,18 @@ def render() -> Settings:
     choice = side.selectbox("Ceilings", options, index=options.index(default), format_func=names.get,
                             key="sb_hardware")
     if choice == CALIBRATED:
-        measured = resources.calibrations().get(device)
+        measured = resources.calibrations().get((device, dtype))
         if side.button("Measure now" if measured is None else "Measure again", key="sb_calibrate"):
+            status = side.status(f"Measuring {dtype} matmul and copy ceilings ...", expanded=False)
             try:
-                with side.status("Measuring matmul and copy ceilings ...", expanded=False):
-                    measured = resources.run_calibration(device)
+                with status:
+                    measured = resources.run_calibration(device, dtype)
+                status.update(label=f"Measured: {_ceiling_caption(measured)}", state="complete")
             except resources.Busy as exc:
+                status.update(label="Not measured: the device is busy", state="error")
                 side.warning(str(exc))
             except Exception as exc:  # noqa: BLE001 - a failed calibration leaves the app running
+                status.update(label="Calibration failed", state="error")
                 side.error(f"calibration failed: {type(exc).__name__}: {exc}")
         if measured is None:
             hardware = PRESETS[default]
@@ -184,7 +190,8 @@ def render() -> Settings:
         else:
             hardware, note = measured, measured.source
             if not device.startswith("cuda"):
-                side.caption("Calibrated on the CPU: a smoke test of the method, not GPU ceilings.")
+                side.caption(f"Calibrated on this CPU in {dtype} with its threads: the bound of CPU runs in "
+                             f"{dtype}, not GPU ceilings.")
     elif choice == CUSTOM:
         c1, c2 = side.columns(2)
         peak = c1.number_input("TFLOP/s", min_value=0.001, value=989.0, key="sb_peak")

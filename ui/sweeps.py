@@ -119,6 +119,12 @@ class SweepRunner:
     def busy(self) -> bool:
         return self.job is not None and self.job.running
 
+    def busy_message(self) -> str:
+        """What a start refused while a job runs says: the job that runs, by name (a sweep, a dataset run or a
+        calibration)."""
+        what = KIND_NAMES[self.job.kind] if self.job is not None else "job"
+        return f"a {what} is already running; stop it or wait for it to finish"
+
     def start(self, session, store, workloads: list[Workload], *, name: str, label: str, repeats: int,
               warmup: int, weights: list[float] | None = None) -> SweepJob:
         """A measured sweep of `workloads` in the background (`weights`: each point's relative cost, for the
@@ -145,8 +151,7 @@ class SweepRunner:
     def _start(self, job: SweepJob, target, args) -> SweepJob:
         with self._guard:
             if self.busy:
-                raise resources.Busy(f"a {KIND_NAMES[self.job.kind]} is already running; stop it or wait for it "
-                                     "to finish")
+                raise resources.Busy(self.busy_message())
             self.job = job
             self._thread = threading.Thread(target=target, name=f"dsocr-{job.kind}", daemon=True, args=args)
             self._thread.start()

@@ -124,9 +124,11 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         from ..hardware import calibrate
 
         print("calibrating matmul and copy ceilings ...", flush=True)
-        hw = calibrate(str(session.device))
+        device = str(session.device)
+        cpu = device == "cpu"
+        hw = calibrate(device, dtype=session.dtype, **(dict(matmul_size=None, copy_bytes=64 << 20) if cpu else {}))
         meta["calibration"] = hw.model_dump(mode="json")
-        print(f"  {hw.peak_tflops:.1f} TFLOP/s bf16 matmul, {hw.bandwidth_tbs:.3f} TB/s copy", flush=True)
+        print(f"  {hw.peak_tflops:.3g} TFLOP/s {session.dtype} matmul, {hw.bandwidth_tbs:.3g} TB/s copy", flush=True)
     sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
                  kind=args.kind)
     if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point

@@ -128,6 +128,10 @@ def _run_loaded(args, store, run_id, session, dataset, samples, settings, hardwa
         check_resume(store, run_id, session, dataset, settings)
         store.update_run(run_id, meta={"sampling": sampling})
     else:
+        if pool is None and str(session.device) == "cpu":  # the bound of a CPU run: its own CPU's ceilings
+            from ..hardware import cpu_ceilings
+
+            create["meta"] = {"calibration": cpu_ceilings(session.dtype).model_dump(mode="json")}
         run_id = create_dataset_run(store, session, dataset, settings, sampling, name=args.name, **create)
     quiet = args.json or args.no_progress
     if not quiet:
