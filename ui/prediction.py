@@ -134,7 +134,7 @@ def choose(path: Path, origin: str) -> ProfileChoice:
         raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
                            "before it measured them); calibrate again with a larger budget")
     return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin,
-                         _quick(prof))
+                         quick=_quick(prof))
 
 
 def _quick(profile: Profile) -> bool:
