@@ -17,7 +17,7 @@ from dsocr_core.measure.datasets import discover, sample
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads
 from dsocr_core.results.dataset_stats import run_summary
 from dsocr_core.results.store import RunStore
-from dsocr_core.runtime.engine import state_text
+from dsocr_core.results.engine_state import state_text
 from dsocr_core.runtime.session import Session
 
 
