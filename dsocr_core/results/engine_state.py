@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def state_text(state: dict | None) -> str | None:
-    """One line of a point's engine state (Engine.point_state) for tables, e.g. 'fast: compiled automatic-dynamic/static (sam_block 14,
-    ..., lm_layer 6 variants), graphs: decode 1/1, prefill graph; cache 2,048 (bucket 256), fused decode'. None
-    without a state."""
+    """One line of a point's engine state (Engine.point_state) for tables, e.g. 'fast: compiled
+    automatic-dynamic/static (sam_block 14, clip_layer 6, lm_layer 6, lm_last_layer 6 variants), graphs: decode
+    1/1, prefill graph, cache 2,048 (bucket 256), fused decode'. None without a state."""
     if not state:
         return None
     if state.get("engine") != "fast":
