@@ -38,14 +38,15 @@ KIND_TITLES = {"reference": "benchmark sweep", "sweep": "sweep", "dataset": "dat
 
 
 def run_title(run: dict, bundled_dir: str | None = None, size: bool = True) -> str:
-    """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind, where it came from
-    (bundled: imported from `bundled_dir`, the project's reference folder; or imported) and, with `size`, its
-    number of points."""
+    """The store's label (it names synthetic weights, CPU and the fallback tokenizer), the run's short id, kind,
+    where it came from (bundled: imported from `bundled_dir`, the project's reference folder; or imported) and,
+    with `size`, its number of points. The id keeps titles unique: a selectbox keeps its choice as the option's
+    text, so of two runs with one title it picks the last (a second run over the same pages showed the first)."""
     origin = run.get("imported_from")
     where = "" if not origin else ", bundled" if bundled_dir and Path(origin).parent == Path(bundled_dir) else \
         ", imported"
     count = f", {run['n_points']} points" if size else ""
-    return f"{run['label']} [{KIND_TITLES.get(run['kind'], run['kind'])}{where}{count}]"
+    return f"{run['label']} ({run['id'][:8]}) [{KIND_TITLES.get(run['kind'], run['kind'])}{where}{count}]"
 
 
 def is_gpu_run(run: dict) -> bool:
