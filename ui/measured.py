@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsocr_core.hardware import match_device_name, run_ceilings  # noqa: F401 - the pages read a run's ceilings from here
+# run_ceilings: the pages read a run's ceilings from here
+from dsocr_core.hardware import match_device_name, run_ceilings  # noqa: F401
 from dsocr_core.results.engine_state import state_text
 from dsocr_core.spec import Hardware
 
