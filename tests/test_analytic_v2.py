@@ -124,7 +124,7 @@ def test_v2_mode_mismatch_is_a_clear_error():
 def test_v2_sweep_is_vectorised():
     crops = [(1, 1)] + [(w, h) for w in range(1, 7) for h in range(1, 7) if 2 <= w * h <= 6]
     t0 = time.perf_counter()
-    pts = Points.grid(mode="dynamic", crops=crops, text_tokens=np.linspace(10, 4010, 111).astype(int),
+    pts = Points.grid(mode="dynamic", crops=crops, text_tokens=np.linspace(10, 4010, 121).astype(int),
                       batch=[1, 2, 4, 8, 16, 32, 64, 128], decode_steps=[0, 1, 4, 16, 64, 256, 1024, 4096])
     stages = evaluate(V2, pts, HW)
     elapsed = time.perf_counter() - t0
