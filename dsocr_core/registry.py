@@ -159,6 +159,11 @@ def mode_info(mode: str) -> ModeInfo:
     return family_of_mode(mode).modes[mode]
 
 
+def vision_stage_names() -> tuple[str, ...]:
+    """Every family's vision stages, each once, in running order (e.g. for telling prefill work from decode)."""
+    return tuple(sorted({s for fam in FAMILIES.values() for s in fam.vision_stages}, key=stage_rank))
+
+
 def all_modes() -> tuple[str, ...]:
     return tuple(m for fam in FAMILIES.values() for m in fam.modes)
 

@@ -1,7 +1,9 @@
 """Checkpoints in the official format: vendor config.json + safetensors (one file, or shards with an index).
 
 Loading is strict: every tensor the spec needs must be present with its exact shape, and nothing else may be
-(except `model.vision_model.embeddings.position_ids`, a buffer some re-saved checkpoints carry). The model is
+(except the buffers the model family's registry entry allows, e.g. DeepSeek-OCR's
+`model.vision_model.embeddings.position_ids`, which some re-saved checkpoints carry). The config.json says which
+family the folder holds (registry.family_of_config); a folder of the other family is an error naming it. The model is
 built on the meta device and the loaded tensors are assigned into it, so loading never holds two copies.
 Synthetic weights are seeded per tensor name, so a tensor's values do not depend on the order of generation.
 """
@@ -19,14 +21,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from ..spec import ModelSpec, SpecError
+from ..registry import family_of, family_of_config, get_family
+from ..spec import DecoderSpec, SpecError
 from .decoder import RMSNorm
-from .deepseek_ocr import DeepseekOCRForCausalLM
+from .deepseek_ocr import CausalLM
 from .sam import LayerNorm2d
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-ALLOWED_EXTRA = frozenset({"model.vision_model.embeddings.position_ids"})
 LIST_LIMIT = 20  # names shown per kind of problem
 # LM sizes a config.json must state: without one the spec takes DeepSeek-OCR's default, and the error that follows
 # would speak of a consequence (the projector width, mis-shaped tensors) instead of the missing key
@@ -53,13 +55,18 @@ def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16, float16 or float32") from None
 
 
-def meta_model(spec: ModelSpec, attn_impl: str = "sdpa") -> DeepseekOCRForCausalLM:
+def model_class(spec: DecoderSpec) -> type[CausalLM]:
+    """Our PyTorch model of the spec's family (the registry names it)."""
+    return family_of(spec).load("torch_model")
+
+
+def meta_model(spec: DecoderSpec, attn_impl: str = "sdpa") -> CausalLM:
     """The model with shapes only (no memory): for parameter listings, FLOP counts and loading."""
     with torch.device("meta"):
-        return DeepseekOCRForCausalLM(spec, attn_impl)
+        return model_class(spec)(spec, attn_impl)
 
 
-def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor name of `spec` with its shape."""
     return {name: tuple(t.shape) for name, t in meta_model(spec).state_dict().items()}
 
@@ -84,7 +91,7 @@ def synthetic_tensor(name: str, shape: tuple[int, ...], seed: int, fill: float |
     return torch.randn(shape, generator=gen, dtype=torch.float32) * INIT_STD
 
 
-def synthetic_state_dict(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
+def synthetic_state_dict(spec: DecoderSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
                          device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Seeded random weights for every checkpoint tensor: small N(0, 0.02), norms at weight 1 / bias 0.
     Generated one tensor at a time (float32 scratch, then cast), so the peak is the result plus one tensor."""
@@ -95,8 +102,8 @@ def synthetic_state_dict(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtyp
             for name, t in model.state_dict().items()}
 
 
-def synthetic_model(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
-                    device: str | torch.device = "cpu", attn_impl: str = "sdpa") -> DeepseekOCRForCausalLM:
+def synthetic_model(spec: DecoderSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
+                    device: str | torch.device = "cpu", attn_impl: str = "sdpa") -> CausalLM:
     """A model with synthetic weights (identical to what make-checkpoint writes for the same spec and seed)."""
     model = meta_model(spec, attn_impl)
     model.load_state_dict(synthetic_state_dict(spec, seed, dtype, device), strict=True, assign=True)
@@ -104,7 +111,7 @@ def synthetic_model(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtype = "
 
 
 # --- saving ---
-def save_checkpoint(model_or_state: nn.Module | Mapping[str, torch.Tensor], spec: ModelSpec, folder: str | Path,
+def save_checkpoint(model_or_state: nn.Module | Mapping[str, torch.Tensor], spec: DecoderSpec, folder: str | Path,
                     dtype: str | torch.dtype = "bfloat16", max_shard_bytes: int | None = None,
                     overwrite: bool = False) -> list[Path]:
     """Write config.json (spec.to_config_dict()) and the weights as model.safetensors, or, with
@@ -157,8 +164,20 @@ def _split_shards(state: Mapping[str, torch.Tensor], max_bytes: int) -> list[lis
 
 
 # --- loading ---
+def read_spec(folder: str | Path) -> DecoderSpec:
+    """The spec of a checkpoint folder's (or a config.json file's) config, in the family it names."""
+    path = Path(folder)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raw = None  # the family's reader reports the problem
+    fam = family_of_config(raw) if isinstance(raw, dict) else get_family()
+    return fam.spec_class.from_config_json(path)
+
+
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
-               attn_impl: str = "sdpa") -> tuple[DeepseekOCRForCausalLM, ModelSpec, dict]:
+               attn_impl: str = "sdpa") -> tuple[CausalLM, DecoderSpec, dict]:
     """Load a checkpoint folder strictly. Returns (model in eval mode, spec, info). Raises SpecError for a
     broken config.json and CheckpointError for missing files, unreadable safetensors or tensor mismatches."""
     t0 = time.perf_counter()
@@ -171,7 +190,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} has no config.json; is it a DeepSeek-OCR checkpoint folder?")
     try:
-        spec = ModelSpec.from_config_json(folder)  # SpecError with every problem
+        spec = read_spec(folder)  # SpecError with every problem
     except SpecError as exc:
         _raise_with_missing_keys(folder, exc)
         raise
@@ -182,7 +201,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
     model = meta_model(spec, attn_impl)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     try:
-        _check_names(listing, expected, str(folder))
+        _check_names(listing, expected, str(folder), family_of(spec).checkpoint.allowed_extra)
     except CheckpointError as exc:
         _raise_with_missing_keys(folder, exc)
         raise
@@ -289,11 +308,12 @@ def _names(names: list[str]) -> str:
     return shown + (f", ... and {len(names) - LIST_LIMIT} more" if len(names) > LIST_LIMIT else "")
 
 
-def _check_names(found: Mapping[str, tuple], expected: Mapping[str, tuple[int, ...]], where: str) -> None:
-    """found: name -> (shape, dtype, ...). Raise one CheckpointError listing missing, unexpected, mis-shaped
-    and non-floating tensors (first LIST_LIMIT of each, with counts)."""
+def _check_names(found: Mapping[str, tuple], expected: Mapping[str, tuple[int, ...]], where: str,
+                 allowed_extra: frozenset[str] = frozenset()) -> None:
+    """found: name -> (shape, dtype, ...). Raise one CheckpointError listing missing, unexpected (beyond
+    `allowed_extra`), mis-shaped and non-floating tensors (first LIST_LIMIT of each, with counts)."""
     missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected) - ALLOWED_EXTRA)
+    unexpected = sorted(set(found) - set(expected) - allowed_extra)
     misshaped = [f"{n} {list(found[n][0])} (expected {list(expected[n])})"
                  for n in sorted(set(found) & set(expected)) if tuple(found[n][0]) != tuple(expected[n])]
     not_float = [f"{n} ({found[n][1]})" for n in sorted(set(found) & set(expected))
@@ -326,6 +346,6 @@ def _raise_with_missing_keys(folder: Path, exc: Exception) -> None:
     missing = [k for k in SIZE_KEYS if k not in raw and k not in lm]
     if not missing:
         return
-    defaults = ", ".join(f"{k}={ModelSpec.model_fields[k].default}" for k in missing)
+    defaults = ", ".join(f"{k}={DecoderSpec.model_fields[k].default}" for k in missing)
     raise type(exc)(f"{folder / 'config.json'} has no {', '.join(missing)} (top level or language_config), so "
                     f"the default {defaults} was assumed and the checkpoint does not fit it: {exc}") from None

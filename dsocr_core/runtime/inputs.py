@@ -173,8 +173,8 @@ class ImageViews:
     size: tuple[int, int]  # original (width, height) after the EXIF transpose
 
 
-def image_views(image: Image.Image, mode: str = "gundam", min_crops: int = HF_CROP_RANGE[0],
-                max_crops: int = HF_CROP_RANGE[1], dtype: torch.dtype = torch.float32) -> ImageViews:
+def image_views(image: Image.Image, mode: str = "gundam", min_crops: int | None = None,
+                max_crops: int | None = None, dtype: torch.dtype = torch.float32) -> ImageViews:
     """Crops and global view of an already loaded RGB image."""
     info = mode_info(mode)
     w, h = image.size
@@ -283,8 +283,8 @@ def _as_list(x, name: str) -> list:
 
 
 def prepare_inputs(images: ImageSource | Sequence[ImageSource] | None, prompts: str | Sequence[str] = DEFAULT_PROMPT,
-                   tokenizer: Tokenizer | None = None, mode: str = "gundam", min_crops: int = HF_CROP_RANGE[0],
-                   max_crops: int = HF_CROP_RANGE[1], dtype: torch.dtype = torch.float32, batch: int = 1,
+                   tokenizer: Tokenizer | None = None, mode: str = "gundam", min_crops: int | None = None,
+                   max_crops: int | None = None, dtype: torch.dtype = torch.float32, batch: int = 1,
                    max_pixels: int = MAX_PIXELS) -> PreparedInputs:
     """Images and prompts -> PreparedInputs, one row per (image, prompt) pair.
 
@@ -352,8 +352,8 @@ def repeat_rows(inputs: PreparedInputs, times: int) -> PreparedInputs:
 # ----------------------------------------------------------------------------------------------------- synthetic
 def synthetic_inputs(mode: str = "gundam", grid: tuple[int, int] = (1, 1), text_tokens: int = 10, batch: int = 1,
                      seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                     image_size: tuple[int, int] | None = None, min_crops: int = HF_CROP_RANGE[0],
-                     max_crops: int = HF_CROP_RANGE[1]) -> PreparedInputs:
+                     image_size: tuple[int, int] | None = None, min_crops: int | None = None,
+                     max_crops: int | None = None) -> PreparedInputs:
     """Inputs of a target shape without any image file, for measured sweeps.
 
     Pixels are uniform in [-1, 1] and text ids uniform over the ordinary vocabulary (3 .. 128814: no BOS, EOS, pad
