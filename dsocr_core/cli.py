@@ -22,9 +22,15 @@ class UserError(Exception):
 def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> None:
     """The options of every command that runs the model: where the weights come from, and how it runs.
     The weights seed lands in `args.weights_seed` whatever its flag is called."""
+    from .registry import FAMILIES
+
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="local checkpoint folder (config.json + safetensors)")
-    src.add_argument("--synthetic", choices=["tiny", "full"], help="seeded random weights of a preset")
+    src.add_argument("--checkpoint", type=Path, help="local checkpoint folder (config.json + safetensors; its "
+                                                     "config names the model)")
+    src.add_argument("--synthetic", choices=sorted({n for f in FAMILIES.values() for n in f.presets}),
+                     help="seeded random weights of a preset of --model")
+    p.add_argument("--model", choices=list(FAMILIES), default=None,
+                   help="model family of --synthetic (default deepseek-ocr); with --checkpoint, a check")
     p.add_argument(seed_flag, dest="weights_seed", type=int, default=0, metavar="N",
                    help="seed of --synthetic weights")
     p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
@@ -39,7 +45,8 @@ def session_from_args(args):
     from .runtime.session import Session
 
     return Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                        session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
+                        session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
+                        model=args.model)
 
 
 def build_parser() -> argparse.ArgumentParser:

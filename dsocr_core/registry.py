@@ -83,13 +83,15 @@ class ModelFamily:
         try:
             return self.presets[name]()
         except KeyError:
-            raise SpecError(f"unknown preset {name!r} for {self.name}; choose one of {', '.join(self.presets)}") from None
+            raise SpecError(f"unknown preset {name!r} for {self.name}; "
+                            f"choose one of {', '.join(self.presets)}") from None
 
     def mode(self, name: str) -> ModeInfo:
         try:
             return self.modes[name]
         except KeyError:
-            raise SpecError(f"mode {name!r} is not a {self.label} mode; choose one of {', '.join(self.modes)}") from None
+            raise SpecError(f"mode {name!r} is not a {self.label} mode; "
+                            f"choose one of {', '.join(self.modes)}") from None
 
     def load(self, what: str):
         """The object a "module[:name]" field of this entry points at (torch_model, analytic), imported now."""
@@ -161,7 +163,8 @@ def mode_info(mode: str) -> ModeInfo:
 
 def vision_stage_names() -> tuple[str, ...]:
     """Every family's vision stages, each once, in running order (e.g. for telling prefill work from decode)."""
-    return tuple(sorted({s for fam in FAMILIES.values() for s in fam.vision_stages}, key=stage_rank))
+    names = {s for fam in FAMILIES.values() for s in fam.vision_stages}
+    return tuple(sorted(names, key=lambda s: (stage_rank(s), s)))
 
 
 def all_modes() -> tuple[str, ...]:

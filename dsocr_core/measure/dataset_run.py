@@ -42,7 +42,7 @@ from ..runtime.inputs import DEFAULT_PROMPT, ImageError
 from ..runtime.session import Session
 from ..runtime.timing import synchronize
 from .datasets import Dataset, Sample, load_page
-from .stage_stats import TIMED_STAGES, assemble_stages, counted_flops, timed_generation
+from .stage_stats import assemble_stages, counted_flops, timed_generation
 
 DEFAULT_MAX_NEW_TOKENS = 512
 FlopsPolicy = Literal["shape", "page", "none"]
@@ -179,7 +179,7 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     eos_id = session.spec.eos_token_id
     text = session.tokenizer.decode([t for t in generated if t != eos_id])
     steps = run.steps
-    ttft = sum(run.totals.get(s, 0.0) for s in TIMED_STAGES)
+    ttft = sum(run.totals.get(s, 0.0) for s in run.timed_stages)
     grid = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
     resolved = {"mode": inputs.mode, "grid": grid, "image_size": inputs.image_size, "image_slots": inputs.image_slots,
                 "sequence": inputs.seq_len, "text_tokens": inputs.text_tokens, "batch": inputs.batch,

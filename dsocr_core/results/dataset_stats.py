@@ -41,6 +41,7 @@ import pandas as pd
 
 from ..hardware import run_ceilings
 from ..spec import Hardware, ModelSpec
+from .runs import run_spec
 from .store import RunStore
 
 STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode")
@@ -126,12 +127,6 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
     frame.attrs["run_id"] = run_id
     frame.attrs["label"] = run.get("label")
     return frame
-
-
-def run_spec(run: dict) -> ModelSpec:
-    """The model spec a run was measured with (from its meta; the full DeepSeek-OCR spec when absent)."""
-    data = (run.get("meta") or {}).get("spec")
-    return ModelSpec(**data) if data else ModelSpec()
 
 
 def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | None = None,

@@ -1,5 +1,5 @@
-"""Runs as the command line shows them: the listing table, one run's details, and the settings a resumed
-measured sweep must share with the run it continues (so no run mixes dtypes, attentions, seeds or weights)."""
+"""Runs as the command line shows them: the listing table, one run's details, its model and spec, and the settings
+a resumed measured sweep must share with the run it continues (so no run mixes dtypes, attentions, seeds or weights)."""
 from __future__ import annotations
 
 import re
@@ -19,6 +19,23 @@ def plain_text(text: Any, limit: int | None = None) -> str:
     to `limit` characters with an ellipsis."""
     text = _CONTROL.sub(" ", str(text if text is not None else ""))
     return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
+
+
+def run_model(run: Mapping[str, Any]) -> str:
+    """The model family a run measured (its session description; runs from before the registry are DeepSeek-OCR)."""
+    from ..registry import DEFAULT_MODEL
+
+    meta = run.get("meta") or {}
+    return (meta.get("session") or {}).get("model") or meta.get("model") or DEFAULT_MODEL
+
+
+def run_spec(run: Mapping[str, Any]):
+    """The model spec a run was measured with (from its meta; the model's full spec when absent)."""
+    from ..registry import get_family
+
+    family = get_family(run_model(run))
+    data = (run.get("meta") or {}).get("spec")
+    return family.spec_class(**data) if data else family.preset("full")
 
 
 def recorded_settings(run: Mapping[str, Any]) -> dict[str, Any]:
