@@ -40,6 +40,46 @@ def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> 
     p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
 
 
+def add_mode_options(p: argparse.ArgumentParser) -> None:
+    """--mode and the crop range of the commands that prepare real pages; defaults come from the model (registry)."""
+    from .registry import FAMILIES, all_modes
+
+    defaults = ", ".join(f"{f.name}: {f.default_mode}" for f in FAMILIES.values())
+    tiled = {m: i for f in FAMILIES.values() for m, i in f.modes.items() if i.crop_mode}
+    ranges = ", ".join(f"{m} {i.crop_range[0]}..{i.crop_range[1]}" for m, i in tiled.items())
+    p.add_argument("--mode", choices=all_modes(), default=None, help=f"tiling mode (default: the model's; {defaults})")
+    p.add_argument("--min-crops", type=int, default=None, help=f"fewest tiles (default: the mode's; {ranges})")
+    p.add_argument("--max-crops", type=int, default=None, help="most tiles (default: the mode's)")
+
+
+def family_from_args(args):
+    """The model family a command runs, known before any weight loads: --model, else the --checkpoint's
+    config.json, else the default model."""
+    import json
+
+    from .registry import family_of_config, get_family
+
+    if getattr(args, "model", None) is not None or getattr(args, "checkpoint", None) is None:
+        return get_family(getattr(args, "model", None))
+    config = Path(args.checkpoint) / "config.json"
+    try:
+        return family_of_config(json.loads(config.read_text()))
+    except FileNotFoundError:
+        raise UserError(f"{args.checkpoint} has no config.json; is it a checkpoint folder?") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{config} is not readable JSON: {exc}") from None
+
+
+def resolve_mode(args, family) -> tuple[str, int, int]:
+    """(mode, min crops, max crops) of a command: the family's default mode and the mode's crop range where not
+    given; a mode of another family is an error naming this family's modes."""
+    mode = args.mode or family.default_mode
+    if mode not in family.modes:
+        raise UserError(f"--mode {mode} is not a {family.label} mode; choose one of {', '.join(family.modes)}")
+    low, high = family.modes[mode].crop_range
+    return mode, args.min_crops or low, args.max_crops or high
+
+
 def session_from_args(args):
     """The Session the model options describe."""
     from .runtime.session import Session

@@ -167,6 +167,19 @@ def vision_stage_names() -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda s: (stage_rank(s), s)))
 
 
+def stage_names() -> tuple[str, ...]:
+    """Every family's stages and the `vision` sum, each once, in display order (sam, clip, encoder, projector,
+    vision, prefill, decode): the stage columns of stores, page tables and exports."""
+    names = {s for fam in FAMILIES.values() for s in fam.all_stages if s != "total"}
+    return tuple(sorted(names, key=lambda s: (stage_rank(s), s)))
+
+
+def stage_labels() -> dict[str, str]:
+    """Display name of every stage of every family (and of `vision`, `total`), in display order."""
+    labels = {k: v for fam in FAMILIES.values() for k, v in fam.labels().items()}
+    return {k: labels[k] for k in sorted(labels, key=lambda s: (stage_rank(s), s))}
+
+
 def all_modes() -> tuple[str, ...]:
     return tuple(m for fam in FAMILIES.values() for m in fam.modes)
 

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..grounding import DetectionComparison, build_result, compare_outputs
+from ..registry import LM_STAGES, vision_stage_names
 from ..runtime.inputs import load_image
 from ..runtime.session import GenerationResult, Session
 
@@ -42,8 +43,8 @@ class ParityReport:
 
     def timings(self) -> dict:
         """TTFT, TPOT, totals and stage times of both paths."""
-        keys = ("sam", "clip", "projector", "prefill", "decode", "ttft_s", "tpot_s", "total_s")
-        return {r.path: {k: r.timings.get(k) for k in keys} | {"tokens": len(r.generated_ids[0])}
+        keys = (*vision_stage_names(), *LM_STAGES, "ttft_s", "tpot_s", "total_s")  # the model's own stages kept
+        return {r.path: {k: r.timings.get(k) for k in keys if k in r.timings} | {"tokens": len(r.generated_ids[0])}
                 for r in (self.one_shot, self.separated)}
 
     def to_dict(self) -> dict:

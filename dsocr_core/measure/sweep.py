@@ -20,14 +20,15 @@ from ..results.store import RunStore, point_key
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.session import Session
 from ..spec import Workload
-from ..tiling import HF_CROP_RANGE, MODES, candidate_grids
+from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info
 from .stage_stats import assemble_stages, counted_flops, timed_generation
 
 Progress = Callable[[int, int, Workload, str], None]  # (points handled, total, workload, status)
 
 
 def vendor_grids(min_crops: int = HF_CROP_RANGE[0], max_crops: int = HF_CROP_RANGE[1]) -> list[tuple[int, int]]:
-    """Every tile grid the vendor HF path can choose (2..9 tiles: 1x2, 2x1, ..., 3x3, 1x9, 9x1)."""
+    """Every tile grid the vendor's rule can choose in a crop range (DeepSeek-OCR HF: 2..9 tiles, 1x2, 2x1, ...,
+    3x3, 1x9, 9x1; DeepSeek-OCR 2: 2..6)."""
     return candidate_grids(min_crops, max_crops)
 
 
@@ -38,7 +39,7 @@ def sweep_workloads(modes: Iterable[str] = ("gundam",), grids: Iterable[tuple[in
     """The grid as Workloads. Crop grids apply to the tiling modes; other modes get one point per setting."""
     out, seen = [], set()
     for mode, grid, text, batch, steps in itertools.product(modes, grids, text_tokens, batches, decode_steps):
-        crops = tuple(grid) if MODES[mode].crop_mode else None
+        crops = tuple(grid) if mode_info(mode).crop_mode else None
         w = Workload(mode=mode, crops=crops, text_tokens=text, batch=batch, decode_steps=steps, dtype=dtype,
                      attn=attn, logits=logits)
         if point_key(w) not in seen:

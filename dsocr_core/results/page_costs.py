@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 
 from ..measure.kernel_names import short_name
+from ..registry import stage_labels
 
 # (page-table column, what the dashboard calls it), in the order a page runs
-METRICS = {"sam_s": "SAM", "clip_s": "CLIP", "projector_s": "projector", "prefill_s": "LM prefill",
-           "ttft_s": "TTFT", "decode_s": "LM decode", "tpot_s": "TPOT"}
+METRICS = {**{f"{s}_s": label for s, label in stage_labels().items() if s not in ("vision", "decode", "total")},
+           "ttft_s": "TTFT", "decode_s": stage_labels()["decode"], "tpot_s": "TPOT"}  # every family's stages
 X_AXES = {"crop_count": "crop tiles (grid width x height)", "prompt_tokens": "prompt length (tokens)"}
 LONG_COLUMNS = ("label", "page", "pdf_page", "epoch", "source", "mode", "grid", "crop_count", "prompt_tokens",
                 "image_w", "image_h", "metric", "stage", "measured_s", "analytic_s", "predicted_s")

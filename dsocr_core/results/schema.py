@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from pydantic import BaseModel
 
-from ..registry import LM_STAGES, stage_rank, vision_stage_names
+from ..registry import stage_names
 
 SCHEMA_VERSION = 1
 FORMAT = "dsocr-run"
@@ -49,7 +49,7 @@ STATUSES = ("done", "oom", "error")
 FINISHED = ("done", "oom")  # a resumed sweep skips these; an error point is retried
 WEIGHT_SOURCES = ("checkpoint", "synthetic", "none")
 # known stage names, every model family's (registry), in display order
-STAGES = (*sorted((*vision_stage_names(), "vision", *LM_STAGES), key=lambda s: (stage_rank(s), s)), "decode_step")
+STAGES = (*stage_names(), "decode_step")
 STAGE_NUMBERS = ("median_s", "min_s", "max_s", "p10_s", "p90_s", "std_s", "repeats", "flops", "tensor_flops",
                  "peak_memory_bytes")
 _STAGE_INTS = {"repeats", "flops", "tensor_flops", "peak_memory_bytes"}
