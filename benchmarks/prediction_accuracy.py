@@ -27,7 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "ttft", "tpot")
+from dsocr_core.registry import get_family, native_modes  # noqa: E402
+
+MODEL_STAGES = get_family("deepseek-ocr").all_stages[:-1]  # the vision stages, vision, prefill, decode
+STAGES = (*MODEL_STAGES, "ttft", "tpot")
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
 
 
@@ -49,7 +52,7 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
         every = {
             "grids": [sweep_workloads(modes=("gundam",), grids=[(1, 1)] + vendor_grids(), text_tokens=(10,),
                                       **common)],
-            "native": [sweep_workloads(modes=("tiny", "small", "base", "large"), text_tokens=(10,), **common)],
+            "native": [sweep_workloads(modes=native_modes(), text_tokens=(10,), **common)],
             "text": [sweep_workloads(modes=("gundam",), grids=((2, 2),), text_tokens=(500, 2000, 3300), **common)],
             "batch": [sweep_workloads(modes=("gundam",), grids=((2, 2),), batches=(4, 16, 64), **common),
                       sweep_workloads(modes=("base",), batches=(4, 16, 64), **common)],
@@ -72,7 +75,7 @@ def predicted(spec, workload, profile, mode: str, work: str, overlap: str = "row
     from dsocr_core.analytic.predict import profile_hardware, with_profile
 
     st = stage_totals(spec, workload, with_profile(profile_hardware(profile), profile, mode, work, overlap))
-    out = {s: st[s]["predicted_s"] for s in ("sam", "clip", "projector", "vision", "prefill", "decode")}
+    out = {s: st[s]["predicted_s"] for s in MODEL_STAGES}
     out["ttft"] = out["vision"] + out["prefill"]
     out["tpot"] = out["decode"] / max(workload.decode_steps, 1)
     out["roofline_ttft"] = st["vision"]["predicted_roofline_s"] + st["prefill"]["predicted_roofline_s"]

@@ -180,6 +180,11 @@ def stage_labels() -> dict[str, str]:
     return {k: labels[k] for k in sorted(labels, key=lambda s: (stage_rank(s), s))}
 
 
+def native_modes(model: str | None = None) -> tuple[str, ...]:
+    """A family's modes without tiles (DeepSeek-OCR: tiny, small, base, large; DeepSeek-OCR 2: none)."""
+    return tuple(m for m, info in get_family(model).modes.items() if not info.crop_mode)
+
+
 def all_modes() -> tuple[str, ...]:
     return tuple(m for fam in FAMILIES.values() for m in fam.modes)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from dsocr_core.registry import LM_STAGES, vision_stage_names
 from dsocr_core.results import page_costs as pc
 
 from . import dataset_charts as charts
@@ -16,7 +17,7 @@ from . import measured as ms
 from .runs import run_title
 
 VIEWS = ["Per page", "Distribution", "Slowest pages", "Operators", "Compare runs", "Tables"]
-MODEL_STAGES = ("sam", "clip", "projector", "prefill", "decode")
+MODEL_STAGES = (*vision_stage_names(), *LM_STAGES)  # every family's (registry)
 SLOW_METRICS = {"wall_s": "page wall time", "ttft_s": "TTFT", "decode_s": "LM decode", "tpot_s": "TPOT",
                 "prefill_s": "LM prefill", "sam_s": "SAM"}
 

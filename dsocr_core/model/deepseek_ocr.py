@@ -14,6 +14,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 from torch import nn
 
+from ..registry import get_family
 from ..spec import ModelSpec
 from .clip import ClipEncoder
 from .decoder import DecoderLayer, RMSNorm, check_attn_impl, rope_cos_sin
@@ -135,7 +136,7 @@ class VisionLM(nn.Module):
 class DeepseekOCRModel(VisionLM):
     """`model`: everything but lm_head."""
 
-    VISION_STAGES = ("sam", "clip", "projector")
+    VISION_STAGES = get_family("deepseek-ocr").vision_stages  # the order forward() runs them in
 
     def __init__(self, spec: ModelSpec, attn_impl: str = "sdpa"):
         super().__init__()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..registry import get_family
 from ..spec_v2 import OCR2Spec
 from .deepseek_ocr import CausalLM, Projector, VisionLM
 from .encoder_v2 import QueryEncoder
@@ -19,7 +20,7 @@ from .sam import SamEncoder
 class DeepseekOCR2Model(VisionLM):
     """`model`: everything but lm_head."""
 
-    VISION_STAGES = ("sam", "encoder", "projector")
+    VISION_STAGES = get_family("deepseek-ocr2").vision_stages  # the order forward() runs them in
 
     def __init__(self, spec: OCR2Spec, attn_impl: str = "sdpa"):
         super().__init__()
