@@ -62,6 +62,7 @@ class ModelFamily:
     torch_model: str  # "module:Class" of our PyTorch model, imported only when a model is built
     analytic: str  # module of the vision stages' analytic rows: view_rows(), head_params(), STAGE_PREFIXES
     notes: tuple[str, ...] = field(default=())  # assumptions the figures rest on, shown where they are used
+    fast_engine: bool = True  # the fast session mode (dsocr_core/fast) runs this model; else reference only
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -131,6 +132,7 @@ FAMILIES: Mapping[str, ModelFamily] = MappingProxyType({
         torch_model="dsocr_core.model.deepseek_ocr2:DeepseekOCR2ForCausalLM",
         analytic="dsocr_core.analytic.encoder_v2",
         notes=("encoder positions 0..2n-1 (visual then queries), 1-D RoPE: transformers' default, assumed",),
+        fast_engine=False,
     ),
 })
 
@@ -183,6 +185,11 @@ def stage_labels() -> dict[str, str]:
 def native_modes(model: str | None = None) -> tuple[str, ...]:
     """A family's modes without tiles (DeepSeek-OCR: tiny, small, base, large; DeepSeek-OCR 2: none)."""
     return tuple(m for m, info in get_family(model).modes.items() if not info.crop_mode)
+
+
+def fast_engine_models() -> tuple[str, ...]:
+    """Labels of the models the fast session mode runs."""
+    return tuple(f.label for f in FAMILIES.values() if f.fast_engine)
 
 
 def all_modes() -> tuple[str, ...]:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..registry import family_of, fast_engine_models
+from ..spec import SpecError
 from .cost import Cost
 from .lm import expected_experts
 from .vision import SOFTMAX_FLOPS, clip_tokens, conv_out, sam_out_side, sam_patches
@@ -162,6 +164,10 @@ def _sam_neck(c: Call) -> Plan:
 
 def _vision(c: Call) -> Plan:
     s, v, calls, kind = c.spec, c.views, c.calls, c.kind
+    if kind.startswith("encoder."):  # DeepSeek-OCR 2's encoder (its SAM and projector rows are planned below)
+        from .kernels_v2 import plan_encoder
+
+        return plan_encoder(c)
     p = sam_patches(s, c.side)
     if kind == "sam.patch_embed":  # a conv (reference), one GEMM over the patches (fast)
         return whole("gemm", dict(m=v * p * p, n=s.sam_width, k=3 * s.sam_patch ** 2), c,
@@ -186,6 +192,12 @@ def _vision(c: Call) -> Plan:
         c_in = s.sam_neck_dim if which == 0 else s.sam_downsample[0]
         o = conv_out(n_in)
         return whole("gemm", dict(m=v * o * o, n=s.sam_downsample[which], k=9 * c_in), c, calls)
+    if kind == "projector":  # both families: one Linear per feature (v1: CLIP+SAM concatenated, v2: queries)
+        dt = c.dt
+        f, h, din = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim
+        return Plan([Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
+                            v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)],
+                    rest_launches=calls * 2)  # SAM features flattened, concatenation
     n, cw, dt = clip_tokens(s, c.side), s.clip_width, c.dt
     if kind == "clip.embeddings":
         g = sam_out_side(s, c.side)
@@ -210,11 +222,6 @@ def _vision(c: Call) -> Plan:
                    v * (n * m + n * cw) * dt + calls * (m * cw + cw) * dt, calls),
         ], rest_launches=calls * (2 if c.fast else 4))  # quick_gelu (3 ops eager, 1 compiled), residual
         return _clip_packed(c, plan, v * n) if c.fast else plan
-    if kind == "projector":
-        f, h, din = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim
-        return Plan([Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
-                            v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)],
-                    rest_launches=calls * 2)  # SAM features flattened, concatenation
     raise KeyError(kind)
 
 
@@ -416,6 +423,9 @@ def _lm_other(c: Call) -> Plan:
 
 def plan(c: Call) -> Plan:
     """The kernels of one call of row kind `c.kind` in mode `c.mode`."""
+    if c.fast and not family_of(c.spec).fast_engine:
+        raise SpecError(f"the fast engine runs {', '.join(fast_engine_models())} only; predict "
+                        f"{family_of(c.spec).label} in the reference session mode")
     if c.phase in ("vision",):
         return _vision(c)
     if c.phase == "layout":  # per image: grids reshaped, newline columns, concatenations (a Python loop)

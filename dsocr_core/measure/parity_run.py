@@ -70,12 +70,13 @@ class ParityReport:
         return {name: build_result(image, text) for name, text in texts.items()}
 
 
-def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str = "gundam",
+def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str | None = None,
                max_new_tokens: int = 512, no_repeat_ngram_size: int = 20, first_token: str = "prefill",
-               vendor_text: str | None = None, image_name: str = "page", min_crops: int = 2,
-               max_crops: int = 9, warmup: bool = True) -> ParityReport:
+               vendor_text: str | None = None, image_name: str = "page", min_crops: int | None = None,
+               max_crops: int | None = None, warmup: bool = True) -> ParityReport:
     """Run both generation paths on one page (under the session's lock) and compare them. A short untimed
-    run of both paths first keeps one-off costs (allocator growth, kernel selection) out of the timings."""
+    run of both paths first keeps one-off costs (allocator growth, kernel selection) out of the timings. The
+    mode and crop range default to the session's model's (registry)."""
     picture = load_image(image)
     with session.lock:
         inputs = session.prepare(picture, prompt, mode=mode, min_crops=min_crops, max_crops=max_crops)
@@ -100,7 +101,7 @@ def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str 
     if evidence is not None:
         notes.append(evidence["summary"])
     grid = tuple(int(v) for v in inputs.images_spatial_crop[0].tolist())
-    return ParityReport(image_name, picture.size, mode, prompt, grid, inputs.seq_len, one, sep, detections, d,
+    return ParityReport(image_name, picture.size, inputs.mode, prompt, grid, inputs.seq_len, one, sep, detections, d,
                         vendor_text, notes, evidence)
 
 

@@ -1,0 +1,63 @@
+"""DeepSeek-OCR 2 through the measuring side on the CPU (tiny random weights): a measured sweep stores its own
+stages (encoder, not clip) and joins the analytic model, a dataset run's page table and summary carry them, and
+the parity run compares the separated and one-shot paths with boxes."""
+import pytest
+import torch
+from PIL import Image
+
+from dsocr_core.measure.datasets import discover, sample
+from dsocr_core.measure.dataset_run import ProfileSettings, create_dataset_run, run_dataset
+from dsocr_core.measure.parity_run import run_parity
+from dsocr_core.measure.sweep import run_sweep, sweep_workloads
+from dsocr_core.results import dataset_stats
+from dsocr_core.results.analytic_join import compare_run
+from dsocr_core.results.runs import run_model, run_spec
+from dsocr_core.results.store import RunStore
+from dsocr_core.runtime.session import Session
+from dsocr_core.spec_v2 import OCR2Spec
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.load(synthetic="tiny", model="deepseek-ocr2", device="cpu", dtype="float32")
+
+
+def test_measured_v2_sweep_stores_its_stages_and_joins_the_analytic_model(session, tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    workloads = sweep_workloads(["dynamic"], [(1, 1)], [10], [1], [2], dtype="float32")
+    run_id = run_sweep(session, store, workloads, name="v2 tiny", repeats=1, warmup=0)
+    run = store.get_run(run_id)
+    assert run_model(run) == "deepseek-ocr2" and isinstance(run_spec(run), OCR2Spec)
+    stages = set(store.points(run_id)["stage"].dropna())
+    assert {"sam", "encoder", "projector", "vision", "prefill", "decode"} <= stages and "clip" not in stages
+    joined = compare_run(store, run_id)
+    enc = joined[joined["stage"] == "encoder"].iloc[0]
+    assert enc["measured_tensor_flops"] == enc["analytic_tensor_flops"] > 0  # counted on our model = the formula
+
+
+def test_v2_dataset_run_pages_carry_the_encoder(session, tmp_path):
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    Image.new("RGB", (700, 500), (250, 250, 250)).save(pages / "a.png")  # <= 768 px: the global view only
+    store = RunStore(tmp_path / "runs.sqlite")
+    settings = ProfileSettings(mode="dynamic", min_crops=2, max_crops=6, max_new_tokens=3).validate()
+    dataset = discover(pages)
+    samples = sample(dataset.pages, None, 1, 0, "fixed")
+    run_id = create_dataset_run(store, session, dataset, settings, {"samples": len(samples)})
+    run_dataset(session, store, run_id, samples, settings)
+    table = dataset_stats.page_table(store, run_id)
+    row = table.iloc[0]
+    assert row["status"] == "done" and row["image_slots"] == 257
+    assert row["encoder_s"] > 0 and torch.isnan(torch.tensor(row["clip_s"]))
+    assert row["encoder_flops"] == row["analytic_encoder_tensor_flops"]
+    summary = dataset_stats.stage_summary(table)
+    assert "encoder" in set(summary["stage"]) and "clip" not in set(summary["stage"])
+
+
+def test_v2_parity_run_matches_with_boxes(session):
+    report = run_parity(session, Image.new("RGB", (640, 480), (255, 255, 255)), max_new_tokens=6, warmup=False)
+    assert report.mode == "dynamic" and report.grid == (1, 1)
+    assert report.token_equal and report.passed
+    timings = report.timings()["separated"]
+    assert timings["encoder"] > 0 and "clip" not in timings
+    assert report.to_dict()["session"]["model"] == "deepseek-ocr2"
