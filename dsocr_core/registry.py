@@ -205,6 +205,22 @@ def stage_rank(stage: str) -> int:
     return 1 << 10
 
 
+def read_spec(path) -> DecoderSpec:
+    """The spec of a checkpoint folder's (or a config.json file's) config, in the family it names (no torch
+    import: the sidebar checks a folder with it). Raises SpecError naming the problem."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raw = None  # the family's reader reports the problem
+    fam = family_of_config(raw) if isinstance(raw, dict) else get_family()
+    return fam.spec_class.from_config_json(path)
+
+
 def family_of_config(raw: dict) -> ModelFamily:
     """Which family a vendor config.json describes: by `architectures`, else by the vision model's name."""
     archs = raw.get("architectures") if isinstance(raw.get("architectures"), list) else []

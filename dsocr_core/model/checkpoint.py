@@ -21,7 +21,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from ..registry import family_of, family_of_config, get_family
+from .. import registry
+from ..registry import family_of
 from ..spec import DecoderSpec, SpecError
 from .decoder import RMSNorm
 from .deepseek_ocr import CausalLM
@@ -164,16 +165,7 @@ def _split_shards(state: Mapping[str, torch.Tensor], max_bytes: int) -> list[lis
 
 
 # --- loading ---
-def read_spec(folder: str | Path) -> DecoderSpec:
-    """The spec of a checkpoint folder's (or a config.json file's) config, in the family it names."""
-    path = Path(folder)
-    path = path / "config.json" if path.is_dir() else path
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raw = None  # the family's reader reports the problem
-    fam = family_of_config(raw) if isinstance(raw, dict) else get_family()
-    return fam.spec_class.from_config_json(path)
+read_spec = registry.read_spec  # the spec of a checkpoint folder's config.json, in the family it names
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",

@@ -1,0 +1,61 @@
+"""The dashboard with a model picker: DeepSeek-OCR 2 chosen in the sidebar drives the analytic page (its one mode,
+its encoder stage), the fast session mode says it is DeepSeek-OCR only, the overview loads the tiny v2 model, and
+the analytic page's "Models compared" tab overlays both models' stages for the same pages."""
+from __future__ import annotations
+
+import pytest
+
+from dsocr_core.analytic.models import models_on_pages
+from dsocr_core.hardware import get_hardware
+from test_app import chart_rows, charts, goto, make_app, no_reference, open_tab, texts  # noqa: F401
+
+
+@pytest.fixture
+def v2_app(no_reference):
+    at = make_app()
+    at.sidebar.selectbox(key="sb_model").set_value("deepseek-ocr2").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_model_picker_lists_both_families_and_defaults_to_v1(no_reference):
+    at = make_app()
+    picker = at.sidebar.selectbox(key="sb_model")
+    assert picker.value == "deepseek-ocr" and set(picker.options) == {"DeepSeek-OCR", "DeepSeek-OCR 2"}
+
+
+def test_v2_analytic_page_has_its_mode_and_encoder_stage(v2_app):
+    at = goto(v2_app, "analytic")
+    assert at.selectbox(key="an_a_mode_deepseek-ocr2").options == ["dynamic"]
+    assert "official DeepSeek-OCR 2" in at.selectbox(key="an_spec").options[0]
+    assert chart_rows(charts(at)[0]) == 2 * 16 * 5  # two configurations x crop counts 1..16 x five stages
+    modules = open_tab(at, "an_tab", "Per module").dataframe[0].value
+    assert set(modules["stage"]) >= {"sam", "encoder", "projector"} and "clip" not in set(modules["stage"])
+
+
+def test_fast_mode_says_it_runs_v1_only(v2_app):
+    assert any("DeepSeek-OCR 2 runs in the reference mode" in c for c in texts(v2_app.sidebar, "caption"))
+    v2_app.sidebar.radio(key="sb_session_mode").set_value("fast").run()
+    assert any("Fast mode runs DeepSeek-OCR only" in w for w in texts(v2_app.sidebar, "warning"))
+
+
+def test_overview_loads_the_tiny_v2_model(v2_app):
+    at = goto(v2_app, "overview")
+    assert any("DeepSeek-OCR 2" in s for s in texts(at.main, "warning"))  # the labelled synthetic model
+    assert any("synthetic tiny DeepSeek-OCR 2 dimensions" in c for c in texts(at.main, "caption"))
+
+
+def test_models_compared_tab_overlays_both_models(no_reference):
+    at = goto(make_app(), "analytic")
+    open_tab(at, "an_tab", "Models compared")
+    chart = charts(at)[0]
+    expected = models_on_pages([(1920, 1080)], get_hardware("h200"))
+    assert chart_rows(chart) == len(expected)  # the first page: both models' stages, none dropped
+    table = at.dataframe[0].value
+    row = table[(table["page"] == "1920x1080") & (table["model_label"] == "DeepSeek-OCR 2")].iloc[0]
+    assert row["image_slots"] == 545 and row["grid"] == "2x1"
+    assert set(table["model_label"]) == {"DeepSeek-OCR", "DeepSeek-OCR 2"}
+    at.radio(key="an_models_metric").set_value("flops").run()
+    assert not at.exception and chart_rows(charts(at)[0]) == len(expected)
+    at.text_input(key="an_models_pages").set_value("1920 by 1080").run()
+    assert any("not WIDTHxHEIGHT" in e for e in texts(at.main, "error"))
