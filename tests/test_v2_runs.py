@@ -1,6 +1,7 @@
 """DeepSeek-OCR 2 through the measuring side on the CPU (tiny random weights): a measured sweep stores its own
-stages (encoder, not clip) and joins the analytic model, a dataset run's page table and summary carry them, and
-the parity run compares the separated and one-shot paths with boxes."""
+stages (encoder, not clip) and joins the analytic model, a dataset run's page table and summary carry them and
+compare with a DeepSeek-OCR run on the same page, and the parity run compares the separated and one-shot paths
+with boxes."""
 import pytest
 import torch
 from PIL import Image
@@ -9,11 +10,12 @@ from dsocr_core.measure.datasets import discover, sample
 from dsocr_core.measure.dataset_run import ProfileSettings, create_dataset_run, run_dataset
 from dsocr_core.measure.parity_run import run_parity
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads
-from dsocr_core.results import dataset_stats
+from dsocr_core.results import dataset_stats, page_costs
 from dsocr_core.results.analytic_join import compare_run
 from dsocr_core.results.runs import run_model, run_spec
 from dsocr_core.results.store import RunStore
 from dsocr_core.runtime.session import Session
+from dsocr_core.spec import Workload
 from dsocr_core.spec_v2 import OCR2Spec
 
 
@@ -25,26 +27,35 @@ def session():
 def test_measured_v2_sweep_stores_its_stages_and_joins_the_analytic_model(session, tmp_path):
     store = RunStore(tmp_path / "runs.sqlite")
     workloads = sweep_workloads(["dynamic"], [(1, 1)], [10], [1], [2], dtype="float32")
-    run_id = run_sweep(session, store, workloads, name="v2 tiny", repeats=1, warmup=0)
+    page = Workload(mode="dynamic", image_size=(1920, 1080), text_tokens=10, decode_steps=2, dtype="float32")
+    run_id = run_sweep(session, store, [*workloads, page], name="v2 tiny", repeats=1, warmup=0)
     run = store.get_run(run_id)
     assert run_model(run) == "deepseek-ocr2" and isinstance(run_spec(run), OCR2Spec)
     stages = set(store.points(run_id)["stage"].dropna())
     assert {"sam", "encoder", "projector", "vision", "prefill", "decode"} <= stages and "clip" not in stages
     joined = compare_run(store, run_id)
-    enc = joined[joined["stage"] == "encoder"].iloc[0]
-    assert enc["measured_tensor_flops"] == enc["analytic_tensor_flops"] > 0  # counted on our model = the formula
+    enc = joined[joined["stage"] == "encoder"]
+    assert (enc["measured_tensor_flops"] == enc["analytic_tensor_flops"]).all()  # counted on our model = formula
+    assert list(enc["grid"]) == ["1x1", "2x1"]  # the page size's grid, chosen by the vendor rule, is stored
+    assert list(enc["sequence"]) == [257 + 10, 545 + 10]  # BOS, the image slots, 9 text ids
 
 
-def test_v2_dataset_run_pages_carry_the_encoder(session, tmp_path):
+def _dataset_run(session, store, pages, mode: str) -> str:
+    settings = ProfileSettings(mode=mode, max_new_tokens=3, **dict(zip(("min_crops", "max_crops"),
+                                                                         session.family.modes[mode].crop_range)))
+    dataset = discover(pages)
+    samples = sample(dataset.pages, None, 1, 0, "fixed")
+    run_id = create_dataset_run(store, session, dataset, settings.validate(), {"samples": len(samples)})
+    run_dataset(session, store, run_id, samples, settings)
+    return run_id
+
+
+def test_v2_dataset_run_pages_carry_the_encoder_and_compare_with_a_v1_run(session, tmp_path):
     pages = tmp_path / "pages"
     pages.mkdir()
     Image.new("RGB", (700, 500), (250, 250, 250)).save(pages / "a.png")  # <= 768 px: the global view only
     store = RunStore(tmp_path / "runs.sqlite")
-    settings = ProfileSettings(mode="dynamic", min_crops=2, max_crops=6, max_new_tokens=3).validate()
-    dataset = discover(pages)
-    samples = sample(dataset.pages, None, 1, 0, "fixed")
-    run_id = create_dataset_run(store, session, dataset, settings, {"samples": len(samples)})
-    run_dataset(session, store, run_id, samples, settings)
+    run_id = _dataset_run(session, store, pages, "dynamic")
     table = dataset_stats.page_table(store, run_id)
     row = table.iloc[0]
     assert row["status"] == "done" and row["image_slots"] == 257
@@ -52,6 +63,14 @@ def test_v2_dataset_run_pages_carry_the_encoder(session, tmp_path):
     assert row["encoder_flops"] == row["analytic_encoder_tensor_flops"]
     summary = dataset_stats.stage_summary(table)
     assert "encoder" in set(summary["stage"]) and "clip" not in set(summary["stage"])
+    # the same page under DeepSeek-OCR: the two runs side by side, each model's own second vision stage kept
+    v1 = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    v1_table = dataset_stats.page_table(store, _dataset_run(v1, store, pages, "tiny"), analytic=False)
+    cmp = page_costs.compare_runs(v1_table, table)
+    stages = cmp.stages.set_index("metric")
+    assert cmp.shared == 1 and stages.loc["sam_s", "n"] == 1 and stages.loc["ttft_s", "b_over_a"] > 0
+    assert stages.loc["clip_s", "n"] == 0 and stages.loc["clip_s", "median_a"] > 0
+    assert stages.loc["encoder_s", "n"] == 0 and stages.loc["encoder_s", "median_b"] > 0
 
 
 def test_v2_parity_run_matches_with_boxes(session):

@@ -93,6 +93,8 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     stages = assemble_stages(runs, flops, decode_step_over="repeats")
     resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
                 "text_tokens": inputs.text_tokens}
+    if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
+        resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
     return PointResult(stages, runs[-1].kv_bytes, resolved)
 
 
