@@ -126,6 +126,15 @@ class DecoderSpec(_Frozen):
         return cls.from_config_dict(raw, source=str(path))
 
     @classmethod
+    def _from_fields(cls, fields: dict, source: str, label: str) -> "DecoderSpec":
+        """The spec of fields read from a config; SpecError naming every invalid field otherwise."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+            raise SpecError(f"{source}: invalid {label} config: {msgs}") from None
+
+    @classmethod
     def from_config_dict(cls, raw: object, source: str = "config") -> "DecoderSpec":
         raise NotImplementedError  # each model reads its own vision keys
 
@@ -194,11 +203,7 @@ class ModelSpec(DecoderSpec):
                 fields["projector_input_dim"] = proj["input_dim"]
             if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
                 raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
-        try:
-            return cls(**fields)
-        except ValidationError as exc:
-            msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-            raise SpecError(f"{source}: invalid DeepSeek-OCR config: {msgs}") from None
+        return cls._from_fields(fields, source, "DeepSeek-OCR")
 
     def to_config_dict(self) -> dict:
         """Vendor-format config.json content (LM keys at the top level and under language_config)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from .spec import SAM_KEYS, DecoderSpec, SpecError, _pick
 
@@ -88,11 +88,7 @@ class OCR2Spec(DecoderSpec):
                             f"{fields.get('enc_hidden', 896)}")
         if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
             raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
-        try:
-            return cls(**fields)
-        except ValidationError as exc:
-            msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-            raise SpecError(f"{source}: invalid DeepSeek-OCR 2 config: {msgs}") from None
+        return cls._from_fields(fields, source, "DeepSeek-OCR 2")
 
     def to_config_dict(self) -> dict:
         """Vendor-format config.json (the official keys; encoder sizes beside `dim` so other presets load back)."""

@@ -49,7 +49,8 @@ def test_models_compared_tab_overlays_both_models(no_reference):
     at = goto(make_app(), "analytic")
     open_tab(at, "an_tab", "Models compared")
     chart = charts(at)[0]
-    expected = models_on_pages([(1920, 1080)], get_hardware("h200"))
+    expected = models_on_pages([(1920, 1080)], get_hardware("h200"))  # the first page of the default list
+    assert any("DeepSeek-OCR 2**: grid 2x1, 545 image slots" in c for c in texts(at.main, "caption"))
     assert chart_rows(chart) == len(expected)  # the first page: both models' stages, none dropped
     table = at.dataframe[0].value
     row = table[(table["page"] == "1920x1080") & (table["model_label"] == "DeepSeek-OCR 2")].iloc[0]

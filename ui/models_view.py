@@ -48,8 +48,8 @@ def draw(v) -> None:
     st.altair_chart(charts.bars(one, "stage_label", metric, "model_label", unit, f"{title} per stage, {page}",
                                 x_title="stage", log_y=log_y), width="stretch")
     grids = one.drop_duplicates("model_label")
-    st.caption(" · ".join(f"**{r.model_label}**: grid {r.grid}, {r.image_slots:,} image slots, {r.sequence:,} "
-                          "prompt tokens" for r in grids.itertuples())
+    st.caption(" · ".join(f"**{r.model_label}**: grid {r.grid}, {int(r.image_slots):,} image slots, "
+                          f"{int(r.sequence):,} prompt tokens" for r in grids.itertuples())
                + f". Configuration A's settings: {req.text_tokens} text tokens, {req.decode_steps} decode steps, "
                f"batch {req.batch}, {req.dtype}, {req.attn}; hardware {hw.name}.")
     if metric == "predicted_s" and (one["predicted_mode"] == "reference").any() and \

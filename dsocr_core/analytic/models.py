@@ -21,8 +21,9 @@ COLUMNS = ("model", "model_label", "page", "mode", "grid", "image_slots", "seque
 def models_on_pages(pages: Sequence[tuple[int, int]], hardware: Hardware | None = None, *, preset: str = "full",
                     text_tokens: int = 10, decode_steps: int = 512, batch: int = 1, dtype: str = "bfloat16",
                     attn: str = "sdpa", logits: str = "all", models: Sequence[str] | None = None) -> pd.DataFrame:
-    """COLUMNS: one row per page x model x stage (each family's stages, `vision` and `total`), in each family's
-    default mode and crop range with its `preset` spec. Times need a hardware (NaN without one); predicted_s
+    """COLUMNS: one row per page x model x stage (each family's stages, `vision` and `total`; pages in the order
+    given, stages in display order, the models interleaved), in each family's default mode and crop range with
+    its `preset` spec. Times need a hardware (NaN without one); predicted_s
     needs a hardware carrying a prediction (analytic.predict.with_profile), else NaN; a fast-mode prediction of a
     model the fast engine does not run is made in the reference mode, and `predicted_mode` says so on its rows."""
     labels = stage_labels()
@@ -48,8 +49,9 @@ def models_on_pages(pages: Sequence[tuple[int, int]], hardware: Hardware | None 
                 "stage_label": labels[stage], "flops": col("flops"), "bytes": col("bytes"), "time_s": col("time_s"),
                 "bound": col("bound"), "predicted_s": col("predicted_s"), "predicted_mode": mode}))
     out = pd.concat(parts, ignore_index=True)
-    order = {s: (stage_rank(s), s) for s in out["stage"].unique()}
-    out = out.sort_values(["page", "stage"], key=lambda c: c.map(order) if c.name == "stage" else c, kind="stable")
+    rank = {"page": {f"{w}x{h}": i for i, (w, h) in enumerate(pages)},  # the pages in the order given
+            "stage": {s: (stage_rank(s), s) for s in out["stage"].unique()}}
+    out = out.sort_values(["page", "stage"], key=lambda c: c.map(rank[c.name]), kind="stable")
     return out.reset_index(drop=True).reindex(columns=list(COLUMNS))
 
 
