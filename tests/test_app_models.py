@@ -1,13 +1,19 @@
 """The dashboard with a model picker: DeepSeek-OCR 2 chosen in the sidebar drives the analytic page (its one mode,
-its encoder stage), the fast session mode says it is DeepSeek-OCR only, the overview loads the tiny v2 model, and
-the analytic page's "Models compared" tab overlays both models' stages for the same pages."""
+its encoder stage), the measured sweeps and dataset runs started from the pages (its mode and crop range, its
+stages stored), the fast session mode says it is DeepSeek-OCR only, the overview loads the tiny v2 model, and the
+analytic page's "Models compared" tab overlays both models' stages for the same pages."""
 from __future__ import annotations
 
 import pytest
 
 from dsocr_core.analytic.models import models_on_pages
+from dsocr_core.grounding.samples import sample_pages
 from dsocr_core.hardware import get_hardware
-from test_app import chart_rows, charts, goto, make_app, no_reference, open_tab, texts  # noqa: F401
+from dsocr_core.results import dataset_stats
+from dsocr_core.results.runs import run_model
+from dsocr_core.results.store import RunStore
+from test_app import (chart_rows, charts, goto, make_app, no_reference, open_tab, texts,  # noqa: F401
+                      wait_for_sweep)
 
 
 @pytest.fixture
@@ -60,3 +66,41 @@ def test_models_compared_tab_overlays_both_models(no_reference):
     assert not at.exception and chart_rows(charts(at)[0]) == len(expected)
     at.text_input(key="an_models_pages").set_value("1920 by 1080").run()
     assert any("not WIDTHxHEIGHT" in e for e in texts(at.main, "error"))
+
+
+def test_v2_measured_sweep_from_the_page_stores_the_encoder(v2_app):
+    at = open_tab(goto(v2_app, "measured"), "ms_tab", "New sweep")
+    assert at.multiselect(key="ms_modes_deepseek-ocr2").value == ["dynamic"]
+    at.text_input(key="ms_grids").set_value("1x1")
+    at.text_input(key="ms_steps").set_value("1")
+    at.number_input(key="ms_repeats_cpu").set_value(1)
+    at.number_input(key="ms_warmup_cpu").set_value(0)
+    at.button(key="ms_start").click().run()
+    assert not at.exception and not at.error, texts(at, "error")
+    job = wait_for_sweep()
+    assert job.error is None and job.handled == 1
+    store = RunStore()
+    run = store.get_run(job.run_id)
+    assert run_model(run) == "deepseek-ocr2" and "DeepSeek-OCR 2" in run["meta"]["model_label"]
+    assert {"sam", "encoder", "projector"} <= set(store.points(job.run_id)["stage"].dropna())
+
+
+def test_v2_dataset_run_from_the_page(v2_app, tmp_path):
+    import shutil
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    shutil.copy(sample_pages()[-1], pages / "card.png")
+    at = open_tab(goto(v2_app, "measured"), "ms_tab", "Dataset runs")
+    at.radio(key="ds_source_kind").set_value("path").run()
+    assert at.selectbox(key="ds_mode_deepseek-ocr2").value == "dynamic"
+    assert at.number_input(key="ds_max_crops_deepseek-ocr2").value == 6
+    at.text_input(key="ds_source").set_value(str(pages))
+    at.number_input(key="ds_pages_path").set_value(1)
+    at.number_input(key="ds_tokens").set_value(2)
+    [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
+    assert not at.exception and not at.error, texts(at, "error")
+    job = wait_for_sweep()
+    assert job.kind == "dataset" and job.error is None and job.handled == 1
+    table = dataset_stats.page_table(RunStore(), job.run_id, analytic=False)
+    assert table["encoder_s"].iloc[0] > 0 and table["mode"].iloc[0] == "dynamic"

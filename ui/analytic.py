@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from dsocr_core import analytic, tiling
-from dsocr_core.registry import LM_STAGES, stage_labels, vision_stage_names
+from dsocr_core.registry import LM_STAGES, get_family, stage_labels, vision_stage_names
 from dsocr_core.spec import Hardware, ModelSpec, Workload
 
 AXES = {
@@ -35,7 +35,7 @@ X_FIELDS = {"crop_count": "crop count (1 = global view only)", "sequence": "sequ
 @dataclass(frozen=True)
 class SweepRequest:
     label: str = "A"
-    mode: str = "gundam"
+    mode: str = get_family().default_mode
     attn: str = "sdpa"
     dtype: str = "bfloat16"
     logits: str = "all"
