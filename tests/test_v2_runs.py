@@ -73,6 +73,16 @@ def test_v2_dataset_run_pages_carry_the_encoder_and_compare_with_a_v1_run(sessio
     assert stages.loc["encoder_s", "n"] == 0 and stages.loc["encoder_s", "median_b"] > 0
 
 
+def test_the_fast_session_mode_is_refused_for_v2(session, capsys):
+    from dsocr_core.cli import main
+
+    with pytest.raises(ValueError, match="fast engine runs DeepSeek-OCR only; run DeepSeek-OCR 2 in the reference"):
+        session.with_mode("fast")
+    assert main(["generate", "--synthetic", "tiny", "--model", "deepseek-ocr2", "--device", "cpu",
+                 "--session-mode", "fast"]) == 2
+    assert "fast engine runs DeepSeek-OCR only" in capsys.readouterr().err
+
+
 def test_v2_parity_run_matches_with_boxes(session):
     report = run_parity(session, Image.new("RGB", (640, 480), (255, 255, 255)), max_new_tokens=6, warmup=False)
     assert report.mode == "dynamic" and report.grid == (1, 1)

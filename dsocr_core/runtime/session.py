@@ -73,6 +73,11 @@ class Session:
                  engine_options: dict | None = None, lock: threading.Lock | None = None):
         if session_mode not in SESSION_MODES:
             raise ValueError(f"session_mode must be one of {SESSION_MODES}, got {session_mode!r}")
+        from ..registry import family_of, fast_engine_models
+
+        if session_mode == "fast" and not family_of(spec).fast_engine:
+            raise ValueError(f"the fast engine runs {', '.join(fast_engine_models())} only; run "
+                             f"{family_of(spec).label} in the reference session mode")
         self.model = model.eval()
         self.spec = spec
         self.tokenizer = tokenizer
