@@ -4,6 +4,8 @@ stages stored), the fast session mode says it is DeepSeek-OCR only, the overview
 analytic page's "Models compared" tab overlays both models' stages for the same pages."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dsocr_core.analytic.models import models_on_pages
@@ -83,6 +85,10 @@ def test_v2_measured_sweep_from_the_page_stores_the_encoder(v2_app):
     run = store.get_run(job.run_id)
     assert run_model(run) == "deepseek-ocr2" and "DeepSeek-OCR 2" in run["meta"]["model_label"]
     assert {"sam", "encoder", "projector"} <= set(store.points(job.run_id)["stage"].dropna())
+    at = goto(at, "mfu")  # the run's own model spec joins its points: MFU per stage, the encoder among them
+    assert at.selectbox(key="mfu_run").value == job.run_id and len(charts(at)) == 3
+    table = at.dataframe[-1].value
+    assert "encoder" in set(table["stage"]) and "clip" not in set(table["stage"])
 
 
 def test_v2_dataset_run_from_the_page(v2_app, tmp_path):
@@ -104,3 +110,16 @@ def test_v2_dataset_run_from_the_page(v2_app, tmp_path):
     assert job.kind == "dataset" and job.error is None and job.handled == 1
     table = dataset_stats.page_table(RunStore(), job.run_id, analytic=False)
     assert table["encoder_s"].iloc[0] > 0 and table["mode"].iloc[0] == "dynamic"
+
+
+def test_v2_parity_page_passes_with_boxes(v2_app):
+    at = goto(v2_app, "parity")
+    assert at.selectbox(key="pa_mode_deepseek-ocr2").options == ["dynamic"]
+    at.number_input(key="pa_tokens").set_value(6)
+    at.button(key="pa_run").click().run()
+    assert not at.exception and not at.error, texts(at, "error")
+    assert any("Parity passed" in s and "DeepSeek-OCR 2" in s for s in texts(at, "success"))
+    rows = [str(r) for df in at.dataframe for r in df.value.iloc[:, 0]]
+    assert "encoder" in rows and "CLIP" not in rows  # the timing table: the model's own stages
+    exported = json.loads(at.session_state["pa_results"][0].export())
+    assert exported["passed"] and exported["session"]["model"] == "deepseek-ocr2"
