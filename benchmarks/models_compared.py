@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from dsocr_core.analytic.predict import profile_hardware, with_profile  # noqa: E402
 from dsocr_core.calibration.profile import load_profile  # noqa: E402
 from dsocr_core.measure.sweep import free_memory, run_sweep  # noqa: E402
-from dsocr_core.registry import FAMILIES  # noqa: E402
+from dsocr_core.registry import FAMILIES, stage_names  # noqa: E402
 from dsocr_core.results.analytic_join import compare_run  # noqa: E402
 from dsocr_core.results.store import RunStore  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
@@ -68,16 +68,20 @@ def main() -> int:
     both = pd.concat(frames, ignore_index=True)
     keep = ["page", "model", "grid", "sequence", "stage", "measured_s", "predicted_datasheet_s", "predicted_s",
             "time_err_predicted", "measured_tensor_flops", "flop_rel_diff"]
-    both = both[both["stage"].isin(["sam", "clip", "encoder", "projector", "vision", "prefill", "decode_step"])]
+    shown = [s for s in stage_names() if s != "decode"] + ["decode_step"]  # every family's stages (registry)
+    both = both[both["stage"].isin(shown)]
     both[keep].to_csv(args.out / "models_compared.csv", index=False)
     lines = [f"# DeepSeek-OCR vs DeepSeek-OCR 2 on {torch.cuda.get_device_name()} ({time.time() - t0:.0f} s)",
              f"profile {args.profile}; {args.text_tokens} text tokens; decode step = median over {args.steps} steps",
              "", "| page | model | grid | prompt | stage | measured ms | roofline ms | predicted ms | pred err |",
              "|---|---|---|---|---|---|---|---|---|"]
+    def ms(v) -> str:
+        return "n/a" if v is None or pd.isna(v) else f"{v * 1e3:.3f}"
+
     for r in both.itertuples():
-        lines.append(f"| {r.page} | {r.model} | {r.grid} | {r.sequence} | {r.stage} | {r.measured_s * 1e3:.3f} | "
-                     f"{(r.predicted_datasheet_s or float('nan')) * 1e3:.3f} | {r.predicted_s * 1e3:.3f} | "
-                     f"{r.time_err_predicted:+.0%} |")
+        err = "n/a" if r.time_err_predicted is None or pd.isna(r.time_err_predicted) else f"{r.time_err_predicted:+.0%}"
+        lines.append(f"| {r.page} | {r.model} | {r.grid} | {r.sequence} | {r.stage} | {ms(r.measured_s)} | "
+                     f"{ms(r.predicted_datasheet_s)} | {ms(r.predicted_s)} | {err} |")
     (args.out / "models_compared.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     (args.out / "models_compared.json").write_text(json.dumps(both[keep].to_dict(orient="records"), default=str))

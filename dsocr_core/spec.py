@@ -169,9 +169,11 @@ class ModelSpec(DecoderSpec):
         if self.clip_width % self.clip_heads:
             problems.append("clip_width must be divisible by clip_heads")
         if self.sam_downsample[1] != self.clip_width:
-            problems.append("SAM output channels (sam_downsample[1]) must equal clip_width: SAM features are CLIP's patch embeddings")
+            problems.append("SAM output channels (sam_downsample[1]) must equal clip_width: SAM features are "
+                            "CLIP's patch embeddings")
         if self.projector_input_dim != self.clip_width + self.sam_downsample[1]:
-            problems.append("projector_input_dim must equal clip_width + sam_downsample[1] (CLIP and SAM features concatenated)")
+            problems.append("projector_input_dim must equal clip_width + sam_downsample[1] (CLIP and SAM features "
+                            "concatenated)")
         if self.clip_image_size % self.clip_patch:
             problems.append("clip_image_size must be a multiple of clip_patch")
         if problems:
@@ -236,7 +238,8 @@ class ModelSpec(DecoderSpec):
         }
 
 # vision_config.width.sam_vit_b keys -> spec fields, the same in every family
-SAM_KEYS = {"width": "sam_width", "layers": "sam_layers", "heads": "sam_heads", "global_attn_indexes": "sam_global_blocks",
+SAM_KEYS = {"width": "sam_width", "layers": "sam_layers", "heads": "sam_heads",
+            "global_attn_indexes": "sam_global_blocks",
             "window_size": "sam_window", "patch_size": "sam_patch", "image_size": "sam_image_size",
             "mlp_dim": "sam_mlp_dim", "neck_dim": "sam_neck_dim"}
 

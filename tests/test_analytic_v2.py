@@ -151,9 +151,9 @@ def test_config_files_name_their_family(tmp_path):
 def test_official_v2_config_with_its_stale_sam_width_reads_as_the_official_spec():
     """The official config.json states downsample_channels [512, 1024]; the vendor code builds 896."""
     cfg = V2.to_config_dict()
-    cfg["vision_config"]["width"] = {"qwen2-0-5b": {"dim": 896},
-                                     "sam_vit_b": {"downsample_channels": [512, 1024], "global_attn_indexes": [2, 5, 8, 11],
-                                                   "heads": 12, "layers": 12, "width": 768}}
+    sam = {"downsample_channels": [512, 1024], "global_attn_indexes": [2, 5, 8, 11], "heads": 12, "layers": 12,
+           "width": 768}
+    cfg["vision_config"]["width"] = {"qwen2-0-5b": {"dim": 896}, "sam_vit_b": sam}
     cfg["vision_config"]["mlp_ratio"] = 3.7362
     assert OCR2Spec.from_config_dict(cfg) == V2
 

@@ -73,7 +73,8 @@ def test_loading_refuses_a_broken_v2_checkpoint(tiny_ckpt, tmp_path):
     state.pop("model.qwen2_model.query_768.weight")
     state["model.image_newline"] = torch.zeros(64)  # a v1 tensor has no place in v2
     save_file(state, broken / "model.safetensors")
-    with pytest.raises(CheckpointError, match="missing model.qwen2_model.query_768.weight.*unexpected model.image_newline"):
+    missing = "missing model.qwen2_model.query_768.weight.*unexpected model.image_newline"
+    with pytest.raises(CheckpointError, match=missing):
         load_model(broken, dtype="float32")
     with pytest.raises(ValueError, match="DeepSeek-OCR 2 checkpoint, not DeepSeek-OCR"):
         Session.load(checkpoint=tiny_ckpt, model="deepseek-ocr", device="cpu", dtype="float32")

@@ -14,7 +14,8 @@ from dsocr_core.cli import UserError, add_mode_options, family_from_args, resolv
 
 ROOT = Path(__file__).resolve().parents[1]
 # a literal list of two or more stage names or of v1 modes, e.g. ("sam", "clip", ...) or ["tiny", "small", ...]
-STAGE_LIST = re.compile(r"""[(\[{]\s*["'](sam|clip|encoder)["']\s*(:\s*["'][^"']*["']\s*)?,\s*["'](clip|encoder|projector)["']""")
+STAGE_LIST = re.compile(r"""[(\[{]\s*["'](sam|clip|encoder)["']\s*(:\s*["'][^"']*["']\s*)?,"""
+                        r"""\s*["'](clip|encoder|projector)["']""")
 MODE_LIST = re.compile(r"""["']tiny["']\s*,\s*["']small["']\s*,\s*["']base["']""")
 
 
@@ -48,7 +49,8 @@ def test_stage_names_and_labels_cover_both_families_in_display_order():
     assert labels["clip"] == "CLIP" and labels["encoder"] == "encoder" and labels["prefill"] == "LM prefill"
     assert registry.get_family("deepseek-ocr").stage_names == ("sam", "clip", "projector", "prefill", "decode")
     assert registry.get_family("deepseek-ocr2").stage_names == ("sam", "encoder", "projector", "prefill", "decode")
-    assert registry.native_modes() == ("tiny", "small", "base", "large") and registry.native_modes("deepseek-ocr2") == ()
+    assert registry.native_modes() == ("tiny", "small", "base", "large")
+    assert registry.native_modes("deepseek-ocr2") == ()
 
 
 def test_store_page_table_and_operator_stages_come_from_the_registry():

@@ -17,7 +17,8 @@ def register(sub) -> None:
     p = sub.add_parser("analytic", help="analytic FLOPs, bytes, memory and roofline time per stage",
                        description="Closed-form cost of DeepSeek-OCR inference. List-valued options (a,b,c) "
                                    "need --sweep, which writes the whole grid.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model family: {', '.join(FAMILIES)} (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model family: {', '.join(FAMILIES)} (default {DEFAULT_MODEL})")
     p.add_argument("--mode", help="tiling mode of the model: " + "; ".join(
         f"{f.name}: {', '.join(f.modes)} (default {f.default_mode})" for f in FAMILIES.values()))
     p.add_argument("--image", help="page size WxH in pixels (tiles chosen as the vendor does); list allowed")

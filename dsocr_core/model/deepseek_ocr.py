@@ -190,7 +190,8 @@ class DeepseekOCRModel(VisionLM):
             n, tt, _ = local_feats.shape
             t = math.isqrt(tt)
             if n != tw * th or t * t != tt:
-                raise ValueError(f"local features {tuple(local_feats.shape)} do not fit a {tw}x{th} grid of square tiles")
+                raise ValueError(f"local features {tuple(local_feats.shape)} do not fit a {tw}x{th} grid of "
+                                 "square tiles")
             # tile (r, c) is local_feats[r*tw + c]; stitch into one (th*t) x (tw*t) map
             stitched = local_feats.view(th, tw, t, t, h).permute(0, 2, 1, 3, 4).reshape(th * t, tw * t, h)
             parts.append(self._rows_with_newline(stitched))
