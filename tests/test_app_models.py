@@ -110,6 +110,21 @@ def test_v2_dataset_run_from_the_page(v2_app, tmp_path):
     assert job.kind == "dataset" and job.error is None and job.handled == 1
     table = dataset_stats.page_table(RunStore(), job.run_id, analytic=False)
     assert table["encoder_s"].iloc[0] > 0 and table["mode"].iloc[0] == "dynamic"
+    # the same page under DeepSeek-OCR, then the two runs side by side on the dataset page
+    at.sidebar.selectbox(key="sb_model").set_value("deepseek-ocr").run()
+    at.radio(key="ds_source_kind").set_value("path").run()
+    at.text_input(key="ds_source").set_value(str(pages))
+    at.number_input(key="ds_pages_path").set_value(1)
+    at.number_input(key="ds_tokens").set_value(2)
+    [b for b in at.get("form_submit_button") if "dataset" in b.proto.label.lower()][0].click().run()
+    v1_job = wait_for_sweep()
+    assert v1_job.error is None and v1_job.handled == 1
+    at.run()
+    open_tab(at, "ds_view", "Compare runs")
+    assert at.selectbox(key="ds_compare").value == job.run_id
+    assert any("A runs DeepSeek-OCR, B DeepSeek-OCR 2" in c for c in texts(at, "caption"))
+    stages = at.dataframe[-1].value
+    assert {"CLIP", "encoder", "SAM", "TTFT"} <= set(stages["stage"]) and len(charts(at)) == 2
 
 
 def test_v2_parity_page_passes_with_boxes(v2_app):
