@@ -146,6 +146,14 @@ class DecoderSpec(_Frozen):
             raise SpecError(f"invalid spec change {changes}: {exc.errors()[0]['msg']}") from None
 
 
+def check_linear_projector(proj: dict, fields: dict, source: str) -> None:
+    """A config's projector_config must describe the one projector both models have: a Linear into hidden_size."""
+    if proj.get("projector_type", "linear") != "linear":
+        raise SpecError(f"{source}: projector_type {proj.get('projector_type')!r} is not supported (linear only)")
+    if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
+        raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
+
+
 class ModelSpec(DecoderSpec):
     """Every dimension of DeepSeek-OCR. Defaults = the official checkpoint (its config.json plus the vision sizes
     the vendor code hard-codes)."""
@@ -199,12 +207,9 @@ class ModelSpec(DecoderSpec):
                                        "mlp_dim": "clip_mlp_dim"}))
         proj = raw.get("projector_config") or {}
         if isinstance(proj, dict):
-            if proj.get("projector_type", "linear") != "linear":
-                raise SpecError(f"{source}: projector_type {proj.get('projector_type')!r} is not supported (linear only)")
+            check_linear_projector(proj, fields, source)
             if "input_dim" in proj:
                 fields["projector_input_dim"] = proj["input_dim"]
-            if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
-                raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
         return cls._from_fields(fields, source, "DeepSeek-OCR")
 
     def to_config_dict(self) -> dict:

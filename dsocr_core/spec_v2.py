@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from .spec import SAM_KEYS, DecoderSpec, SpecError, _pick
+from .spec import SAM_KEYS, DecoderSpec, SpecError, _pick, check_linear_projector
 
 ENCODER_KEY = "qwen2-0-5b"  # vision_config.width key of the encoder
 
@@ -81,13 +81,10 @@ class OCR2Spec(DecoderSpec):
         first = down[0] if isinstance(down, list) and down else 512
         fields["sam_downsample"] = (first, fields.get("enc_hidden", 896))
         proj = raw.get("projector_config") if isinstance(raw.get("projector_config"), dict) else {}
-        if proj.get("projector_type", "linear") != "linear":
-            raise SpecError(f"{source}: projector_type {proj.get('projector_type')!r} is not supported (linear only)")
+        check_linear_projector(proj, fields, source)
         if "input_dim" in proj and proj["input_dim"] != fields.get("enc_hidden", 896):
             raise SpecError(f"{source}: projector input_dim {proj['input_dim']} differs from the encoder width "
                             f"{fields.get('enc_hidden', 896)}")
-        if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
-            raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
         return cls._from_fields(fields, source, "DeepSeek-OCR 2")
 
     def to_config_dict(self) -> dict:
