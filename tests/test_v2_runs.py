@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from dsocr_core.measure.datasets import discover, sample
-from dsocr_core.measure.dataset_run import ProfileSettings, create_dataset_run, run_dataset
+from dsocr_core.measure.dataset_run import ProfileSettings, check_resume, create_dataset_run, run_dataset
 from dsocr_core.measure.parity_run import run_parity
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads
 from dsocr_core.results import dataset_stats, page_costs
@@ -65,6 +65,9 @@ def test_v2_dataset_run_pages_carry_the_encoder_and_compare_with_a_v1_run(sessio
     assert "encoder" in set(summary["stage"]) and "clip" not in set(summary["stage"])
     # the same page under DeepSeek-OCR: the two runs side by side, each model's own second vision stage kept
     v1 = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="model deepseek-ocr2 -> deepseek-ocr"):  # no run mixes the two models
+        check_resume(store, run_id, v1, discover(pages), ProfileSettings(mode="dynamic", min_crops=2, max_crops=6,
+                                                                         max_new_tokens=3))
     v1_table = dataset_stats.page_table(store, _dataset_run(v1, store, pages, "tiny"), analytic=False)
     cmp = page_costs.compare_runs(v1_table, table)
     stages = cmp.stages.set_index("metric")
@@ -90,3 +93,21 @@ def test_v2_parity_run_matches_with_boxes(session):
     timings = report.timings()["separated"]
     assert timings["encoder"] > 0 and "clip" not in timings
     assert report.to_dict()["session"]["model"] == "deepseek-ocr2"
+
+
+def test_scale_out_workers_load_the_chosen_model(monkeypatch):
+    """--model reaches the Ray workers' Session.load, and the lead's facts name the model's stages."""
+    import argparse
+
+    from dsocr_core.measure import scale_out
+
+    seen = {}
+    monkeypatch.setattr(scale_out.WorkerPool, "start", classmethod(lambda cls, load_args, **kw: seen.update(load_args)))
+    args = argparse.Namespace(workers="2", checkpoint=None, synthetic="tiny", weights_seed=0, session_mode="reference",
+                              device="cpu", dtype="float32", attn="sdpa", model="deepseek-ocr2", ray_address=None,
+                              allow_mixed_gpus=False)
+    scale_out.pool_from_args(args)
+    assert seen["model"] == "deepseek-ocr2"
+    lead = scale_out.RemoteSession({"weights": {}, "dtype": "float32", "attn_impl": "sdpa", "session_mode": "reference",
+                                    "device": "cpu", "spec": OCR2Spec(), "describe": {}})
+    assert lead.family.name == "deepseek-ocr2" and lead.vision_stages == ("sam", "encoder", "projector")

@@ -198,6 +198,9 @@ def _check_resume_session(store, run_id: str, session) -> None:
     from ..results.runs import settings_problems
 
     wanted = {"weights_detail": session.weights.get("detail"), "device_type": session.device.type}
+    family = getattr(session, "family", None)  # a Session or the scale-out lead's RemoteSession
+    if family is not None:
+        wanted["model"] = family.name
     problems = settings_problems(store.get_run(run_id), wanted)
     if problems:
         raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "

@@ -39,6 +39,7 @@ from typing import Callable, Literal, Sequence
 from ..results.store import RunStore, point_key
 from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
+from ..results.runs import run_model
 from ..runtime.session import Session
 from ..runtime.timing import synchronize
 from .datasets import Dataset, Sample, load_page
@@ -229,6 +230,8 @@ def check_resume(store: RunStore, run_id: str, session: Session, dataset: Datase
     old_source = (meta.get("dataset") or {}).get("source")
     if old_source is not None and str(dataset.source) != old_source:
         problems.append(f"data set {old_source} -> {dataset.source}")
+    if run_model(run) != session.family.name:
+        problems.append(f"model {run_model(run)} -> {session.family.name}")
     if run["weights"].get("detail") != session.weights.get("detail"):
         problems.append(f"weights {run['weights'].get('detail')!r} -> {session.weights.get('detail')!r}")
     if run["dtype"] != session.dtype:

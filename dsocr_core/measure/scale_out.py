@@ -203,6 +203,17 @@ class RemoteSession:
     def describe(self) -> dict:
         return dict(self.info["describe"])
 
+    @property
+    def family(self):
+        """The model family's registry entry (as Session.family)."""
+        from ..registry import family_of
+
+        return family_of(self.spec)
+
+    @property
+    def vision_stages(self) -> tuple[str, ...]:
+        return self.family.vision_stages
+
 
 @dataclass
 class WorkerState:
@@ -584,7 +595,8 @@ def pool_from_args(args, log: Callable[[str], None] | None = None, load: bool = 
             raise ScaleOutError(f"--workers must be a whole number of at least 1, got {args.workers!r}") from None
     if load:
         load_args = dict(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
-                         session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn)
+                         session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
+                         model=getattr(args, "model", None))
     else:
         load_args = dict(device=args.device)
     return WorkerPool.start(load_args, workers=workers, address=args.ray_address,

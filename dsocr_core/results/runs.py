@@ -10,7 +10,7 @@ from .tables import format_table
 # What a resumed sweep must share with its run, and how each is named in a refusal.
 RESUME_SETTINGS = {"dtype": "dtype", "attn": "attention", "session_mode": "session mode", "seed": "seed",
                    "repeats": "repeats", "warmup": "warm-up runs", "logits": "logits", "weights_source": "weights",
-                   "weights_detail": "weights", "device_type": "device"}
+                   "weights_detail": "weights", "device_type": "device", "model": "model"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 
@@ -45,7 +45,8 @@ def recorded_settings(run: Mapping[str, Any]) -> dict[str, Any]:
     return {"dtype": run.get("dtype"), "attn": run.get("attn"), "session_mode": run.get("session_mode"),
             "seed": meta.get("seed"), "repeats": meta.get("repeats"), "warmup": meta.get("warmup"),
             "logits": meta.get("logits"), "weights_source": weights.get("source"),
-            "weights_detail": weights.get("detail"), "device_type": device.split(":")[0] or None}
+            "weights_detail": weights.get("detail"), "device_type": device.split(":")[0] or None,
+            "model": run_model(run)}
 
 
 def settings_problems(run: Mapping[str, Any], wanted: Mapping[str, Any],
@@ -75,12 +76,15 @@ def runs_table(runs: Iterable[Mapping[str, Any]], name_width: int = 48) -> str:
 
 
 def run_details(run: Mapping[str, Any]) -> str:
-    """One run in a few lines: label, settings, counts, how to resume it."""
+    """One run in a few lines: label, settings, model and weights, counts, how to resume it."""
+    from ..registry import get_family
+
     s = recorded_settings(run)
     lines = [f"run {run['id']}  ({run['kind']})", f"  {plain_text(run.get('label') or run.get('name') or '', 200)}",
              f"  created {run.get('created_at')}  device {s['device_type'] or '?'}  dtype {s['dtype']}  "
              f"attention {s['attn']}  session {s['session_mode']}",
-             f"  weights {s['weights_source']}: {plain_text(s['weights_detail'] or '', 120)}",
+             f"  model {get_family(run_model(run)).label}; weights {s['weights_source']}: "
+             f"{plain_text(s['weights_detail'] or '', 120)}",
              f"  points {run.get('n_points', 0)}: {run.get('n_done', 0)} done, {run.get('n_oom', 0)} oom, "
              f"{run.get('n_error', 0)} error"]
     if run.get("imported_from"):

@@ -99,7 +99,7 @@ class Session:
         """A session over a local checkpoint folder (its config.json names the model family; `model`, when given,
         must agree), or over seeded random weights of a preset ('tiny'|'full') of `model` (default DeepSeek-OCR)."""
         from ..model.checkpoint import load_model, synthetic_model
-        from ..registry import get_family
+        from ..registry import DEFAULT_MODEL, get_family
         from .tokenizer import load_tokenizer
 
         if dtype not in TORCH_DTYPES:
@@ -123,8 +123,10 @@ class Session:
             if spec_overrides:
                 spec = spec.replace(**spec_overrides)
             net = synthetic_model(spec, seed=seed, dtype=TORCH_DTYPES[dtype], device=dev, attn_impl=attn)
-            weights = {"source": "synthetic", "detail": f"{family.label} preset {synthetic}, seed {seed} "
-                                                        "(random weights)", "synthetic": True}
+            # the default model's detail stays as it was, so its stored runs resume; another model is named
+            named = "" if family.name == DEFAULT_MODEL else f"{family.label} "
+            weights = {"source": "synthetic", "detail": f"{named}preset {synthetic}, seed {seed} (random weights)",
+                       "synthetic": True}
             tokenizer = load_tokenizer(None)
         else:
             raise ValueError("give a checkpoint folder or a synthetic preset")
