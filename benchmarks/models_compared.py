@@ -4,6 +4,7 @@ the repeats) beside the roofline bound and the time the calibration profile pred
 `reference`, exported as JSON), and a markdown table per page with both models' stages side by side.
 
     python benchmarks/models_compared.py --out OUT [--profile data/profiles/h200.json] [--pages 1920x1080,...]
+    python benchmarks/models_compared.py --out OUT --device cpu --preset tiny --steps 2 --repeats 1   # smoke test
 """
 from __future__ import annotations
 
@@ -33,22 +34,24 @@ PAGES = "1920x1080,1024x1024,1191x1684,800x600,640x480"
 def measure_model(name: str, pages: list[tuple[int, int]], args, hw) -> pd.DataFrame:
     """One model's pages measured into its own store; the joined rows (measured, roofline, predicted) back."""
     fam = FAMILIES[name]
-    session = Session.load(synthetic="full", model=name, device="cuda", dtype="bfloat16")
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    session = Session.load(synthetic=args.preset, model=name, device=args.device, dtype=dtype)
     store = RunStore(args.out / f"{name}.sqlite")
-    workloads = [Workload(mode=fam.default_mode, image_size=p, text_tokens=args.text_tokens, decode_steps=args.steps)
-                 for p in pages]
-    run_id = run_sweep(session, store, workloads, name=f"{fam.label}: pages compared (synthetic full, bf16, sdpa)",
+    workloads = [Workload(mode=fam.default_mode, image_size=p, text_tokens=args.text_tokens, decode_steps=args.steps,
+                          dtype=dtype) for p in pages]
+    run_id = run_sweep(session, store, workloads, name=f"{fam.label}: pages compared (synthetic {args.preset}, "
+                                                       f"{dtype}, sdpa)",
                        repeats=args.repeats, warmup=1, kind="reference",
                        progress=lambda i, n, w, s: print(f"  [{name} {i}/{n}] {w.image_size}: {s}", flush=True))
     store.export_run(run_id, args.out / f"{name}.json")
     joined = compare_run(store, run_id, prediction=hw)
     del session
-    free_memory(torch.device("cuda"))
+    free_memory(torch.device(args.device))
     page = joined["point"].map(lambda key: "x".join(map(str, json.loads(key)["image_size"])))
     return joined.assign(model=fam.label, page=page)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--profile", type=Path, default=Path("data/profiles/h200.json"))
@@ -56,9 +59,11 @@ def main() -> int:
     ap.add_argument("--text-tokens", type=int, default=10)
     ap.add_argument("--steps", type=int, default=32, help="decode steps per page")
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA GPU")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test of the script")
+    ap.add_argument("--preset", default="full", choices=["full", "tiny"], help="synthetic weights preset")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (or --device cpu --preset tiny for a smoke test)")
     args.out.mkdir(parents=True, exist_ok=True)
     pages = [tuple(int(v) for v in p.split("x")) for p in args.pages.split(",") if p.strip()]
     profile = load_profile(args.profile)
@@ -71,8 +76,10 @@ def main() -> int:
     shown = [s for s in stage_names() if s != "decode"] + ["decode_step"]  # every family's stages (registry)
     both = both[both["stage"].isin(shown)]
     both[keep].to_csv(args.out / "models_compared.csv", index=False)
-    lines = [f"# DeepSeek-OCR vs DeepSeek-OCR 2 on {torch.cuda.get_device_name()} ({time.time() - t0:.0f} s)",
-             f"profile {args.profile}; {args.text_tokens} text tokens; decode step = median over {args.steps} steps",
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "the CPU (smoke test)"
+    lines = [f"# DeepSeek-OCR vs DeepSeek-OCR 2 on {where} ({time.time() - t0:.0f} s)",
+             f"synthetic {args.preset} weights; profile {args.profile}; {args.text_tokens} text tokens; decode step = "
+             f"median over {args.steps} steps",
              "", "| page | model | grid | prompt | stage | measured ms | roofline ms | predicted ms | pred err |",
              "|---|---|---|---|---|---|---|---|---|"]
     def ms(v) -> str:
