@@ -14,7 +14,7 @@ from dsocr_core.cli import main
 from dsocr_core.model import flop_counter
 from dsocr_core.model.checkpoint import CheckpointError, expected_shapes, load_model, meta_model, synthetic_model
 from dsocr_core.model.encoder_v2 import encoder_mask
-from dsocr_core.registry import get_family, mode_info
+from dsocr_core.registry import mode_info
 from dsocr_core.runtime.inputs import image_views, prepare_inputs
 from dsocr_core.runtime.session import Session
 from dsocr_core.spec import SpecError, Workload

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from ..tiling import HF_CROP_RANGE, TokenCounts, crop_grid, mode_info, token_counts
+from ..tiling import TokenCounts, crop_grid, mode_info, token_counts
 from .image_limits import MAX_FILE_BYTES, MAX_PIXELS, pixel_limit_message  # noqa: F401 - re-exported
 from .tokenizer import BOS_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, Tokenizer, load_tokenizer
 
