@@ -30,15 +30,18 @@ def main() -> None:
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--profile", help="calibration profile: time the sweep with prediction on")
     ap.add_argument("--session-mode", default="reference", help="reference or fast (with --profile)")
+    ap.add_argument("--routing", help="a routing profile (with --profile; default uniform routing)")
     args = ap.parse_args()
     spec, hw = ModelSpec(), get_hardware(args.hardware)
     label = None
     if args.profile:
         from dsocr_core.analytic.predict import with_profile
+        from dsocr_core.analytic.routing import load_routing
         from dsocr_core.calibration.profile import load_profile
 
         prof = load_profile(args.profile)
-        hw, label = with_profile(hw, prof, args.session_mode), prof.label()
+        routing = load_routing(args.routing) if args.routing else None
+        hw, label = with_profile(hw, prof, args.session_mode, routing=routing), prof.label()
 
     ref = stage_totals(spec, Workload(crops=(2, 2), decode_steps=1000), hw)
     print(f"reference: 2x2 gundam page, 703 prompt tokens, 1000 decode steps on {hw.name}")
@@ -67,7 +70,8 @@ def main() -> None:
           f"{len(steps)} step counts), median {median:.3f} s, best {best:.3f} s over {args.repeats} runs")
     print(json.dumps({"points": pts.size, "points_per_s": round(pts.size / median), "seconds": round(median, 4),
                       "best_points_per_s": round(pts.size / best), "repeats": args.repeats, "hardware": hw.name,
-                      "prediction": None if label is None else {"profile": label, "session_mode": args.session_mode},
+                      "prediction": None if label is None else {"profile": label, "session_mode": args.session_mode,
+                                                               "routing": hw.prediction.routing_label()},
                       "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}))
 
 

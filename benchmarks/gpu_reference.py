@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.results.analytic_join import compare_run, summarize, summary_json, summary_markdown  # noqa: E402
+from dsocr_core.engines import SESSION_MODES  # noqa: E402
 from dsocr_core.hardware import calibrate  # noqa: E402
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads, vendor_grids  # noqa: E402
 from dsocr_core.grounding.samples import sample_pages  # noqa: E402
@@ -64,7 +65,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true", help="only the 2x2 generation report")
-    ap.add_argument("--session-mode", choices=["reference", "fast"], default="reference")
+    ap.add_argument("--session-mode", choices=SESSION_MODES, default="reference")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -6,7 +6,9 @@ The profile holds kernel microbenchmarks only (calibration/microbench.py): nothi
 measured point feeds the prediction. Points (full run): the vendor tile grids and the untiled Gundam page, the
 four native modes, text lengths 10 / 500 / 2000 / 3300 on a 2x2 page (decode contexts up to ~4,030), batches
 1 / 4 / 16 / 64 of a 2x2 page and of Base; K decode steps each (default 32), measured with
-dsocr_core.measure.sweep (warm-up, CUDA events, medians) into a run store.
+dsocr_core.measure.sweep (warm-up, CUDA events, medians) into a run store. Each mode's run is predicted with the
+MoE routing it recorded (every measured point records the experts its layers touched; `--routing uniform` for the
+analytic model's assumption), and the result carries that routing, so it can be predicted again from the file.
 
     python benchmarks/prediction_accuracy.py --out out/accuracy.json                 # GPU: calibrate, then measure
     python benchmarks/prediction_accuracy.py --profile h200.json --out out/acc.json  # GPU, a profile made before
@@ -32,9 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes, stage_names  # noqa: E402
+from dsocr_core.engines import SESSION_MODES  # noqa: E402
+from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes  # noqa: E402
+from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
-STAGES = (*stage_names(), "ttft", "tpot")  # every family's (registry); a run has its own model's
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
 
 
@@ -87,17 +90,15 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
     return out
 
 
-def predicted(spec, workload, profile, mode: str, work: str, overlap: str = "row") -> dict[str, float]:
-    """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps)."""
-    from dsocr_core.analytic import stage_totals
+def predicted(spec, workload, profile, mode: str, work: str, overlap: str = "row",
+              routing=None) -> dict[str, float]:
+    """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps), under
+    `routing` (None: uniform)."""
     from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.results.prediction_check import predicted_stages
 
-    st = stage_totals(spec, workload, with_profile(profile_hardware(profile), profile, mode, work, overlap))
-    out = {s: st[s]["predicted_s"] for s in get_family(type(spec).family).all_stages if s != "total"}
-    out["ttft"] = out["vision"] + out["prefill"]
-    out["tpot"] = out["decode"] / max(workload.decode_steps, 1)
-    out["roofline_ttft"] = st["vision"]["predicted_roofline_s"] + st["prefill"]["predicted_roofline_s"]
-    return out
+    return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, mode, work,
+                                                           overlap, routing))[0]
 
 
 def measured(store, run_id: str) -> list[dict]:
@@ -117,19 +118,6 @@ def measured(store, run_id: str) -> list[dict]:
         if "decode_step" in s:
             s["tpot"] = s["decode_step"]
     return list(out.values())
-
-
-def summarize(rows: list[dict]) -> dict[str, dict]:
-    """Per stage: points, median / p90 / max absolute relative error, median signed error."""
-    out = {}
-    for stage in STAGES:
-        err = np.array([r["error"][stage] for r in rows if stage in r["error"]], dtype=float)
-        if err.size == 0:
-            continue
-        a = np.abs(err)
-        out[stage] = {"n": int(err.size), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
-                      "max_abs": float(a.max()), "median_signed": float(np.median(err))}
-    return out
 
 
 def table(summary: dict, mode: str) -> str:
@@ -185,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cuda", help="cuda or cpu (default cuda)")
     ap.add_argument("--quick", action="store_true", help="tiny model, two points, short calibration (CPU test)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="calibration budget when calibrating")
-    ap.add_argument("--modes", default="reference,fast", help="session modes to measure (default both)")
+    ap.add_argument("--modes", default=",".join(SESSION_MODES), help="session modes to measure (default all)")
     ap.add_argument("--groups", default=",".join(DEFAULT_GROUPS),
                     help="point groups (default the first four): grids (vendor tile grids + untiled page), native "
                          "(the four native modes), text (500/2000/3300 text tokens on a 2x2 page), batch (4/16/64 "
@@ -199,6 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, help="timed repeats per point (default 3; 1 with --quick)")
     ap.add_argument("--work", default="engine", help="engine (default) or analytic: see analytic/predict.py")
     ap.add_argument("--overlap", default="row", help="row (default) or kernel: see analytic/predict.py")
+    ap.add_argument("--routing", default="observed", choices=("observed", "uniform"),
+                    help="MoE routing of the prediction: observed (default: what each run recorded, "
+                         "docs/time-model.md; uniform where it recorded none) or uniform (assumed)")
     ap.add_argument("--store", help="run store for the measured points (default: a new file in a temp folder); "
                                     "an earlier run of the same settings in it is resumed, its points kept")
     ap.add_argument("--time-limit-s", type=float, help="stop measuring new points after this many seconds "
@@ -224,6 +215,8 @@ def main(argv: list[str] | None = None) -> dict:
     steps = args.decode_steps or (2 if quick else 32)
     repeats = args.repeats or (1 if quick else 3)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(SESSION_MODES):
+        ap.error(f"--modes: choose from {', '.join(SESSION_MODES)}, got {args.modes!r}")
     if "fast" in modes and not get_family(args.model).fast_engine:
         ap.error(f"the fast engine runs DeepSeek-OCR only; use --modes reference with --model {args.model}")
     t0 = time.perf_counter()
@@ -256,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
               "settings": {"model": args.model, "quick": quick, "synthetic": synthetic, "dtype": dtype,
                            "decode_steps": steps,
                            "repeats": repeats, "logits": args.logits, "work": args.work, "overlap": args.overlap,
+                           "routing": args.routing,
                            "device": args.device,
                            "points": len(workloads), "store": store_path},
               "modes": {}}
@@ -279,19 +273,25 @@ def main(argv: list[str] | None = None) -> dict:
                                repeats=repeats, warmup=1, should_stop=stop,
                                meta={"purpose": "prediction_accuracy", "accuracy_key": key,
                                      "profile": profile.summary()})
+        routing = None
+        if args.routing == "observed":  # the routing the run recorded (None for runs measured before it was)
+            from dsocr_core.results.analytic_join import observed_routing
+
+            routing = observed_routing(store.get_run(run_id), store.points(run_id), spec)
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]
             if rec["status"] != "done":
                 rows.append({"workload": w.model_dump(mode="json"), "status": rec["status"], "error": {}})
                 continue
-            pred = predicted(spec, w, profile, mode, args.work, args.overlap)
+            pred = predicted(spec, w, profile, mode, args.work, args.overlap, routing)
             meas = rec["stages"]
-            err = {s: pred[s] / meas[s] - 1.0 for s in STAGES if s in meas and meas[s] > 0}
+            err = relative_errors(pred, meas)
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
                          "predicted_s": pred, "error": err})
         summary = summarize([r for r in rows if r["status"] == "done"])
         entry = {"run_id": run_id, "points": rows, "summary": summary,
+                 "routing": None if routing is None else routing.to_dict(),  # re-predictions read it back
                  "measured_environment": store.get_run(run_id).get("environment"),  # where the points were measured
                  "not_done": sum(r["status"] != "done" for r in rows),
                  "not_measured_yet": len({point_key(w) for w in workloads} - store.finished_keys(run_id))}
@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
                 entry["kernels"] = {"error": f"{type(exc).__name__}: {exc}"}
         result["modes"][mode] = entry
         print(table(summary, mode), flush=True)
+        print(f"  MoE routing: {'uniform (assumed)' if routing is None else routing.label()}", flush=True)
         if entry["not_done"]:
             print(f"  ({entry['not_done']} points not measured: oom or error, see the run store)")
         if entry["not_measured_yet"]:

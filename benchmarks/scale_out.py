@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dsocr_core.engines import SESSION_MODES  # noqa: E402  (torch-free: the engine registry)
+
 
 def same_points(store, a: str, b: str) -> str:
     """'yes', or what differs between two runs' points (keys, statuses, FLOPs per stage)."""
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--synthetic", choices=["tiny", "full"], help="default: full on a GPU, tiny on the CPU")
     ap.add_argument("--dtype", help="default: bfloat16 on a GPU, float32 on the CPU")
-    ap.add_argument("--session-mode", default="reference", choices=["reference", "fast"])
+    ap.add_argument("--session-mode", default="reference", choices=SESSION_MODES)
     ap.add_argument("--workers", help="worker counts, e.g. 1,2,4 (default: 1..the GPUs, or 1,2 on the CPU)")
     ap.add_argument("--quick", action="store_true", help="few, small items (4 points, 2 pages, short decodes)")
     ap.add_argument("--pages", type=Path, help="page folder for the dataset part (default: the bundled samples)")

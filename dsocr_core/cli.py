@@ -9,14 +9,42 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import commands
+from .engines import ENGINES, options_help, parse_options
 
 
 class UserError(Exception):
     """A failure the user can fix (bad argument, missing file); printed as one line, exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `kill` and `timeout` send), raised where the program is, so that everything Ctrl-C cleans up
+    (a sweep's temporary file, Ray workers, the run id printed for a resume) is cleaned up for it too."""
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM raises Terminated in the main thread; a second SIGTERM during the clean-up ends the
+    process at once, as SIGTERM did before. Does nothing outside the main thread (signals cannot be set there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> None:
@@ -33,8 +61,9 @@ def add_model_options(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> 
                    help="model family of --synthetic (default deepseek-ocr); with --checkpoint, a check")
     p.add_argument(seed_flag, dest="weights_seed", type=int, default=0, metavar="N",
                    help="seed of --synthetic weights")
-    p.add_argument("--session-mode", choices=["reference", "fast"], default="reference",
-                   help="reference: our PyTorch model as written; fast: static cache, grouped experts, CUDA graphs")
+    p.add_argument("--session-mode", choices=list(ENGINES), default="reference",
+                   help="; ".join(f"{k.name}: {k.help}" for k in ENGINES.values()))
+    p.add_argument("--engine-options", metavar="JSON", help=options_help())
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
@@ -55,19 +84,19 @@ def add_mode_options(p: argparse.ArgumentParser) -> None:
 def family_from_args(args):
     """The model family a command runs, known before any weight loads: --model, else the --checkpoint's
     config.json, else the default model."""
-    import json
-
     from .registry import family_of_config, get_family
+    from .spec import SpecError, read_config_json
 
     if getattr(args, "model", None) is not None or getattr(args, "checkpoint", None) is None:
         return get_family(getattr(args, "model", None))
     config = Path(args.checkpoint) / "config.json"
-    try:
-        return family_of_config(json.loads(config.read_text()))
-    except FileNotFoundError:
-        raise UserError(f"{args.checkpoint} has no config.json; is it a checkpoint folder?") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{config} is not readable JSON: {exc}") from None
+    if not config.exists():
+        raise UserError(f"{args.checkpoint} has no config.json; is it a checkpoint folder?")
+    try:  # size and depth bounded before parsing, as every config read
+        raw = read_config_json(config)[1]
+    except SpecError as exc:
+        raise UserError(f"not readable JSON: {exc}") from None
+    return family_of_config(raw) if isinstance(raw, dict) else get_family()  # the loader names a non-object
 
 
 def resolve_mode(args, family) -> tuple[str, int, int]:
@@ -86,7 +115,7 @@ def session_from_args(args):
 
     return Session.load(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
                         session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
-                        model=args.model)
+                        model=args.model, engine_options=parse_options(getattr(args, "engine_options", None)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,10 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     from .spec import SpecError
 
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except (UserError, SpecError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
+    except Terminated:
+        print("terminated (SIGTERM); cleaned up as after Ctrl-C", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

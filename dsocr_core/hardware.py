@@ -1,8 +1,8 @@
 """GPU presets (datasheet ceilings), matching of `torch.cuda.get_device_name()` strings, and calibration.
 
 Presets are dense BF16 tensor-core peaks (FP32 accumulate, no sparsity) and DRAM bandwidth from the vendor
-datasheets named in each preset's `source`. Calibration measures what the present GPU really achieves (a large
-bf16 matmul and a device-to-device copy) and returns a Hardware with calibrated=True.
+datasheets named in each preset's `source`. Calibration measures what the present device really achieves (a large
+matmul in the runs' dtype and a device-to-device copy) and returns a Hardware with calibrated=True.
 """
 from __future__ import annotations
 
@@ -114,8 +114,9 @@ class CalibrationError(SpecError):
     """Calibration cannot run here (no CUDA device, bad sizes)."""
 
 
-def _median_seconds(fn, device: str, warmup: int, repeats: int) -> float:
-    """Median wall time of fn() on `device`: CUDA events around each repeat on GPUs, perf_counter on CPU."""
+def _median_seconds(fn, device: str, warmup: int, repeats: int, best: bool = False) -> float:
+    """Median (best=True: shortest) wall time of fn() on `device`: CUDA events around each repeat on GPUs,
+    perf_counter on CPU."""
     import torch
 
     if warmup < 0 or repeats < 1:
@@ -137,7 +138,7 @@ def _median_seconds(fn, device: str, warmup: int, repeats: int) -> float:
             t0 = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    return min(samples) if best else statistics.median(samples)
 
 
 def _check_device(device: str) -> None:
@@ -151,23 +152,58 @@ def _check_device(device: str) -> None:
         raise CalibrationError(f"unsupported calibration device {device!r}; use 'cuda', 'cuda:N' or 'cpu'")
 
 
-def measure_matmul_flops(size: int = 8192, device: str = "cuda", warmup: int = 3, repeats: int = 10) -> float:
-    """Achieved bf16 FLOP/s of a size^3 matmul (2*size^3 FLOPs per call), median of `repeats` after warm-up."""
+MATMUL_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    if dtype not in MATMUL_DTYPES:
+        raise CalibrationError(f"unsupported calibration dtype {dtype!r}; use one of {', '.join(MATMUL_DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def measure_matmul_flops(size: int = 8192, device: str = "cuda", warmup: int = 3, repeats: int = 10,
+                         dtype: str = "bfloat16", best: bool = False) -> float:
+    """Achieved FLOP/s of a size^3 matmul in `dtype` (2*size^3 FLOPs per call), median (best=True: fastest) of
+    `repeats` after warm-up. Measure in the dtype the runs use: a CPU without bf16 units runs a bf16 matmul tens of
+    times slower than a float32 one, and a ceiling measured that way is no bound of a float32 run."""
     import torch
 
     _check_device(device)
     if size < 1:
         raise CalibrationError("matmul size must be positive")
+    kind = _torch_dtype(dtype)
     gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=gen)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=gen)
-    out = torch.empty(size, size, device=device, dtype=torch.bfloat16)
-    seconds = _median_seconds(lambda: torch.mm(a, b, out=out), device, warmup, repeats)
+    a = torch.randn(size, size, device=device, generator=gen).to(kind)
+    b = torch.randn(size, size, device=device, generator=gen).to(kind)
+    out = torch.empty(size, size, device=device, dtype=kind)
+    seconds = _median_seconds(lambda: torch.mm(a, b, out=out), device, warmup, repeats, best)
     return 2.0 * size ** 3 / seconds  # 2 FLOPs per multiply-add
 
 
-def measure_copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda", warmup: int = 3, repeats: int = 10) -> float:
-    """Achieved copy bandwidth in bytes/s, counting bytes read plus bytes written (2 * nbytes per copy)."""
+def cpu_matmul_size(dtype: str = "float32", target_s: float = 0.15, largest: int = 2048) -> int:
+    """The matmul size a CPU calibration uses: doubled from 256 until one call takes `target_s` (or `largest`).
+    A small matmul does not reach a CPU's peak (1024^3 float32 reached a quarter of 2048^3's on a 2-core
+    machine), and a large bf16 one on a CPU without bf16 units takes minutes: the size follows the speed."""
+    import torch
+
+    kind = _torch_dtype(dtype)
+    size = 256
+    while size < largest:
+        a = torch.ones(size, size, dtype=kind)
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        if time.perf_counter() - t0 >= target_s:
+            break
+        size *= 2
+    return size
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda", warmup: int = 3, repeats: int = 10,
+                           best: bool = False) -> float:
+    """Achieved copy bandwidth in bytes/s, counting bytes read plus bytes written (2 * nbytes per copy); median
+    (best=True: fastest) of `repeats`."""
     import torch
 
     _check_device(device)
@@ -175,32 +211,76 @@ def measure_copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda", warmup: 
         raise CalibrationError("copy size must be positive")
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), device, warmup, repeats)
+    seconds = _median_seconds(lambda: dst.copy_(src), device, warmup, repeats, best)
     return 2.0 * nbytes / seconds  # read + write
 
 
-def calibrate(device: str = "cuda", matmul_size: int = 8192, copy_bytes: int = 1 << 30, warmup: int = 3,
-              repeats: int = 10) -> Hardware:
-    """Measure the present GPU and return a calibrated Hardware: peak = achieved bf16 matmul FLOP/s, bandwidth =
-    achieved device-to-device copy (read + write). device='cpu' runs the same code path on the CPU (tests)."""
+def calibrate(device: str = "cuda", matmul_size: int | None = 8192, copy_bytes: int = 1 << 30, warmup: int = 3,
+              repeats: int = 10, dtype: str = "bfloat16") -> Hardware:
+    """Measure the present device and return a calibrated Hardware: peak = achieved matmul FLOP/s in `dtype` (the
+    dtype the runs use), bandwidth = achieved device-to-device copy (read + write). device='cpu' measures the CPU
+    with the threads torch uses in this process (the runs' own), named in the Hardware's name; matmul_size=None
+    there picks the size by speed (cpu_matmul_size)."""
     import torch
 
     _check_device(device)
-    flops = measure_matmul_flops(matmul_size, device, warmup, repeats)
+    _torch_dtype(dtype)
+    if matmul_size is None:
+        matmul_size = cpu_matmul_size(dtype) if device == "cpu" else 8192
+    flops = measure_matmul_flops(matmul_size, device, warmup, repeats, dtype)
     bandwidth = measure_copy_bandwidth(copy_bytes, device, warmup, repeats)
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(device)
         memory_gb = torch.cuda.get_device_properties(device).total_memory / 1e9
         preset = match_device_name(name)
+        where = name
     else:
-        import os
-        name, preset = "CPU", None
-        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    source = (f"calibrated on {name} at {when} with torch {torch.__version__}: bf16 {matmul_size}^3 matmul "
-              f"{flops / 1e12:.1f} TFLOP/s, copy of {copy_bytes / 2**20:.0f} MiB {bandwidth / 1e12:.3f} TB/s "
+        name, memory_gb, where = _cpu_identity(dtype)
+        preset = None
+    source = (f"calibrated on {where} at {when} with torch {torch.__version__}: {dtype} {matmul_size}^3 matmul "
+              f"{flops / 1e12:.3g} TFLOP/s, copy of {copy_bytes / 2**20:.0f} MiB {bandwidth / 1e12:.3g} TB/s "
               f"(read + write), medians of {repeats} after {warmup} warm-up")
     if preset is not None:
         source += f"; datasheet {preset.peak_tflops:g} TFLOP/s, {preset.bandwidth_tbs:g} TB/s"
     return Hardware(name=name, peak_tflops=flops / 1e12, bandwidth_tbs=bandwidth / 1e12, memory_gb=memory_gb,
                     source=source, calibrated=True)
+
+
+CPU_COPY_BYTES = (1 << 20, 8 << 20, 64 << 20)  # from cache to main memory: the bound takes the fastest
+
+
+def cpu_ceilings(dtype: str = "float32") -> Hardware:
+    """This CPU's ceilings in `dtype` with torch's threads, in about two seconds: what a CPU run stores (meta
+    'calibration') as the bound of its own stages. A GPU's roofline under a CPU run is decades off, and a CPU's
+    bf16 matmul is no bound of a float32 run.
+
+    A lower bound must use the fastest rate the CPU reaches, not a typical one: the FASTEST of the repeats (on a
+    shared machine other processes only ever slow a repeat down; medians of 3 taken under load put a page's LM
+    prefill and decode 18-25% below their bound), of two matmul sizes, and of copies from 1 MiB (cache) to
+    64 MiB (main memory): a small model's decode streams weights that sit in cache, faster than a large copy."""
+    import torch
+
+    size = cpu_matmul_size(dtype)
+    flops = max(measure_matmul_flops(n, "cpu", 1, 5, dtype, best=True) for n in (size // 2, size))
+    bandwidth = max(measure_copy_bandwidth(n, "cpu", 1, 7, best=True) for n in CPU_COPY_BYTES)
+    name, memory_gb, where = _cpu_identity(dtype)
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    source = (f"calibrated on {where} at {when} with torch {torch.__version__}: the fastest of 5 {dtype} matmuls "
+              f"of {size // 2}^3 and {size}^3, {flops / 1e12:.3g} TFLOP/s, and of 7 copies each of 1, 8 and 64 MiB "
+              f"(read + write), {bandwidth / 1e12:.3g} TB/s: a bound takes the fastest rate the CPU reaches")
+    return Hardware(name=name, peak_tflops=flops / 1e12, bandwidth_tbs=bandwidth / 1e12, memory_gb=memory_gb,
+                    source=source, calibrated=True)
+
+
+def _cpu_identity(dtype: str) -> tuple[str, float, str]:
+    """(name, memory in GB, where) of this CPU as its calibrations name it: the dtype and torch's threads, which
+    the ceilings depend on."""
+    import os
+
+    import torch
+
+    threads = torch.get_num_threads()
+    memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return (f"CPU ({dtype}, {threads} thread{'s' if threads != 1 else ''})", memory_gb,
+            f"CPU with {threads} torch thread(s)")

@@ -208,14 +208,15 @@ def stage_rank(stage: str) -> int:
 def read_spec(path) -> DecoderSpec:
     """The spec of a checkpoint folder's (or a config.json file's) config, in the family it names (no torch
     import: the sidebar checks a folder with it). Raises SpecError naming the problem."""
-    import json
     from pathlib import Path
+
+    from .spec import read_config_json
 
     path = Path(path)
     path = path / "config.json" if path.is_dir() else path
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = read_config_json(path)[1]  # size and depth bounded before parsing
+    except SpecError:
         raw = None  # the family's reader reports the problem
     fam = family_of_config(raw) if isinstance(raw, dict) else get_family()
     return fam.spec_class.from_config_json(path)

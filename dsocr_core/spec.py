@@ -5,11 +5,12 @@ One ModelSpec feeds both the torch model and the analytic model, so a tiny test 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import jsonfile
 
 Mode = str  # a mode name of any model family (dsocr_core/registry.py)
 Dtype = Literal["bfloat16", "float16", "float32"]
@@ -24,7 +25,22 @@ class SpecError(ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # an infinite or NaN float describes no real model, input or GPU (JSON readers accept Infinity and NaN)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# Upper bounds of a config's sizes: far beyond any published model (DeepSeek-V3: 61 layers, 256 experts, width
+# 7168), yet small enough that the analytic model and a meta-device build stay in seconds and megabytes. A config
+# past them (10^5 layers, 10^7 experts) is refused before anything is sized from it.
+MAX_LAYERS = 2048
+MAX_EXPERTS = 1 << 16
+MAX_WIDTH = 1 << 17
+MAX_HEADS = 1 << 12
+MAX_VOCAB = 1 << 22
+MAX_POSITIONS = 1 << 24
+MAX_IMAGE = 1 << 14
+MAX_CONFIG_BYTES = 1 << 20  # a vendor config.json is about 3 KB
+MAX_CONFIG_DEPTH = 32  # and 4 levels deep
 
 
 class DecoderSpec(_Frozen):
@@ -35,37 +51,38 @@ class DecoderSpec(_Frozen):
     family: ClassVar[str] = ""
 
     # --- language model (DeepseekV2 without MLA) ---
-    hidden_size: int = Field(1280, gt=0)
-    num_hidden_layers: int = Field(12, gt=0)
-    num_attention_heads: int = Field(10, gt=0)
-    num_key_value_heads: int = Field(10, gt=0)
-    intermediate_size: int = Field(6848, gt=0)  # dense SwiGLU in the first_k_dense_replace layers
-    moe_intermediate_size: int = Field(896, gt=0)  # one routed expert
-    n_routed_experts: int = Field(64, gt=0)
+    hidden_size: int = Field(1280, gt=0, le=MAX_WIDTH)
+    num_hidden_layers: int = Field(12, gt=0, le=MAX_LAYERS)
+    num_attention_heads: int = Field(10, gt=0, le=MAX_HEADS)
+    num_key_value_heads: int = Field(10, gt=0, le=MAX_HEADS)
+    intermediate_size: int = Field(6848, gt=0, le=MAX_WIDTH)  # dense SwiGLU in the first_k_dense_replace layers
+    moe_intermediate_size: int = Field(896, gt=0, le=MAX_WIDTH)  # one routed expert
+    n_routed_experts: int = Field(64, gt=0, le=MAX_EXPERTS)
     num_experts_per_tok: int = Field(6, gt=0)
-    n_shared_experts: int = Field(2, ge=0)  # realised as one MLP of width n_shared * moe_intermediate_size
+    # realised as one MLP of width n_shared * moe_intermediate_size
+    n_shared_experts: int = Field(2, ge=0, le=MAX_EXPERTS)
     first_k_dense_replace: int = Field(1, ge=0)
-    vocab_size: int = Field(129280, gt=0)
-    max_position_embeddings: int = Field(8192, gt=0)
+    vocab_size: int = Field(129280, gt=0, le=MAX_VOCAB)
+    max_position_embeddings: int = Field(8192, gt=0, le=MAX_POSITIONS)
     bos_token_id: int = 0
     eos_token_id: int = 1
     pad_token_id: int = 2
     image_token_id: int = 128815
     rope_theta: float = Field(10000.0, gt=0)
-    rms_norm_eps: float = Field(1e-6, gt=0)
+    rms_norm_eps: float = Field(1e-6, gt=0, lt=1)
     norm_topk_prob: bool = False
-    routed_scaling_factor: float = 1.0
+    routed_scaling_factor: float = Field(1.0, gt=0)
 
     # --- SAM ViT-B ---
-    sam_width: int = Field(768, gt=0)
-    sam_layers: int = Field(12, gt=0)
-    sam_heads: int = Field(12, gt=0)
+    sam_width: int = Field(768, gt=0, le=MAX_WIDTH)
+    sam_layers: int = Field(12, gt=0, le=MAX_LAYERS)
+    sam_heads: int = Field(12, gt=0, le=MAX_HEADS)
     sam_global_blocks: tuple[int, ...] = (2, 5, 8, 11)
-    sam_window: int = Field(14, gt=0)
-    sam_patch: int = Field(16, gt=0)
-    sam_image_size: int = Field(1024, gt=0)  # pos_embed is sized for this image: 64x64 patches
-    sam_mlp_dim: int = Field(3072, gt=0)
-    sam_neck_dim: int = Field(256, gt=0)
+    sam_window: int = Field(14, gt=0, le=MAX_IMAGE)
+    sam_patch: int = Field(16, gt=0, le=MAX_IMAGE)
+    sam_image_size: int = Field(1024, gt=0, le=MAX_IMAGE)  # pos_embed is sized for this image: 64x64 patches
+    sam_mlp_dim: int = Field(3072, gt=0, le=MAX_WIDTH)
+    sam_neck_dim: int = Field(256, gt=0, le=MAX_WIDTH)
     sam_downsample: tuple[int, int] = (512, 1024)  # net_2, net_3 output channels
 
     @model_validator(mode="after")
@@ -85,6 +102,8 @@ class DecoderSpec(_Frozen):
             problems.append("sam_width must be divisible by sam_heads")
         if any(b < 0 or b >= self.sam_layers for b in self.sam_global_blocks):
             problems.append(f"sam_global_blocks {self.sam_global_blocks} must lie in 0..{self.sam_layers - 1}")
+        if not all(0 < c <= MAX_WIDTH for c in self.sam_downsample):
+            problems.append(f"sam_downsample {self.sam_downsample} must lie in 1..{MAX_WIDTH}")
         if self.sam_image_size % self.sam_patch:
             problems.append("sam_image_size must be a multiple of sam_patch")
         special = [self.bos_token_id, self.eos_token_id, self.pad_token_id, self.image_token_id]
@@ -114,15 +133,7 @@ class DecoderSpec(_Frozen):
     @classmethod
     def from_config_json(cls, path: str | Path) -> "DecoderSpec":
         """Read a checkpoint folder's (or file's) vendor-format config.json. Raises SpecError with every problem."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            raise SpecError(f"no config.json at {path}")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise SpecError(f"{path} is not valid JSON: {exc}") from exc
+        path, raw = read_config_json(path)
         return cls.from_config_dict(raw, source=str(path))
 
     @classmethod
@@ -161,15 +172,15 @@ class ModelSpec(DecoderSpec):
     family: ClassVar[str] = "deepseek-ocr"
 
     # --- CLIP-L/14 ---
-    clip_width: int = Field(1024, gt=0)
-    clip_layers: int = Field(24, gt=0)
-    clip_heads: int = Field(16, gt=0)
-    clip_patch: int = Field(14, gt=0)
-    clip_image_size: int = Field(224, gt=0)  # 16x16 positions + CLS
-    clip_mlp_dim: int = Field(4096, gt=0)
+    clip_width: int = Field(1024, gt=0, le=MAX_WIDTH)
+    clip_layers: int = Field(24, gt=0, le=MAX_LAYERS)
+    clip_heads: int = Field(16, gt=0, le=MAX_HEADS)
+    clip_patch: int = Field(14, gt=0, le=MAX_IMAGE)
+    clip_image_size: int = Field(224, gt=0, le=MAX_IMAGE)  # 16x16 positions + CLS
+    clip_mlp_dim: int = Field(4096, gt=0, le=MAX_WIDTH)
 
     # --- projector ---
-    projector_input_dim: int = Field(2048, gt=0)
+    projector_input_dim: int = Field(2048, gt=0, le=2 * MAX_WIDTH)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
@@ -242,6 +253,7 @@ class ModelSpec(DecoderSpec):
                                  "n_embed": self.hidden_size, "model_type": "mlp_projector"},
         }
 
+
 # vision_config.width.sam_vit_b keys -> spec fields, the same in every family
 SAM_KEYS = {"width": "sam_width", "layers": "sam_layers", "heads": "sam_heads",
             "global_attn_indexes": "sam_global_blocks",
@@ -294,6 +306,17 @@ def lm_config_dict(spec: DecoderSpec) -> dict:
         "n_group": 1, "topk_group": 1, "moe_layer_freq": 1, "scoring_func": "softmax",
         "torch_dtype": "bfloat16", "model_type": "deepseek_v2",
     }
+
+
+def read_config_json(path: str | Path) -> tuple[Path, object]:
+    """(path of the config.json, its parsed content) of a checkpoint folder or a config file; its size and depth
+    are bounded before it is parsed, and every failure is a SpecError naming the file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise SpecError(f"no config.json at {path}")
+    return path, jsonfile.load(path, SpecError, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH)
 
 
 def _pick(src: dict, mapping: dict[str, str]) -> dict:

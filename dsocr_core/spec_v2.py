@@ -12,7 +12,8 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from .spec import SAM_KEYS, DecoderSpec, SpecError, _pick, check_linear_projector
+from .spec import (MAX_HEADS, MAX_IMAGE, MAX_LAYERS, MAX_WIDTH, SAM_KEYS, DecoderSpec, SpecError, _pick,
+                   check_linear_projector)
 
 ENCODER_KEY = "qwen2-0-5b"  # vision_config.width key of the encoder
 
@@ -23,11 +24,11 @@ class OCR2Spec(DecoderSpec):
     sam_downsample: tuple[int, int] = (512, 896)  # net_3 emits the encoder width
 
     # --- Qwen2-shaped encoder (Qwen2-0.5B sizes; no embedding table, no LM head) ---
-    enc_hidden: int = Field(896, gt=0)
-    enc_layers: int = Field(24, gt=0)
-    enc_heads: int = Field(14, gt=0)
-    enc_kv_heads: int = Field(2, gt=0)  # grouped-query attention
-    enc_intermediate: int = Field(4864, gt=0)  # SwiGLU
+    enc_hidden: int = Field(896, gt=0, le=MAX_WIDTH)
+    enc_layers: int = Field(24, gt=0, le=MAX_LAYERS)
+    enc_heads: int = Field(14, gt=0, le=MAX_HEADS)
+    enc_kv_heads: int = Field(2, gt=0, le=MAX_HEADS)  # grouped-query attention
+    enc_intermediate: int = Field(4864, gt=0, le=MAX_WIDTH)  # SwiGLU
     enc_rope_theta: float = Field(1_000_000.0, gt=0)
     enc_rms_eps: float = Field(1e-6, gt=0)
     query_views: tuple[int, ...] = (768, 1024)  # view sides with a learnable query table `query_<side>`
@@ -44,8 +45,9 @@ class OCR2Spec(DecoderSpec):
         if self.sam_downsample[1] != self.enc_hidden:
             problems.append("SAM output channels (sam_downsample[1]) must equal enc_hidden: SAM features are the "
                             "encoder's visual tokens")
-        if any(side % 64 or side <= 0 for side in self.query_views):
-            problems.append(f"query_views {self.query_views} must be positive multiples of 64 (one token per 64 px)")
+        if any(side % 64 or not 0 < side <= MAX_IMAGE for side in self.query_views):
+            problems.append(f"query_views {self.query_views} must be multiples of 64 (one token per 64 px) "
+                            f"in 64..{MAX_IMAGE}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

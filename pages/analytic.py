@@ -65,6 +65,7 @@ x = an.x_field(axis, x_kind)
 log_y = c2.checkbox("Log y axis", value=True, key="an_logy")
 side = c3.radio("Two configurations", ["overlaid", "side by side"], horizontal=True, key="an_layout",
                 disabled=len(configs) == 1) == "side by side"
+prediction.show_misses(settings, max_batch=max(req.max_batch for req, _ in configs))
 view = analytic_view.View(configs, frames, spec_json, specs[spec_kind], axis, x, an.X_FIELDS[x], log_y, side,
                           pkey, prediction.note(settings), "tiny" if spec_kind == resources.TINY else "full")
 

@@ -69,4 +69,5 @@ if tabs[3].open:
             if session is not None:
                 dataset_view.new_run_form(settings, session)
         live.progress_panel("dataset")
-        dataset_view.render(store, datasets, settings)
+        # read again: a run started by the form above is in the store now, not in the list read before it
+        dataset_view.render(store, [r for r in store.list_runs() if r["kind"] == "dataset"], settings)

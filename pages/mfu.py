@@ -6,9 +6,9 @@ import streamlit as st
 
 import ui
 from dsocr_core.results.analytic_join import FLAG_NOTE, summarize, summary_frame
-from ui import charts, prediction, resources
+from ui import charts, prediction, resources, routing_choice
 from ui import measured as ms
-from ui.runs import run_mode, run_session_mode, run_title
+from ui.runs import run_caption, run_session_mode, run_title, show_order_check
 
 settings = ui.page_setup()
 st.title("MFU and MBU")
@@ -23,7 +23,7 @@ if not runs:
     st.stop()
 runs.sort(key=lambda r: (not ms.is_gpu_run(r), r["kind"] != "reference"))  # GPU reference runs first
 by_id = {r["id"]: r for r in runs}
-c1, c2 = st.columns([3, 2])
+c1, c2 = st.container(), st.container()  # the run's title (about 150 characters) needs the full width
 run_id = c1.selectbox("Run", list(by_id), format_func=lambda i: run_title(by_id[i]), key="mfu_run")
 run = by_id[run_id]
 ds, cal = ms.run_ceilings(run)
@@ -36,7 +36,8 @@ if use_sidebar:
     if not ms.is_gpu_run(run):
         st.warning(f"This run was measured on the CPU; its MFU against {settings.hardware.name} is only a "
                    "demonstration of the method.")
-st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
+st.caption(run_caption(run))
+show_order_check(run)
 if ds is None and cal is None:
     st.warning("This run has no GPU ceilings (no datasheet preset matches its device and it stored no "
                "calibration): turn on the sidebar's ceilings to compute MFU and MBU against them.")
@@ -73,13 +74,15 @@ with right:
     st.altair_chart(charts.bars(limits, "stage", "value", "time", "ms", "time", log_y=True), width="stretch")
     st.caption("Measured time next to the predicted time (with a profile) and the time the stage would take at "
                "the roofline limit; log scale, so the short vision stages stay visible beside decode.")
-    st.caption(prediction.note(settings, run_session_mode(run)))
+    st.caption(prediction.note(settings, run_session_mode(run), run=True))
+    prediction.show_misses(settings, run_session_mode(run), int(cmp["batch"].max()))
 
 # the summary's medians are the chart's: the same rows (all points, or the chosen one), the same ceilings
 st.subheader(f"Analytic vs measured: {ms.md(run['name'])}")
-st.dataframe(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point])), hide_index=True,
-             width="stretch")
+st.dataframe(ms.stages_as_columns(summary_frame(summarize(cmp if point is None else cmp[cmp["point"] == point]))),
+             hide_index=True, width="stretch")
 st.caption(FLAG_NOTE)
+routing_choice.show_run_routing(run, pts)
 with st.expander("Every point and stage"):
     table = cmp.assign(session_mode=run.get("session_mode"))  # the export names the mode it was measured in
     st.dataframe(table, hide_index=True, width="stretch", height=320)

@@ -42,7 +42,8 @@ with left:
     hw = settings.hardware
     st.markdown(f"**Ceilings in use:** {hw.name}" + (" (calibrated)" if hw.calibrated else ""))
     cols = st.columns(2)
-    cols[0].metric("Peak BF16 (dense)", f"{hw.peak_tflops:,.4g} TFLOP/s")
+    cols[0].metric("Peak matmul (measured)" if hw.calibrated else "Peak BF16 (dense)",
+                   f"{hw.peak_tflops:,.4g} TFLOP/s")
     cols[1].metric("DRAM bandwidth", f"{hw.bandwidth_tbs:,.3g} TB/s")
     cols = st.columns(2)
     cols[0].metric("Memory", f"{hw.memory_gb:,.0f} GB")

@@ -34,6 +34,22 @@ _has_gpu() {
   [ -e /dev/nvidiactl ] || [ -e /dev/nvidia0 ] || [ -e /proc/driver/nvidia/version ]
 }
 
+_pip_from_index() {  # pip install $1 from the index $2, one try: unreachable, it says so in one line and fails
+  # (pip's own retries print about 20 'Retrying ... Name or service not known' lines before the fallback)
+  local log
+  log="$(mktemp)"
+  if "$PY" -m pip install -q --retries 0 --timeout 15 "$1" --index-url "$2" >"$log" 2>&1; then
+    rm -f "$log"
+    return 0
+  fi
+  if grep -qiE "name or service not known|connection|timed out|temporary failure|network is unreachable" "$log"
+  then _say "$2 is unreachable; installing $1 from the default index instead"
+  else cat "$log" >&2
+  fi
+  rm -f "$log"
+  return 1
+}
+
 dsocr_env() {
   local base="${PYTHON:-python3}"
   if ! command -v "$base" >/dev/null 2>&1; then
@@ -68,8 +84,8 @@ dsocr_env() {
       "$PY" -m pip install -q "$TORCH_PIN" || return 1
     else
       _say "installing $TORCH_PIN (CPU build: no NVIDIA GPU here) ..."
-      "$PY" -m pip install -q "$TORCH_PIN" --index-url https://download.pytorch.org/whl/cpu \
-        || "$PY" -m pip install -q "$TORCH_PIN" || return 1
+      _pip_from_index "$TORCH_PIN" https://download.pytorch.org/whl/cpu || "$PY" -m pip install -q "$TORCH_PIN" \
+        || return 1
     fi
   fi
   _say "installing requirements.txt ..."

@@ -87,7 +87,7 @@ def test_analytic_page_without_and_with_a_profile(data):
 
     pick(at, CPU)
     side = sidebar_text(at)
-    assert "measured quick" in side and "CPU profile: it predicts runs on this CPU, not a GPU" in side
+    assert "measured quick" in side and "CPU profile: its kernels are this CPU's, not a GPU's" in side
     frame = chart_frames(at.get("vega_lite_chart")[0])[0]
     assert set(frame["series"]) == {"roofline", "predicted"}
     both = frame.pivot_table(index=["config", "crop_count", "stage"], columns="series", values="value")
@@ -148,6 +148,25 @@ def test_a_malformed_profile_names_the_problem_and_falls_back_to_the_roofline(da
     assert "NVIDIA H200 profile" in sidebar_text(at)
 
 
+def test_hostile_profile_uploads_are_messages_naming_the_upload(data):
+    """Nested 100,000 levels deep, a 5,000-digit integer, past the size limit: a message naming the upload, the
+    page keeps running on the roofline (before: a RecursionError and a ValueError raised on the page)."""
+    from dsocr_core.calibration.profile import MAX_PROFILE_BYTES
+
+    good = (data / "profiles" / "h200.json").read_text()
+    uploads = {"deep.json": (good[:-2] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "levels deep"),
+               "digits.json": (good.replace('"format_version": 1', '"format_version": 1' + "0" * 5000),
+                               "cannot be read"),
+               "huge.json": (" " * (MAX_PROFILE_BYTES + 1), "larger than the limit")}
+    at = pick(goto(make_app(), "analytic"), "upload")
+    for name, (text, needle) in uploads.items():
+        at.sidebar.file_uploader(key="sb_profile_upload").set_value((name, text.encode(), "application/json")).run()
+        assert not at.exception, [e.value for e in at.exception]
+        (error,) = map(plain, texts(at.sidebar, "error"))
+        assert f"the uploaded file {name}" in error and needle in error and "roofline only" in error, error
+    assert not (data / "uploaded_profiles").exists() or not list((data / "uploaded_profiles").iterdir())
+
+
 # ------------------------------------------------------------------------------------------------ measured, MFU
 def test_measured_and_mfu_pages_draw_the_prediction_in_the_runs_own_mode(data):
     store = RunStore(data / "runs.sqlite")
@@ -165,8 +184,8 @@ def test_measured_and_mfu_pages_draw_the_prediction_in_the_runs_own_mode(data):
     goto(at, "mfu")
     limits = chart_frames(at.get("vega_lite_chart")[2])[0]
     assert {"measured", "predicted", "at the datasheet limit"} <= set(limits["time"])
-    summary = [f.value for f in at.dataframe if "max FLOP diff" in f.value.columns][0]
-    assert "predicted time error, median / max" in summary
+    summary = [f.value for f in at.dataframe if "figure" in f.value.columns][0]
+    assert "predicted time error, median / max" in set(summary["figure"])
     table = [f.value for f in at.dataframe if "predicted_s" in f.value.columns][0]
     assert table["predicted_profile"].str.contains("NVIDIA H200").all() and table["predicted_session_mode"].eq(
         "reference").all() and table["predicted_device_kind"].eq("cuda").all()
@@ -191,7 +210,7 @@ def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profi
     saved = list((data / "calibrated_profiles").glob("cpu_quick_*.json"))
     assert len(saved) == 1 and load_profile(saved[0]).raw["calibration"]["quick"]
     assert at.sidebar.selectbox(key="sb_profile").value == f"calibrated:{saved[0].name}"
-    assert "CPU profile: it predicts runs on this CPU" in sidebar_text(at)
+    assert "QUICK grids: a smoke test of the calibration, not a predictor" in sidebar_text(at)
     assert "Saved cpu_quick_" in sidebar_text(at)
     frame = chart_frames(at.get("vega_lite_chart")[0])  # FLOPs tab: no roofline there, nothing predicted
     assert frame and "series" not in frame[0]
@@ -277,3 +296,61 @@ def test_a_profile_that_cannot_time_every_kernel_is_refused_up_front(data):
     assert "gemm_only.json cannot predict: no table times" in error and "memory.elementwise" in error
     open_tab(at, "an_tab", "Time")
     assert not at.exception
+
+
+def test_mfu_page_shows_the_observed_routing_and_saves_it_for_what_if_predictions(data):
+    store = RunStore(data / "runs.sqlite")
+    run_id = cpu_run(store, modes=("tiny",))
+    w = {"mode": "base", "text_tokens": 10, "batch": 2, "decode_steps": 2, "dtype": "float32", "attn": "sdpa",
+         "logits": "all", "crops": None, "image_size": None, "min_crops": 2, "max_crops": 9}
+    stages = {s: {"median_s": t, "p10_s": t, "p90_s": t, "repeats": 3}
+              for s, t in (("sam", 0.01), ("clip", 0.004), ("projector", 0.001), ("vision", 0.015),
+                           ("prefill", 0.05), ("decode", 0.02), ("decode_step", 0.01))}
+    # the routing records of the FLOP-counting pass (measure/routing_record.py): the tiny model's 2 MoE layers
+    stages["prefill"]["routing"] = {"tokens": 546, "distinct": [8, 7]}
+    stages["decode_step"]["routing"] = {"tokens": 2, "distinct": [[2, 3], [2, 2]]}
+    store.put_point(run_id, w, "done", stages=stages)
+
+    at = pick(goto(make_app(), "mfu"), H200)
+    at.selectbox(key="mfu_run").set_value(run_id).run()
+    at.toggle(key="mfu_sidebar").set_value(True).run()  # a CPU run: MFU against the sidebar's ceilings
+    assert "MoE routing: observed vs assumed" in page_text(at)
+    table = [f.value for f in at.dataframe if "observed distinct experts" in f.value.columns][0]
+    assert list(table["tokens per call"]) == [2, 546] and list(table["layer-calls"]) == [4, 2]
+    assert table["observed distinct experts"].tolist() == pytest.approx([2.25, 7.5])
+    assert "engine reference with its default options (assumed" in plain(page_text(at))
+    cmp = [f.value for f in at.dataframe if "predicted_routing" in f.value.columns][0]
+    assert cmp["predicted_routing"].str.startswith(f"observed (run {run_id[:8]}").all()
+
+    assert "h200_synthetic_decode.json (data/routing)" in at.sidebar.selectbox(key="sb_routing").options
+    at.button(key="mfu_save_routing").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    saved = data / "routing_profiles" / f"run_{run_id[:8]}.json"
+    assert saved.is_file()
+    at.run()  # the saved profile is selected in the sidebar on the next run
+    assert at.sidebar.selectbox(key="sb_routing").value == f"saved:{saved.name}"
+    assert f"Routing: observed (run {run_id[:8]}" in sidebar_text(at)
+
+
+def test_what_if_predictions_take_the_sidebars_routing_profile(data, tmp_path, monkeypatch):
+    at = pick(goto(make_app(), "analytic"), H200)
+    assert at.sidebar.selectbox(key="sb_routing").value == "uniform"
+    assert "MoE routing uniform (assumed)" in plain(page_text(open_tab(at, "an_tab", "Time")))
+    uniform = export_frame(open_tab(at, "an_tab", "Download"))
+    assert uniform["predicted.routing"].eq("uniform (assumed)").all()
+
+    at.sidebar.selectbox(key="sb_routing").set_value("repo:h200_synthetic_decode.json").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "k=6 of E=64" in sidebar_text(at)
+    observed = export_frame(at)
+    assert observed["predicted.routing"].str.startswith("observed (routing_spread.py").all()
+    assert (observed["decode.predicted_s"] <= uniform["decode.predicted_s"] * (1 + 1e-9)).all()
+    assert (observed["sam.predicted_s"] == uniform["sam.predicted_s"]).all()
+
+    (tmp_path / "routing").mkdir()  # a malformed routing profile: named, and the prediction stays uniform
+    (tmp_path / "routing" / "bad.json").write_text('{"format": "dsocr-routing-profile"}')
+    monkeypatch.setenv("DSOCR_ROUTING_DIR", str(tmp_path / "routing"))
+    at.run()
+    at.sidebar.selectbox(key="sb_routing").set_value("repo:bad.json").run()
+    assert "bad.json: format_version must be 1" in sidebar_text(at)
+    assert export_frame(at)["predicted.routing"].eq("uniform (assumed)").all()

@@ -77,3 +77,31 @@ def test_dashboard_prepares_the_environment_and_serves_the_app(setup_env, tmp_pa
             os.killpg(proc.pid, 9)
             proc.wait()
         log.close()
+
+
+def test_an_unreachable_wheel_index_is_one_line_not_twenty_retries(tmp_path):
+    """First use on a machine without a GPU tries PyTorch's CPU index: unreachable, pip retried 5 times per request
+    and printed about 20 'Retrying ... Name or service not known' lines before the fallback. One try, one line."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "echo \"$@\" >> \"$(dirname \"$0\")/calls\"\n"
+                    "for i in 1 2 3 4 5; do echo \"WARNING: Retrying (Retry(total=$i)) after connection broken by "
+                    "NewConnectionError: [Errno -2] Name or service not known\" >&2; done\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    script = (f'source "{ROOT}/scripts/setup-env.sh"; PY="{fake}"; '
+              "_pip_from_index torch==0 https://unreachable.invalid/x")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.splitlines() == ["[setup] https://unreachable.invalid/x is unreachable; installing torch==0 "
+                                       "from the default index instead"], out.stderr
+    assert "--retries 0" in (tmp_path / "calls").read_text()
+
+
+def test_the_served_app_watches_no_files_and_offers_no_deploy_button():
+    """The file watcher over the project folder and its .venv printed 'Inotify queue overflowed' 14,106 times in
+    30 minutes; a local tool has no use for Streamlit's Deploy button."""
+    code = ("import streamlit.config as c; c.get_config_options(force_reparse=True); "
+            "print(c.get_option('server.fileWatcherType'), c.get_option('client.toolbarMode'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["none", "minimal"], out.stdout + out.stderr

@@ -35,9 +35,10 @@ def spec_of(chart) -> dict:
 
 
 def summary_table(at) -> pd.DataFrame:
-    """The MFU page's 'Analytic vs measured' table."""
+    """The MFU page's 'Analytic vs measured' table (shown one column per stage), one row per stage again."""
     assert any(t.startswith("Analytic vs measured") for t in texts(at, "subheader"))
-    return [f.value for f in at.dataframe if "max FLOP diff" in f.value.columns][0]
+    shown = [f.value for f in at.dataframe if "figure" in f.value.columns][0]
+    return shown.set_index("figure").T.rename_axis("stage").reset_index()
 
 
 def cpu_run(store: RunStore, name: str = "cpu run", modes=("tiny", "small"), spread: bool = True) -> str:
@@ -85,12 +86,10 @@ def test_mfu_summary_agrees_with_the_chart_for_a_cpu_run_on_the_sidebar_ceilings
     assert "median MFU (datasheet)" in table.columns and "median MFU (calibrated)" not in table.columns
     assert not (table.drop(columns="max FLOP diff") == "n/a").any().any(), table  # (no FLOPs counted here)
     bars = pd.concat(chart_frames(charts(at)[0]))  # stage, metric, peak, value (in %)
-    by_name = {"SAM": "sam", "CLIP": "clip", "projector": "projector", "vision": "vision", "LM prefill": "prefill",
-               "LM decode": "decode", "decode step": "decode_step"}
     from dsocr_core.results.analytic_join import pct
 
     for _, b in bars.iterrows():
-        row = table[table["stage"] == by_name[b["stage"]]].iloc[0]
+        row = table[table["stage"] == b["stage"]].iloc[0]  # the chart's stage names are the table's
         assert row[f"median {b['metric']} ({b['peak']})"] == pct(b["value"] / 100), (b, row)
     for _, row in table.iterrows():
         median_err = float(row["time error, median / max (datasheet)"].split("%")[0])
@@ -235,10 +234,11 @@ def test_pages_without_a_model_never_import_torch():
 
 
 def test_session_modes_match_the_core():
+    from dsocr_core.engines import ENGINES
     from dsocr_core.runtime.engine import SESSION_MODES
     from ui import sidebar
 
-    assert sidebar.SESSION_MODES == SESSION_MODES
+    assert sidebar.SESSION_MODES == SESSION_MODES == tuple(ENGINES)
 
 
 def test_comparison_evaluates_the_analytic_model_once_per_group(with_reference, monkeypatch):

@@ -73,6 +73,15 @@ BAD = [
      lambda d: d["tables"]["gemm.bfloat16"].update(axes={"m": [1.0], "k": [1.0], "n": [1.0]})),
     ("ceilings.flops_per_s must be a positive number", lambda d: d["ceilings"].update(flops_per_s=0.0)),
     ("launch.host_op_s must be a non-negative number", lambda d: d["launch"].update(host_op_s=-1.0)),
+    # numbers no device has: they predicted NaN, 1.4e305 s, or 3.2 billion pages a day
+    ("ceilings.bytes_per_s is 1e-300, outside what a real device reaches",
+     lambda d: d["ceilings"].update(bytes_per_s=1e-300)),
+    ("ceilings.flops_per_s is 1e+300, outside", lambda d: d["ceilings"].update(flops_per_s=1e300)),
+    ("launch.host_op_s is 1e+300 s, more than the 1 s", lambda d: d["launch"].update(host_op_s=1e300)),
+    ("table gemm.bfloat16: efficiency 1e+300 is more than 1.2",
+     lambda d: d["tables"]["gemm.bfloat16"].update(efficiency=[[[1e300]]])),
+    ("table memory.copy: efficiency 1.5 is more than 1.2",
+     lambda d: d["tables"]["memory.copy"].update(efficiency=[1.5])),
     ("'derived' is True but 'derivation' is absent", lambda d: d.update(derived=True)),
     ("no GEMM table", lambda d: [d["tables"].pop(k) for k in list(d["tables"]) if k.startswith("gemm.")]),
     ("not a rectangular array", lambda d: d["tables"]["memory.copy"].update(efficiency=[[1.0], 2.0])),
@@ -105,6 +114,32 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ProfileError, match="not a text"):
         load_profile(tmp_path / "bin.json")
+
+
+def _hostile_profiles(tmp_path) -> dict[str, tuple[Path, str]]:
+    """Files a hostile or unlucky user can hand over, and what the message must say besides the file's name."""
+    text = json.dumps(_valid())
+    deep = _write(tmp_path, text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "deep.json")
+    digits = _write(tmp_path, text.replace('"format_version": 1', '"format_version": 1' + "0" * 5000), "digits.json")
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:  # sparse: 20 MB on disk without writing them
+        f.truncate(20 * 2**20)
+    return {"deep": (deep, "nested 100,001 levels deep"), "digits": (digits, "cannot be read"),
+            "big": (big, "larger than the limit of 16,777,216 bytes")}
+
+
+@pytest.mark.parametrize("case", ["deep", "digits", "big"])
+def test_hostile_profile_files_are_refused_naming_the_file(tmp_path, case, capsys):
+    """Size and depth are bounded before the file is parsed (no RecursionError, no gigabytes of memory); every
+    message names the file, on the CLI as one line with exit code 2."""
+    path, needle = _hostile_profiles(tmp_path)[case]
+    with pytest.raises(ProfileError) as exc:
+        load_profile(path)
+    assert str(path) in str(exc.value) and needle in str(exc.value), str(exc.value)
+    for argv in (["calibrate", "--show", str(path)], ["analytic", "--profile", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and needle in err and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -297,6 +332,17 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
     for mode in ("reference", "fast"):
         assert again["modes"][mode]["run_id"] == res["modes"][mode]["run_id"]
         assert again["modes"][mode]["summary"] == res["modes"][mode]["summary"]
+    # each mode was predicted with the routing its run recorded, and the result carries it: predicting the saved
+    # result again (what tests/test_prediction_regression.py does with the shipped ones) reads it back
+    from dsocr_core.results.prediction_check import accuracy_errors, summarize
+
+    saved = json.loads(out.read_text())
+    assert saved["settings"]["routing"] == "observed"
+    for mode, entry in saved["modes"].items():
+        assert entry["routing"]["source"].startswith(f"run {entry['run_id'][:8]}")
+        again = summarize(accuracy_errors(saved, load_profile(quick_profile_path), mode))
+        for stage, s in entry["summary"].items():
+            assert again[stage]["median_abs"] == pytest.approx(s["median_abs"], rel=1e-9, abs=1e-12), (mode, stage)
 
 
 def test_prediction_accuracy_quick_cpu_for_deepseek_ocr2(quick_profile_path, tmp_path, capsys):

@@ -148,7 +148,8 @@ def test_misshaped_tensor_is_listed(folder, state):
 
 
 def test_many_problems_are_truncated_with_counts(folder, state):
-    tensors = {k: v for k, v in state.items() if ".experts." not in k}
+    # every expert keeps its gate, so the counts fit the config and the tensors are compared one by one
+    tensors = {k: v for k, v in state.items() if ".experts." not in k or k.endswith("gate_proj.weight")}
     n_missing = len(state) - len(tensors)
     rewrite(folder, tensors)
     with pytest.raises(CheckpointError) as err:
@@ -156,6 +157,12 @@ def test_many_problems_are_truncated_with_counts(folder, state):
     msg = str(err.value)
     assert f"{n_missing} missing" in msg
     assert f"and {n_missing - 20} more" in msg
+
+
+def test_a_config_whose_counts_differ_from_the_weights_names_both(folder, state):
+    rewrite(folder, {k: v for k, v in state.items() if ".experts." not in k})
+    with pytest.raises(CheckpointError, match="n_routed_experts=8 but the weights hold 0 experts"):
+        load_model(folder)
 
 
 def test_position_ids_is_an_allowed_extra(folder, state):
@@ -240,3 +247,73 @@ def test_make_checkpoint_cli_bad_set(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
     assert cli_main(["make-checkpoint", "--out", str(tmp_path / "b"), "--set", "no_such_field=3"]) == 2
     assert not (tmp_path / "b").exists()
+
+
+# ------------------------------------------------------------------------------------------ hostile configs
+def _config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        cfg[key] = value
+        cfg["language_config"][key] = value
+    return cfg
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"num_hidden_layers": 1000}, "num_hidden_layers=1000 but the weights hold 3 LM layers"),
+    ({"n_routed_experts": 4000}, "n_routed_experts=4000 but the weights hold 8 experts"),
+])
+def test_a_config_claiming_far_more_than_the_weights_is_refused_before_building(folder, changes, needle):
+    """Before: the model was built (minutes, gigabytes for 10^5 layers) before any tensor was compared."""
+    import time
+
+    (folder / "config.json").write_text(json.dumps(_config(folder, **changes)))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    assert time.perf_counter() - start < 3.0  # headers read, nothing built (building 1000 layers takes ~10 s)
+    assert needle in str(err.value) and "config.json" in str(err.value) and "before building" in str(err.value)
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"num_hidden_layers": 100_000}, "num_hidden_layers"),
+    ({"num_hidden_layers": 10**8}, "num_hidden_layers"),
+    ({"n_routed_experts": 10_000_000}, "n_routed_experts"),
+    ({"rms_norm_eps": "@inf@"}, "rms_norm_eps"),
+    ({"rope_theta": "@nan@"}, "rope_theta"),
+])
+def test_configs_past_sane_bounds_are_refused_naming_file_and_field(folder, capsys, changes, needle):
+    text = json.dumps(_config(folder, **changes)).replace('"@inf@"', "Infinity").replace('"@nan@"', "NaN")
+    (folder / "config.json").write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_model(folder)
+    assert needle in str(err.value) and str(folder / "config.json") in str(err.value)
+    assert cli_main(["analytic", "--config", str(folder)]) == 2  # before: 10^8 layers reached 10.5 GB
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mangle, needle", [
+    (lambda t: t[:-2] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "levels deep"),
+    (lambda t: t.replace('"vocab_size": 129280', '"vocab_size": 1' + "0" * 5000, 1), "cannot be read"),
+])
+def test_unreadable_configs_name_the_file(folder, capsys, mangle, needle):
+    path = folder / "config.json"
+    path.write_text(mangle(path.read_text()))
+    with pytest.raises(SpecError) as err:
+        load_model(folder)
+    assert str(path) in str(err.value) and needle in str(err.value)
+    assert cli_main(["analytic", "--config", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("shard", ["/etc/passwd", "../elsewhere/model.safetensors", "sub/model.safetensors"])
+def test_a_shard_index_cannot_point_outside_the_folder(tmp_path, spec, state, shard):
+    folder = tmp_path / "sharded"
+    save_checkpoint(state, spec, folder, dtype="float32", max_shard_bytes=200_000)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    first = sorted(index["weight_map"])[0]
+    index["weight_map"][first] = shard
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="outside its folder") as err:
+        load_model(folder)
+    assert shard in str(err.value)

@@ -282,7 +282,7 @@ def test_last_only_layer_equals_last_row_and_fills_the_cache(sessions):
     b, t = 2, 9
     x = torch.randn(b, t, cfg.hidden)
     cos, sin = eng.cos_t[:t], eng.sin_t[:t]
-    caches = [torch.zeros(b, cfg.heads, t, cfg.head_dim) for _ in range(4)]
+    caches = [torch.zeros(b, cfg.heads, t + 5, cfg.head_dim) for _ in range(4)]  # room after the prompt
     args = (lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2, lw.gate)
     with torch.no_grad():
         full = make_prefill_layer(cfg)(x, cos, sin, caches[0], caches[1], *args)
@@ -290,6 +290,7 @@ def test_last_only_layer_equals_last_row_and_fills_the_cache(sessions):
     assert last.shape == (b, 1, cfg.hidden)
     assert _close(last, full[:, -1:])
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0][:, :, :t].abs().sum() > 0 and not caches[0][:, :, t:].any()  # the prompt's positions only
 
 
 def test_resized_positions_are_cached_per_grid(sessions):

@@ -108,3 +108,16 @@ def test_multi_page_result():
     assert [c.size for c in assets.crops] == [(150, 200), (250, 100)]
     one = build_result(pages[0], text)  # one image serves every page
     assert len(one.boxes_images) == 2 and len(one.crops) == 2
+
+
+def test_a_16_bit_page_is_drawn_and_cropped_in_its_tones():
+    import numpy as np
+
+    gray = np.full((H, W), 20_000, dtype=np.uint16)  # mid-dark at 16 bits: 78 in 8 bits, not white
+    page = Image.fromarray(gray)
+    assert page.mode == "I;16"
+    blocks = parse("<|ref|>image<|/ref|><|det|>[[100, 100, 300, 300]]<|/det|>").blocks
+    drawn = np.asarray(render(page, blocks))
+    assert drawn[900, 900].tolist() == [78, 78, 78]  # outside every box: the page itself
+    crop = np.asarray(crop_images(page, blocks)[0])
+    assert crop.shape[2] == 3 and (crop == 78).all()

@@ -92,3 +92,18 @@ def test_calibration_on_gpu():
     if preset is not None:  # achievable is below datasheet, but not absurdly so
         assert 0.2 * preset.peak_tflops < hw.peak_tflops < 1.1 * preset.peak_tflops
         assert 0.3 * preset.bandwidth_tbs < hw.bandwidth_tbs < 1.1 * preset.bandwidth_tbs
+
+
+def test_cpu_calibration_measures_in_the_runs_dtype_with_their_threads():
+    hw = calibrate(device="cpu", matmul_size=128, copy_bytes=1 << 20, warmup=1, repeats=3, dtype="float32")
+    assert hw.name == f"CPU (float32, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''})"
+    assert "float32 128^3 matmul" in hw.source and "torch thread(s)" in hw.source
+    with pytest.raises(CalibrationError, match="unsupported calibration dtype 'int8'"):
+        calibrate(device="cpu", matmul_size=64, copy_bytes=1 << 20, dtype="int8")
+
+
+def test_cpu_matmul_size_follows_the_speed():
+    from dsocr_core.hardware import cpu_matmul_size
+
+    assert cpu_matmul_size("float32", target_s=0.0) == 256  # the first call already takes the target
+    assert cpu_matmul_size("float32", target_s=1e9, largest=512) == 512  # never past the largest

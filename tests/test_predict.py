@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 
 from dsocr_core.analytic import Points, analyze, evaluate, module_table, sweep_columns
-from dsocr_core.analytic.kernels import Call, plan
+from dsocr_core.analytic.kernels import Call
 from dsocr_core.analytic.predict import PREDICTED, Prediction, Predictor, with_profile
 from dsocr_core.analytic.stages import aggregate, all_rows, decode_step_rows, prefill_rows
 from dsocr_core.calibration.profile import build_profile, profile_from_dict, uniform_profile
 from dsocr_core.cli import main
+from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec, Workload, tiny_spec
 
@@ -117,7 +118,7 @@ def test_one_row_by_hand():
     assert f_total == f_g and b_r == pytest.approx(v * dt + v * 4)
     r_g, r_r = max(f_g / P, b_g / W), b_r / W
     roof = max(f_total / P, b_total / W)
-    pred = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1e-6), "reference"))
+    pred = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1e-6), EngineSpec.of("reference")))
     out = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in pred.row(row).items()}
     kernel = r_g / 0.5 - r_g + r_r / 0.25 - r_r
     assert out["predicted_roofline_s"] == pytest.approx(roof, rel=1e-12)
@@ -126,7 +127,7 @@ def test_one_row_by_hand():
     assert out["predicted_host_s"] == 0.0  # 2 host ops x 1 us do not outrun the device
     assert out["predicted_s"] == pytest.approx(roof + kernel + 4e-6, rel=1e-12)
     # host-bound: the device waits for the host, so the time is the host's
-    slow = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1.0), "reference"))
+    slow = Predictor(Prediction(_custom(0.5, 0.25, eager_kernel_s=2e-6, host_op_s=1.0), EngineSpec.of("reference")))
     out = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in slow.row(row).items()}
     assert out["predicted_s"] == pytest.approx(2.0, rel=1e-12)
     assert out["predicted_host_s"] == pytest.approx(2.0 - (roof + kernel + 4e-6), rel=1e-9)
@@ -167,7 +168,7 @@ def test_kernel_shares_never_exceed_the_row(mode):
                 list(zip(row.parts or (row.cost,), row.ctx))
             for cost, ctx in parts:
                 for fused in ((False, True) if mode == "fast" and ctx["phase"] == "decode" else (False,)):
-                    pl = plan(Call(row.kind, cost, ctx, mode, fused))
+                    pl = EngineSpec.of(mode).kernel_plan("cuda").plan(Call(row.kind, cost, ctx, fused))
                     f = sum((k.flops for k in pl.kernels), 0.0)
                     b = sum((k.nbytes for k in pl.kernels), 0.0)
                     assert np.all(f <= cost.flops * (1 + 1e-12) + 1e-6), row.kind
@@ -281,7 +282,7 @@ def test_analytic_cli_profile_errors(profile_file, tmp_path, capsys):
 def test_build_profile_is_strict():
     with pytest.raises(Exception, match="no GEMM table"):
         build_profile(device={"name": "x", "kind": "cpu"}, environment={}, versions={},
-                      ceilings={"flops_per_s": 1.0, "bytes_per_s": 1.0, "source": "s"},
+                      ceilings={"flops_per_s": 1e12, "bytes_per_s": 1e11, "source": "s"},
                       launch={k: 0.0 for k in ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s",
                                                "graph_launch_s")},
                       tables={}, calibration={}, created="2026-01-01")
@@ -299,3 +300,25 @@ def test_a_profile_stopped_before_its_memory_tables_is_named_as_unable_to_predic
     raw["tables"] = {k: v for k, v in raw["tables"].items() if k.startswith("gemm.")}  # stopped inside the GEMMs
     gaps = prediction_gaps(profile_from_dict(raw))
     assert "memory.elementwise" in gaps and "attention.sdpa" in gaps and "gemm" not in gaps
+
+
+def test_no_kernel_is_predicted_faster_than_its_roofline():
+    """A profile may hold efficiencies a little above 1 (MAX_EFFICIENCY); the time model takes them as 1, so with
+    the analytic work and no launch cost the prediction is the roofline, never below it."""
+    spec, pts = ModelSpec(), Points.grid(crops=[(1, 1), (3, 3)], text_tokens=[10, 900], decode_steps=[0, 64])
+    fast = with_profile(H200, uniform_profile(H200.peak_flops, H200.bandwidth, 1.2, 0.0, kind="cuda"),
+                        "reference", work="analytic")
+    st = evaluate(spec, pts, fast)
+    for stage in ("sam", "prefill", "decode", "total"):
+        np.testing.assert_allclose(st[stage]["predicted_s"], st[stage]["time_s"], rtol=1e-9)
+    assert any("taken as 1" in n for n in fast.prediction.notes)
+
+
+def test_the_cli_refuses_an_impossible_profile_instead_of_predicting_nan(tmp_path, capsys):
+    raw = uniform_profile(H200.peak_flops, H200.bandwidth, 0.5, 1e-6, kind="cuda").to_dict()
+    raw["ceilings"]["bytes_per_s"] = 1e-300
+    path = tmp_path / "tiny_bandwidth.json"
+    path.write_text(json.dumps(raw))
+    assert main(["analytic", "--crops", "2x2", "--decode-steps", "10", "--profile", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "ceilings.bytes_per_s" in out.err and str(path) in out.err and "nan" not in out.out

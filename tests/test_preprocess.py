@@ -145,6 +145,45 @@ def test_pixel_dtype():
     assert p.input_ids.dtype == torch.long
 
 
+# ------------------------------------------------------------------------------------------ high bit depth
+def _gradient16() -> np.ndarray:
+    """A 16-bit gray gradient over the full range, with a dark band: a scanned page at 16 bits."""
+    values = np.linspace(0, 65535, 256 * 256).reshape(256, 256).astype(np.uint16)
+    values[100:120] = 3000  # text-dark: 11 in 8 bits
+    return values
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
+def test_16_bit_grayscale_keeps_its_tones(fmt):
+    """Before: Pillow's convert("RGB") clipped I;16 to 255, so 99.6% of this page turned white."""
+    values = _gradient16()
+    data = png_bytes(Image.fromarray(values), fmt)
+    assert Image.open(io.BytesIO(data)).mode == "I;16"
+    rgb = np.asarray(load_image(data))
+    assert rgb.shape == (256, 256, 3) and rgb.dtype == np.uint8
+    expected = (values >> 8).astype(np.uint8)  # the top 8 bits of each sample
+    for channel in range(3):
+        assert np.array_equal(rgb[..., channel], expected)
+    assert (rgb == 255).mean() < 0.01 and rgb[110, 0, 0] == 11
+
+
+def test_32_bit_integer_and_float_images_keep_their_tones():
+    values = _gradient16()
+    as_int = load_image(Image.fromarray(values.astype(np.int32)))  # mode I, in the 16-bit range
+    assert np.array_equal(np.asarray(as_int)[..., 0], (values >> 8).astype(np.uint8))
+    unit = values.astype(np.float32) / 65535  # mode F in [0, 1]
+    as_float = np.asarray(load_image(png_bytes(Image.fromarray(unit), "TIFF")))[..., 0].astype(int)
+    assert np.abs(as_float - np.round(unit * 255)).max() <= 1
+    wide = Image.fromarray(values.astype(np.int32) * 1000 - 5_000_000)  # outside 0..65535: its own range
+    out = np.asarray(load_image(wide))[..., 0]
+    assert out.min() == 0 and out.max() == 255 and out[110, 0] < out[255, 255]
+
+
+def test_eight_bit_images_are_converted_as_the_vendor_does():
+    for image in (Image.new("L", (50, 40), 200), Image.new("P", (50, 40), 3), Image.new("1", (50, 40), 1)):
+        assert np.array_equal(np.asarray(load_image(image)), np.asarray(image.convert("RGB")))
+
+
 # ------------------------------------------------------------------------------------------ bad images
 def _truncated_png() -> bytes:
     rng = np.random.default_rng(0)

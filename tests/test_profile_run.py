@@ -67,7 +67,7 @@ def test_run_stores_every_page_and_records_corrupt_ones(tmp_path, session, pages
     run_id = new_run(store, session, ds)
     seen = []
     counts = run_dataset(session, store, run_id, samples, FAST, progress=lambda i, n, s, st: seen.append(st))
-    assert counts["done"] == 2 and counts["error"] == 2 and seen == ["done", "done", "error", "error"]
+    assert counts["done"] == 2 and counts["error"] == 2 and seen == ["done", "done", "error", "error", "recheck"]
     run = store.get_run(run_id)
     assert run["kind"] == "dataset" and run["flags"]["cpu"] and run["meta"]["settings"]["mode"] == "tiny"
     frame = store.points(run_id)
@@ -109,7 +109,8 @@ def test_resume_skips_finished_pages_and_retries_errors(tmp_path, session, pages
     counts = run_dataset(session, store, run_id, sample(good, epochs=2, order="fixed"), FAST,
                          progress=lambda i, n, s, st: seen.append((s.page.name, s.epoch, st)))
     assert seen == [("card.png", 0, "skipped"), ("truncated.png", 0, "error"),  # errors are tried again
-                    ("card.png", 1, "done"), ("truncated.png", 1, "error")]
+                    ("card.png", 1, "done"), ("truncated.png", 1, "error"),
+                    ("card.png", 0, "recheck")]  # the order check: the first page measured again
     assert counts == {"done": 1, "oom": 0, "error": 2, "skipped": 1, "stopped": 0}
     after = store.points(run_id)
     assert after["point_id"].nunique() == 4

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,6 +26,8 @@ from dsocr_core.results import sweep_file
 from dsocr_core.results.store import AmbiguousRunId, RunNotFound, RunStore
 from dsocr_core.results.tables import format_table
 from dsocr_core.spec import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(capsys, *argv):
@@ -80,6 +87,27 @@ def test_a_failed_sweep_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]  # and the temporary file is gone
 
 
+def test_sigterm_cleans_up_a_sweep_as_ctrl_c_does(tmp_path):
+    """What `timeout` and `kill` send. Before: the process died at once, leaving the hidden .part file (224 MB for
+    a large grid) beside the target; now SIGTERM unwinds like Ctrl-C and the exit status says it was SIGTERM."""
+    target = tmp_path / "out.csv"
+    cmd = [sys.executable, "-m", "dsocr_core", "analytic", "--text-tokens", ",".join(map(str, range(1, 2001))),
+           "--batch", ",".join(map(str, range(1, 501))), "--sweep", str(target)]  # 10^6 points: minutes
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.csv.*.part")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(tmp_path.glob(".out.csv.*.part")), "the sweep never started writing"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "terminated" in err, (proc.returncode, err)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sweep_that_would_not_fit_on_the_disk_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sweep_file.shutil, "disk_usage", lambda _p: types.SimpleNamespace(free=10_000))
     code, out, err = run(capsys, "analytic", "--text-tokens", "10,20,30,40,50,60,70,80", "--sweep",
@@ -112,6 +140,8 @@ MEASURE = ["measure", "--synthetic", "tiny", "--device", "cpu", "--dtype", "floa
     (["--repeats", "3"], "repeats 1 -> 3"),
     (["--logits", "last"], "logits all -> last"),
     (["--session-mode", "fast"], "session mode reference -> fast"),
+    (["--name", "another name"], "name 'tiny sweep' -> 'another name'"),  # before: ignored without a word
+    (["--kind", "reference"], "kind sweep -> reference"),
 ])
 def test_resume_with_other_settings_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, extra, needle):
     store = RunStore(tmp_path / "runs.sqlite")
@@ -121,6 +151,35 @@ def test_resume_with_other_settings_is_refused_before_the_model_loads(tmp_path, 
     assert code == 2 and not out and len(err.strip().splitlines()) == 1
     assert needle in err and "start a new run" in err
     assert store.get_run(run_id)["n_points"] == 0
+
+
+def test_resume_with_the_runs_own_name_and_kind_goes_on(tmp_path, capsys, monkeypatch):
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = _sweep_run(store)
+    monkeypatch.setattr(measure_cmd, "session_from_args", _no_model)
+    with pytest.raises(AssertionError, match="the model was loaded"):  # past every check: the model would load
+        main([*MEASURE, "--name", "tiny sweep", "--kind", "sweep", "--resume", run_id[:6], "--store",
+              str(store.path)])
+
+
+def test_profile_resume_resolves_ids_as_the_store_does_and_refuses_another_name(tmp_path, capsys, monkeypatch):
+    """Before: profile matched ids by exact-case prefix (an id in upper case was "no dataset run"), only after
+    loading the model, and ignored --name."""
+    import dsocr_core.commands.profile as profile_cmd
+    from dsocr_core.grounding.samples import sample_pages
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = store.create_run("dataset", "my pages", {"device": "cpu"}, {"source": "synthetic"}, dtype="float32",
+                              attn="sdpa", session_mode="reference")
+    monkeypatch.setattr(profile_cmd, "session_from_args", _no_model)
+    base = ["profile", "--pages", str(sample_pages()[-1]), "--synthetic", "tiny", "--device", "cpu",
+            "--store", str(store.path), "--resume"]
+    code, out, err = run(capsys, *base, run_id[:8], "--name", "renamed")
+    assert code == 2 and "name 'my pages' -> 'renamed'" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = run(capsys, *base, "0" * 12)
+    assert code == 2 and "no run" in err
+    with pytest.raises(AssertionError, match="the model was loaded"):  # the id in upper case reaches the run
+        main([*base, run_id.upper(), "--name", "my pages"])
 
 
 def test_resume_of_other_weights_or_device_is_refused_before_any_point(tmp_path, capsys, monkeypatch):

@@ -7,6 +7,7 @@ The tests share one pool of 2 workers: the kill test leaves one alive, the Ctrl-
 then starts its own; they run in this order on purpose."""
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -185,6 +186,9 @@ def test_killed_worker_loses_nothing_and_the_run_completes(ray_instance, pool, t
     assert [r["alive"] for r in rows].count(False) == 1 and not rows[killed[0]]["alive"]
     # every item the dead worker held was measured again by the survivor
     assert {g.extra.iloc[0]["worker"] for k, g in points.items()} >= {1 - killed[0]}
+    # and the pool said so (before: retried without a word): which worker died, which point was retried
+    assert any(e.startswith(f"worker {killed[0]} on ") and " died" in e for e in pool.events), pool.events
+    assert any(e.startswith("retrying point tiny T") for e in pool.events), pool.events
 
 
 @needs_ray
@@ -232,6 +236,43 @@ def test_profile_cli_spreads_pages_over_workers(ray_instance, pool, tmp_path, ca
     assert set(df.status) == {"done", "error"}
     assert all(e["node"] and e["worker"] in (0, 1) for e in df.extra)
     assert rs.get_run(run_id)["meta"]["scale_out"]["workers"] == 2
+
+
+@needs_ray
+def test_measure_cli_exits_non_zero_when_points_failed_for_lack_of_workers(ray_instance, pool, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Both workers die during the run (the first after the first result, the second after the first result that
+    follows a retry). Before: the run ended with errors but exit status 0, not a word on the deaths or retries."""
+    from dsocr_core.measure.scale_out import WorkerPool
+
+    for w in pool.alive():  # the CLI starts its own pool: free the shared pool's CPUs first
+        ray_instance.kill(w.actor)
+        w.alive = False
+    real = WorkerPool.run_items
+    kills = []
+
+    def run_items(self, items, record, *a, **k):
+        def record_then_kill(item, result):
+            record(item, result)
+            retried = any(e.startswith("retrying") for e in self.events)
+            if self.alive() and (not kills or (len(kills) == 1 and retried)):
+                kills.append(max(self.alive(), key=lambda w: len(w.in_flight)))  # the one with most queued
+                ray_instance.kill(kills[-1].actor)
+        return real(self, items, record_then_kill, *a, **k)
+
+    monkeypatch.setattr(WorkerPool, "run_items", run_items)
+    store = tmp_path / "runs.sqlite"
+    code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--dtype", "float32", "--modes", "tiny",
+                 "--grids", "1x1", "--text-tokens", "10,20,30,40", "--decode-steps", "2", "--repeats", "1",
+                 "--warmup", "0", "--store", str(store), "--workers", "2"])
+    out, err = capsys.readouterr()
+    run = RunStore(store).list_runs()[0]
+    assert run["n_points"] == 4 and run["n_error"] >= 1
+    assert code == 1, (code, err)
+    assert sorted(re.findall(r"worker (\d) on \S+ died \(", err)) == ["0", "1"], err  # each death said once
+    assert "retrying point tiny" in err and "recorded as error" in err, err
+    assert f"{run['n_error']} point(s) failed because their Ray workers died" in err
+    assert f"--resume {run['id'][:12]}" in err.splitlines()[-1]
 
 
 @needs_ray
@@ -296,3 +337,23 @@ def test_calibrate_cli_writes_one_profile_per_worker(ray_instance, pool, tmp_pat
         prof = load_profile(p)
         assert prof.device["kind"] == "cpu" and prof.raw["calibration"]["quick"] is True
         assert prof.table("gemm.bfloat16") is not None
+
+
+def test_the_worker_panel_says_which_worker_died_and_what_was_retried():
+    from streamlit.testing.v1 import AppTest
+
+    def page():
+        import types
+
+        from ui.scale_out import worker_panel
+
+        row = {"worker": 1, "node": "vm", "gpu": "cpu", "gpu_index": None, "alive": False, "done": 1, "failed": 0,
+               "in_flight": 0, "current": "", "death": "ActorDiedError: gone"}
+        worker_panel(types.SimpleNamespace(worker_rows=[row], worker_events=[
+            "worker 1 on vm died (ActorDiedError: gone); 1 worker(s) left",
+            "retrying point tiny T10 B1 K2 (it was on worker 1 on vm) on another worker"]))
+
+    at = AppTest.from_function(page, default_timeout=60).run()
+    assert not at.exception, at.exception
+    (warning,) = at.warning
+    assert "worker 1 on vm died" in warning.value.replace("\\", "") and "retrying point tiny" in warning.value

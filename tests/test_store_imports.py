@@ -212,3 +212,108 @@ def test_dashboard_shows_an_imported_markdown_name_as_text(tmp_path, monkeypatch
 
     rendered = [MarkdownIt("commonmark").render(s) for s in shown]  # what a Markdown renderer makes of them
     assert not any("<img" in h or "href=" in h or "<strong>bold" in h for h in rendered), rendered
+
+
+# ------------------------------------------------------------------------------------------------ ids, numbers
+def test_an_import_cannot_hide_a_run_behind_its_id_in_another_case(store, tmp_path):
+    """Ids are compared as resolve_id resolves them (any case): the upper-case copy of a local run's id is the
+    same id, so the import is refused and the full id still reaches the run."""
+    run_id = _measured(store)
+    source = RunStore(tmp_path / "elsewhere.sqlite")
+    doc = _doc(source, _measured(source, "look-alike"))
+    doc["run"]["id"] = run_id.upper()
+    before = _snapshot(store)
+    with pytest.raises(RunImportError, match="recorded here"):
+        store.import_bytes(json.dumps(doc), source="upper.json")
+    assert _snapshot(store) == before
+    assert store.resolve_id(run_id) == run_id and store.resolve_id(run_id.upper()) == run_id
+    # an imported run re-imported under its id in another case is the same run, updated, not a second one
+    other = _doc(source, _measured(source, "shared"))
+    store.import_bytes(json.dumps(other), source="shared.json")
+    other["run"]["id"] = other["run"]["id"].upper()
+    other["run"]["name"] = "shared, renamed"
+    assert store.import_bytes(json.dumps(other), source="shared.json") == other["run"]["id"].lower()
+    assert [r["name"] for r in store.list_runs()].count("shared, renamed") == 1 and len(store.list_runs()) == 2
+
+
+def test_a_full_id_reaches_its_run_in_a_store_holding_two_cases(store):
+    """A store written before ids were compared in any case may hold both; the exact id still resolves."""
+    run_id = _measured(store)
+    with store._write() as conn:
+        row = dict(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
+        row["id"] = run_id.upper()
+        conn.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    assert store.resolve_id(run_id) == run_id
+    assert store.resolve_id(run_id.upper()) == run_id.upper()
+    with pytest.raises(Exception, match="matches 2 runs"):
+        store.resolve_id(run_id[:12])
+
+
+def _import_mutated(store, tmp_path, mutate, text=None):
+    source = RunStore(tmp_path / "elsewhere.sqlite")
+    doc = _doc(source, _measured(source, "to import"))
+    mutate(doc)
+    _measured(store)
+    before = _snapshot(store)
+    with pytest.raises(RunImportError) as err:
+        store.import_bytes(text(doc) if text else json.dumps(doc), source="crafted.json")
+    assert _snapshot(store) == before
+    return str(err.value)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("text_tokens", 10**12, "text tokens must lie in 1..10000000"),
+    ("decode_steps", 10**9, "decode steps must lie in 0..10000000"),
+    ("batch", 10**6, "batch must lie in 1..65536"),
+])
+def test_an_imported_point_past_the_workload_models_limits_is_refused(store, tmp_path, field, value, needle):
+    """The measured and MFU pages evaluate every finished point with the analytic model; a point it refuses
+    (SpecError on the page) is refused at import instead, naming the point and the field."""
+    message = _import_mutated(store, tmp_path, lambda d: d["points"][0]["resolved"].__setitem__(field, value))
+    assert message.startswith("crafted.json: points[0]") and needle in message
+
+
+def _stage(field, value):
+    return lambda d: d["points"][0]["stages"]["prefill"].__setitem__(field, value)
+
+
+@pytest.mark.parametrize("case, mutate, needle", [
+    ("infinite median", _stage("median_s", "@inf@"), "points[0].stages.prefill.median_s"),
+    ("1e999 median", _stage("median_s", "@1e999@"), "points[0].stages.prefill.median_s"),
+    ("NaN median", _stage("median_s", "@nan@"), "points[0].stages.prefill.median_s"),
+    ("NaN in meta", lambda d: d["run"]["meta"].__setitem__("warmup", "@nan@"), "run.meta.warmup"),
+    ("inf in environment", lambda d: d["run"]["environment"].__setitem__("gpu_memory_gb", "@inf@"),
+     "run.environment.gpu_memory_gb"),
+    ("-inf in extra", lambda d: d["points"][0]["extra"].__setitem__("score", "@-inf@"), "points[0].extra.score"),
+    ("NaN in a time list", _stage("extra", {"times_s": [0.1, "@nan@"]}), "points[0].stages.prefill.extra.times_s[1]"),
+])
+def test_non_finite_numbers_are_refused_naming_the_field(store, tmp_path, case, mutate, needle):
+    literals = {'"@inf@"': "Infinity", '"@1e999@"': "1e999", '"@nan@"': "NaN", '"@-inf@"': "-Infinity"}
+
+    def text(doc):
+        out = json.dumps(doc)
+        for k, v in literals.items():
+            out = out.replace(k, v)
+        return out
+
+    message = _import_mutated(store, tmp_path, mutate, text)
+    assert needle in message and "not a finite number" in message, message
+    assert "greater than or equal" not in message
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["run"]["meta"].__setitem__("repeats", -3), "run.meta.repeats"),
+    (lambda d: d["run"]["meta"].__setitem__("warmup", -1), "run.meta.warmup"),
+    (_stage("extra", {"times_s": [0.1, -0.2]}), "points[0].stages.prefill.extra.times_s[1]"),
+])
+def test_negative_repeats_and_times_are_refused(store, tmp_path, mutate, needle):
+    message = _import_mutated(store, tmp_path, mutate)
+    assert needle in message and "negative" in message, message
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_measured_point_without_a_finite_time_is_refused(store, value):
+    run_id = _measured(store)
+    with pytest.raises(ValueError, match="stage prefill median_s must be a finite number"):
+        store.put_point(run_id, {**WORKLOAD, "batch": 3}, stages={"prefill": {"median_s": value}})
+    assert store.get_run(run_id)["n_points"] == 1

@@ -39,8 +39,31 @@ def _damage(path, how: str) -> bytes:
         data = b"\x00" * 100 + data[100:]
     elif how == "text":
         data = b"these are my notes, not a database\n" * 50
+    elif how == "cells":  # a b-tree page's header bytes flipped: the file opens, SQLite's check reports several lines
+        data = _damaged_cells(path, data)
     path.write_bytes(data)
     return data
+
+
+def _damaged_cells(path, data: bytes) -> bytes:
+    """`data` with a few bytes flipped at the start of one page, chosen so that SQLite opens the file and its
+    quick_check reports the damage on more than one line ("*** in database main ***\nOn tree page ...")."""
+    for seed in range(50):
+        rng = random.Random(seed)
+        damaged = bytearray(data)
+        page = rng.randrange(1, len(data) // PAGE)
+        for _ in range(4):
+            damaged[page * PAGE + rng.randrange(0, 40)] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        try:
+            conn = sqlite3.connect(path)
+            report = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+            conn.close()
+        except sqlite3.DatabaseError:
+            continue
+        if any("\n" in row for row in report):
+            return bytes(damaged)
+    raise AssertionError("no damage found that SQLite's check reports on several lines")
 
 
 @pytest.fixture
@@ -126,10 +149,11 @@ def test_measure_refuses_a_corrupt_store_before_loading_the_model(store_file, mo
     out, err = capsys.readouterr()
     assert code == 2 and not out
     assert len(err.strip().splitlines()) == 1 and str(store_file) in err and "malformed" in err
+    assert "left untouched; move it aside" in err  # before: SQLite's report had a newline, the advice was cut
     assert store_file.read_bytes() == data
 
 
-@pytest.mark.parametrize("how", ["truncated", "header", "text"])
+@pytest.mark.parametrize("how", ["truncated", "header", "text", "middle", "cells"])
 def test_runs_and_profile_say_one_line_on_an_unreadable_store(store_file, how, monkeypatch, capsys):
     import dsocr_core.commands.profile as profile_cmd
     from dsocr_core.grounding.samples import sample_pages
@@ -138,11 +162,13 @@ def test_runs_and_profile_say_one_line_on_an_unreadable_store(store_file, how, m
     assert main(["runs", "--store", str(store_file)]) == 2
     _, err = capsys.readouterr()
     assert len(err.strip().splitlines()) == 1 and str(store_file) in err
+    assert "left untouched; move it aside" in err and "re-import exported runs" in err, err
     monkeypatch.setattr(profile_cmd, "session_from_args", _no_model)
     code = main(["profile", "--pages", str(sample_pages()[-1]), "--synthetic", "tiny", "--device", "cpu",
                  "--store", str(store_file)])
     _, err = capsys.readouterr()
     assert code == 2 and len(err.strip().splitlines()) == 1 and str(store_file) in err
+    assert "left untouched; move it aside" in err, err
 
 
 # ------------------------------------------------------------------------------------------------ dashboard

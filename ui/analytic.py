@@ -59,6 +59,10 @@ class SweepRequest:
         return cls(**d)
 
     @property
+    def max_batch(self) -> int:
+        return max(self.values) if self.axis == "batch" else self.batch
+
+    @property
     def tiles(self) -> bool:
         return tiling.mode_info(self.mode).crop_mode
 

@@ -120,7 +120,7 @@ def _memory(v: View) -> None:
 
 def _time(v: View) -> None:
     predicted = an.has_prediction(v.frames[0])
-    title = "roofline and predicted time per stage" if predicted else "roofline time per stage"
+    title = "time per stage"  # short: a longer y title was cut at the chart's height; the legend names the lines
     st.altair_chart(charts.lines(an.time_long(v.both, v.x), v.x, v.x_title, "ms", title, log_y=v.log_y,
                                  side_by_side=v.side, series="series" if predicted else None), width="stretch")
     st.caption("Roofline (dashed where a prediction is drawn): each module at its own bound, max(FLOPs / peak, "
@@ -169,7 +169,7 @@ def _ms(seconds) -> float:
     return np.nan if seconds is None else float(seconds) * 1e3
 
 
-def capacity_rows(v: View, idx: int, ttft_target: float, tpot_target_ms: float) -> pd.DataFrame:
+def capacity_rows(v: View, idx: int, ttft_target_ms: float, tpot_target_ms: float) -> pd.DataFrame:
     """What a GPU needs to meet the targets: one row per configuration and target, one time column (on the
     configuration's own hardware, named in its own column); with a prediction, the predicted time and whether it
     meets the target beside the bound."""
@@ -177,7 +177,7 @@ def capacity_rows(v: View, idx: int, ttft_target: float, tpot_target_ms: float) 
     for (req, hw), frame in zip(v.configs, v.frames):
         w = req.workload(frame.iloc[min(idx, len(frame) - 1)])
         need = resources.required_of(v.spec_json, hw.model_dump_json(), w.model_dump_json(),
-                                     ttft_target or None, tpot_target_ms / 1e3 or None)
+                                     ttft_target_ms / 1e3 or None, tpot_target_ms / 1e3 or None)
         cap = resources.capacity_of(v.spec_json, hw.model_dump_json(), w.model_dump_json(), v.pkey)
         for target, d in need.items():
             row = {"configuration": req.label, "hardware": hw.name, "target": target.upper(),
@@ -199,7 +199,7 @@ def capacity_rows(v: View, idx: int, ttft_target: float, tpot_target_ms: float) 
 def _capacity(v: View) -> None:
     idx = v.point_slider("an_point_cap")
     t1, t2 = st.columns(2)
-    ttft_target = t1.number_input("TTFT target (s)", min_value=0.0, value=0.5, step=0.1, key="an_ttft")
+    ttft_target = t1.number_input("TTFT target (ms)", min_value=0.0, value=500.0, step=50.0, key="an_ttft")
     tpot_target = t2.number_input("TPOT target (ms)", min_value=0.0, value=10.0, step=1.0, key="an_tpot")
     for (req, hw), frame in zip(v.configs, v.frames):
         w = req.workload(frame.iloc[min(idx, len(frame) - 1)])
@@ -231,7 +231,8 @@ def _capacity(v: View) -> None:
                    "meets the target.")
 
 
-PROFILE_COLUMNS = ("predicted.profile", "predicted.derived", "predicted.device_kind", "predicted.session_mode")
+PROFILE_COLUMNS = ("predicted.profile", "predicted.derived", "predicted.device_kind", "predicted.session_mode",
+                   "predicted.engine", "predicted.routing")
 
 
 def _profile_columns(v: View) -> dict:

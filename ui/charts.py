@@ -38,6 +38,18 @@ def finish(chart):
     return chart
 
 
+def dash_legend(title: str) -> alt.Legend:
+    """A legend of line dashes drawn as lines 30 px long: the default symbol (a dot, or a 10 px stroke) shows an
+    8-4 dash and a solid line as the same glyph, so 'datasheet roofline' and 'predicted' could not be told apart."""
+    return alt.Legend(title=title, symbolType="stroke", symbolSize=900, symbolStrokeColor="#333333",
+                      symbolStrokeWidth=2)
+
+
+def _config_width() -> alt.StrokeWidth:
+    """A thick and B thin: B is drawn after A, so where the two coincide B shows inside A instead of hiding it."""
+    return alt.StrokeWidth("config:N", title="configuration", scale=alt.Scale(range=[4.5, 1.5]))
+
+
 def _x(field: str, title: str, data: pd.DataFrame, log: bool = False) -> alt.X:
     """The x channel. Whole-number fields (crop count, batch, steps, lengths) get whole-number ticks, and a single
     value gets a domain around it (Vega would otherwise tick 9.9, 10.0, ... and print '10.000000')."""
@@ -62,7 +74,7 @@ def _stage_colour(stages) -> alt.Scale:
 
 def _y(unit: str, title: str, log: bool) -> alt.Y:
     factor, suffix = UNITS[unit]
-    fmt = "~s" if unit in ("FLOPs", "bytes", "FLOP/s") else ",.4~g"
+    fmt = "~s" if unit in ("FLOPs", "bytes", "FLOP/s") else ",.4~r"
     return alt.Y("value:Q", title=f"{title} ({suffix})", scale=alt.Scale(type="log" if log else "linear"),
                  axis=alt.Axis(format=fmt))
 
@@ -77,7 +89,7 @@ def _scaled(data: pd.DataFrame, unit: str) -> pd.DataFrame:
 def _tooltip(data: pd.DataFrame, x: str, extra: list[str]) -> list:
     cols = [c for c in ["config", *extra, x, "grid", "page", "sequence", "batch", "decode_steps", "hardware"]
             if c in data]
-    return [alt.Tooltip(c) for c in dict.fromkeys(cols)] + [alt.Tooltip("value:Q", format=",.4~g")]
+    return [alt.Tooltip(c) for c in dict.fromkeys(cols)] + [alt.Tooltip("value:Q", format=",.4~r")]
 
 
 def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colour: str = "stage",
@@ -100,16 +112,15 @@ def lines(data: pd.DataFrame, x: str, x_title: str, unit: str, title: str, colou
     )
     if series and series in data:
         kinds = [k for k in SERIES_DASHES if k in set(data[series])]
-        enc["strokeDash"] = alt.StrokeDash(f"{series}:N", title="time",
+        enc["strokeDash"] = alt.StrokeDash(f"{series}:N",
                                            scale=alt.Scale(domain=kinds, range=[SERIES_DASHES[k] for k in kinds]),
-                                           legend=alt.Legend(symbolType="stroke", symbolStrokeColor="#333333",
-                                                             symbolStrokeWidth=2))  # the dash, not a dot
-        if several and not side_by_side:  # configurations: thin and thick lines (no points here, see below)
-            enc["strokeWidth"] = alt.StrokeWidth("config:N", title="configuration",
-                                                 scale=alt.Scale(range=[1.5, 3.5]))
+                                           legend=dash_legend("time"))
+        if several and not side_by_side:  # configurations: thick and thin lines (no points here, see below)
+            enc["strokeWidth"] = _config_width()
     elif several and not side_by_side:
-        enc["strokeDash"] = alt.StrokeDash("config:N", title="configuration")
+        enc["strokeDash"] = alt.StrokeDash("config:N", legend=dash_legend("configuration"))
         enc["shape"] = alt.Shape("config:N", title="configuration")
+        enc["strokeWidth"] = _config_width()
     # points on the lines, except where dashes tell series apart: a point overlay makes the dash legend's symbols
     # transparent (Vega-Lite draws the legend of the filled points), so the dashes would not be explained
     chart = alt.Chart(data).mark_line(point=not (series and series in data)).encode(**enc).properties(height=height)
@@ -126,7 +137,7 @@ def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
     roof = alt.Chart(roofs).mark_line(color="#333333").encode(
         x=alt.X("intensity:Q", title="arithmetic intensity (FLOPs per byte)", scale=alt.Scale(type="log")),
         y=alt.Y("attainable_flops:Q", title="FLOP/s", scale=alt.Scale(type="log"), axis=alt.Axis(format="~s")),
-        strokeDash=alt.StrokeDash("hardware:N", title="roof"),
+        strokeDash=alt.StrokeDash("hardware:N", legend=dash_legend("roof")),
         tooltip=[alt.Tooltip("hardware:N"), alt.Tooltip("intensity:Q", format=",.3~g"),
                  alt.Tooltip("attainable_flops:Q", format="~s")],
     )
@@ -157,9 +168,9 @@ def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str,
         x=alt.X(f"{x}:N", title=x_title or x, sort=sort),
         xOffset=alt.XOffset(f"{colour}:N"),
         y=alt.Y(f"{y}:Q", title=f"{title} ({suffix}{', log scale' if log_y else ''})",
-                scale=alt.Scale(type="log") if log_y else alt.Undefined, axis=alt.Axis(format=",.4~g")),
+                scale=alt.Scale(type="log") if log_y else alt.Undefined, axis=alt.Axis(format=",.4~r")),
         color=alt.Color(f"{colour}:N", title=colour),
-        tooltip=[alt.Tooltip(c) for c in [x, colour, column] if c] + [alt.Tooltip(f"{y}:Q", format=",.4~g")],
+        tooltip=[alt.Tooltip(c) for c in [x, colour, column] if c] + [alt.Tooltip(f"{y}:Q", format=",.4~r")],
     )
     if log_y and len(data):  # a log axis has no zero: bars rise from below the smallest value
         enc["y2"] = alt.datum(float(data[y].min()) / 3)
@@ -186,27 +197,27 @@ def measured_vs_analytic(measured: pd.DataFrame, predicted: pd.DataFrame, x: str
     xs = _x(x, x_title, m)
     y_title = f"{title} ({UNITS[unit][1]})"
     ys = alt.Y("value:Q", title=y_title, scale=alt.Scale(type="log" if log_y else "linear"),
-               axis=alt.Axis(format=",.4~g"))
+               axis=alt.Axis(format=",.4~r"))
     tips = [c for c in ["run", "stage", "grid", "mode", "sequence", "batch", "decode_steps", "source"] if c in m]
     layers = []
     if not p.empty:
         sources = [s for s in DASHES if s in set(p["source"])]
         layers.append(alt.Chart(p).mark_line().encode(
             x=xs, y=ys, color=colour, detail="source:N",
-            strokeDash=alt.StrokeDash("source:N", title="analytic",
+            strokeDash=alt.StrokeDash("source:N", legend=dash_legend("line"),
                                       scale=alt.Scale(domain=sources, range=[DASHES[s] for s in sources])),
             tooltip=[alt.Tooltip(c) for c in ["run", "stage", "source"] if c in p]
-            + [alt.Tooltip("value:Q", format=",.4~g")]))
+            + [alt.Tooltip("value:Q", format=",.4~r")]))
     if "low" in m and m["low"].notna().any():
         spread = m.dropna(subset=["low", "high"])
         spread = spread[(spread["low"] > 0) | (not log_y)]
         layers.append(alt.Chart(spread).mark_rule(strokeWidth=2).encode(
             x=xs, y=alt.Y("low:Q", title=y_title), y2="high:Q", color=colour))
-    spread = [alt.Tooltip(f"{c}:Q", format=",.4~g", title=f"{n} {unit}") for c, n in (("low", "p10"), ("high", "p90"))
+    spread = [alt.Tooltip(f"{c}:Q", format=",.4~r", title=f"{n} {unit}") for c, n in (("low", "p10"), ("high", "p90"))
               if c in m and m[c].notna().any()]
     layers.append(alt.Chart(m).mark_point(filled=True, size=70).encode(
         x=xs, y=ys, color=colour, shape=alt.Shape("run:N", title="measured run") if "run" in m else alt.Undefined,
-        tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip("value:Q", format=",.4~g", title=f"measured {unit}")]
+        tooltip=[alt.Tooltip(c) for c in tips] + [alt.Tooltip("value:Q", format=",.4~r", title=f"measured {unit}")]
         + spread))
     return finish(alt.layer(*layers).properties(height=340).interactive())
 

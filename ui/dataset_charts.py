@@ -19,7 +19,7 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
     """Each page's stage times (points) against its crop grid or prompt length, with the analytic bound (dashed)
     and, where the frame has it, the predicted time (solid) of the same workloads drawn through them (their mean
     at each x). One panel per stage, each with its own log y scale (a CPU run sits decades above a GPU bound)."""
-    keep = list(dict.fromkeys(["label", "grid", "prompt_tokens", "stage", x]))
+    keep = list(dict.fromkeys(["label", "grid", "prompt_tokens", "stage", "beats_bound", x]))
     series = {"measured": "measured_s", "analytic bound": "analytic_s", "predicted": "predicted_s"}
     parts = []
     for name, col in series.items():
@@ -36,33 +36,43 @@ def page_stages(long: pd.DataFrame, x: str = "crop_count", columns: int = 3) -> 
     xs = x_channel(x, X_AXES.get(x, x), data)
     ys = alt.Y("ms:Q", title="ms (log scale)", scale=alt.Scale(type="log"))
     base = alt.Chart()
-    points = base.mark_point(filled=True, size=60, opacity=0.8).encode(
+    points = base.mark_point(filled=True, size=60, opacity=0.8, strokeWidth=2).encode(
         x=xs, y=ys, color=colour,
+        stroke=alt.condition("datum.beats_bound", alt.value("#d62728"), alt.value("transparent")),
         tooltip=["label:N", "grid:N", alt.Tooltip("prompt_tokens:Q", title="prompt tokens"),
-                 alt.Tooltip("ms:Q", format=",.4~g", title="measured ms")],
+                 alt.Tooltip("ms:Q", format=",.4~r", title="measured ms"),
+                 alt.Tooltip("beats_bound:N", title="faster than its bound (a defect of the bound)")],
     ).transform_filter(alt.datum.series == "measured")
     lines = base.mark_line(point=alt.OverlayMarkDef(size=20)).encode(
         x=xs, y=alt.Y("mean(ms):Q", title="ms (log scale)", scale=alt.Scale(type="log")), color=colour,
         strokeDash=alt.StrokeDash("series:N", legend=None,
                                   scale=alt.Scale(domain=present, range=[DASH[s] for s in present])),
         tooltip=[alt.Tooltip("series:N"), alt.Tooltip(f"{x}:Q", title=X_AXES.get(x, x)),
-                 alt.Tooltip("mean(ms):Q", format=",.4~g", title="ms (mean at this x)")],
+                 alt.Tooltip("mean(ms):Q", format=",.4~r", title="ms (mean at this x)")],
     ).transform_filter(alt.datum.series != "measured")
     chart = alt.layer(lines, points, data=data).properties(width=215, height=180).facet(
         facet=alt.Facet("stage:N", title=None, sort=STAGE_SORT), columns=columns).resolve_scale(y="independent")
     return finish(chart)
 
 
-def latency_histogram(latency: pd.DataFrame) -> alt.FacetChart:
-    """Histograms of TTFT and TPOT over the samples (dataset_stats.distributions)."""
+LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT"}
+
+
+def latency_histogram(latency: pd.DataFrame) -> alt.HConcatChart:
+    """Histograms of TTFT and TPOT over the samples (dataset_stats.distributions), each binned over its own range:
+    a TPOT is tens of times shorter than a TTFT, and bins shared by both would put every TPOT in the first one."""
     data = latency.assign(ms=latency["value"] * 1e3)
-    return finish(alt.Chart(data).mark_bar().encode(
-        x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="milliseconds"),
-        y=alt.Y("count():Q", title="samples"),
-        color=alt.Color("metric:N", legend=None),
-        tooltip=["metric", alt.Tooltip("count():Q")],
-    ).properties(height=200, width=330).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
-        x="independent"))
+    panels = []
+    for metric in [m for m in LATENCY_NAMES if m in set(data["metric"])]:
+        name = LATENCY_NAMES[metric]
+        panels.append(alt.Chart(data[data["metric"] == metric], title=name).mark_bar(
+            color="#4c78a8" if metric == "ttft_s" else "#f58518").encode(
+            x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title=f"{name} (ms)"),
+            y=alt.Y("count():Q", title="samples"),
+            tooltip=[alt.Tooltip("ms:Q", bin=alt.Bin(maxbins=30), title=f"{name} (ms)"),
+                     alt.Tooltip("count():Q", title="samples")],
+        ).properties(height=200, width=330))
+    return finish(alt.hconcat(*panels))
 
 
 def spread(table: pd.DataFrame) -> alt.LayerChart:
@@ -74,7 +84,7 @@ def spread(table: pd.DataFrame) -> alt.LayerChart:
     y = alt.Y("stage:N", title=None, sort=STAGE_SORT)
     xs = alt.Scale(type="log")
     tips = [alt.Tooltip("stage:N"), alt.Tooltip("n:Q", title="samples")] + [
-        alt.Tooltip(f"{c}_ms:Q", format=",.4~g", title=f"{c} ms") for c in ("min", "p10", "median", "p90", "max")]
+        alt.Tooltip(f"{c}_ms:Q", format=",.4~r", title=f"{c} ms") for c in ("min", "p10", "median", "p90", "max")]
     whisker = alt.Chart(data).mark_rule(color="#888888").encode(
         x=alt.X("min_ms:Q", title="ms (log scale)", scale=xs), x2="max_ms:Q", y=y, tooltip=tips)
     box = alt.Chart(data).mark_bar(size=14, color="#4c78a8", opacity=0.55).encode(
@@ -90,7 +100,7 @@ def operators(table: pd.DataFrame) -> alt.Chart:
         x=alt.X("self_ms:Q", title="self time (ms)"),
         y=alt.Y("short:N", title=None, sort="-x", axis=alt.Axis(labelLimit=420, labelOverlap=False)),
         tooltip=[alt.Tooltip("operator:N", title="full name"), alt.Tooltip("calls:Q"),
-                 alt.Tooltip("self_ms:Q", format=",.4~g", title="self ms"),
+                 alt.Tooltip("self_ms:Q", format=",.4~r", title="self ms"),
                  alt.Tooltip("share:Q", format=".1%", title="share of the stage")],
     ).properties(height=28 * max(len(table), 1) + 30))
 
@@ -105,7 +115,7 @@ def compare_stages(stages: pd.DataFrame, names: tuple[str, str]) -> alt.Chart:
         y=alt.Y("ms:Q", title="median ms (log scale)", scale=alt.Scale(type="log")),
         y2=alt.datum(float(data["ms"].min()) / 3 if len(data) else 1e-3),
         color=alt.Color("run:N", title=None, sort=list(names)),
-        tooltip=["stage:N", "run:N", alt.Tooltip("ms:Q", format=",.4~g", title="median ms")],
+        tooltip=["stage:N", "run:N", alt.Tooltip("ms:Q", format=",.4~r", title="median ms")],
     ).properties(height=280))
 
 
@@ -121,7 +131,7 @@ def compare_pages(pages: pd.DataFrame, names: tuple[str, str]) -> alt.LayerChart
         x=alt.X("a_ms:Q", title=f"{names[0]} (ms, log)", scale=alt.Scale(type="log")),
         y=alt.Y("b_ms:Q", title=f"{names[1]} (ms, log)", scale=alt.Scale(type="log")),
         color=alt.Color("stage:N", title="stage", sort=STAGE_SORT),
-        tooltip=["label:N", "stage:N", alt.Tooltip("a_ms:Q", format=",.4~g", title=f"{names[0]} ms"),
-                 alt.Tooltip("b_ms:Q", format=",.4~g", title=f"{names[1]} ms"),
+        tooltip=["label:N", "stage:N", alt.Tooltip("a_ms:Q", format=",.4~r", title=f"{names[0]} ms"),
+                 alt.Tooltip("b_ms:Q", format=",.4~r", title=f"{names[1]} ms"),
                  alt.Tooltip("b_over_a:Q", format=".3~g", title="B / A")])
     return finish(alt.layer(diagonal, dots).properties(height=320).interactive())

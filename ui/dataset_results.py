@@ -53,8 +53,18 @@ def per_page(view) -> None:
     if long.empty:
         st.info("No stage time was recorded for the finished pages.")
         return
-    x = st.radio("Against", list(pc.X_AXES), format_func=pc.X_AXES.get, horizontal=True, key="ds_x")
+    # crop tiles by default where the pages differ in them, else the prompt length (a run without tiles)
+    varies = long["crop_count"].nunique() > 1
+    x = st.radio("Against", list(pc.X_AXES), format_func=pc.X_AXES.get, horizontal=True, index=0 if varies else 1,
+                 key="ds_x")
     st.altair_chart(charts.page_stages(long, x))
+    defects = pc.bound_defects(long)
+    if len(defects):
+        where = ", ".join(f"{r.stage} {r.n} of {r.of} (down to {r.lowest:.2g}x its bound)"
+                          for r in defects.itertuples())
+        st.error(f"**The analytic bound lies above measured points** (red rings): {where}. A lower bound can "
+                 "never exceed a measurement, so the bound is wrong there: its ceilings are below what this device "
+                 "reaches in the run's dtype, or the model over-counts the stage's work.")
     has_pred = long["predicted_s"].notna().any()
     st.caption("Points: each page's measured time (every epoch). Dashed: the analytic bound (roofline) of the same "
                "page workloads" + (", solid: the predicted time" if has_pred else "") + ", their mean at each x. "
@@ -123,7 +133,8 @@ def operators(view) -> None:
     st.dataframe(part.drop(columns=["stage", "device"]), hide_index=True, width="stretch",
                  column_config={"short": "operator", "operator": "full name", "self_ms": "self (ms)"})
     if not view.operator_stages.empty:
-        st.dataframe(view.operator_stages, hide_index=True, width="stretch")
+        st.markdown("**Time per stage in the traced pages**")
+        st.dataframe(operator_stage_table(view.operator_stages), hide_index=True, width="stretch")
     trace = view.files.get("trace")
     if trace and Path(trace).is_file():
         st.download_button("Chrome trace (JSON; open in ui.perfetto.dev or chrome://tracing)",
@@ -131,6 +142,35 @@ def operators(view) -> None:
                            key="ds_trace_dl", on_click="ignore")
     elif trace:
         st.caption(f"The Chrome trace was written to {ms.md(trace)}, which is not on this machine.")
+
+
+def stage_table(stages: pd.DataFrame) -> pd.DataFrame:
+    """dataset_stats.stage_summary as shown: times in ms and FLOPs in GFLOP (the units of the charts beside it),
+    4 significant digits, an empty cell where there is no analytic value, the internal metric names dropped."""
+    scale = {"s": (1e3, "ms"), "FLOP": (1e-9, "GFLOP")}
+    rows = []
+    for r in stages.to_dict("records"):
+        factor, unit = scale.get(r["unit"], (1.0, r["unit"]))
+        row = {"stage": r["stage"], "unit": unit, "samples": int(r["n"])}
+        for col, name in (("mean", "mean"), ("median", "median"), ("p90", "p90"), ("min", "min"), ("max", "max"),
+                          ("analytic_mean", "analytic mean")):
+            row[name] = _num(r[col] * factor)
+        row["measured / analytic"] = _num(r["measured_over_analytic"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _num(value) -> str:
+    return "" if value is None or pd.isna(value) else ms.sig(float(value), 4)
+
+
+def operator_stage_table(stages: pd.DataFrame) -> pd.DataFrame:
+    """operators' stage totals as shown: ms like the operator table beside it, the share in percent."""
+    return pd.DataFrame({
+        "stage": stages["stage"], "device": stages["device"], "ranges": stages["ranges"],
+        "wall time in the stage's ranges (ms)": [_num(v / 1e3) for v in stages["range_us"]],
+        "operators' self time (ms)": [_num(v / 1e3) for v in stages["total_us"]],
+        "share of the device's self time": ["" if pd.isna(v) else f"{v:.1%}" for v in stages["share_of_total"]]})
 
 
 def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
@@ -163,9 +203,19 @@ def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
                  hide_index=True, width="stretch")
 
 
+def page_numbers(pages: pd.DataFrame) -> pd.DataFrame:
+    """The PDF page counted from 1, as the labels count it ('three_pages.pdf p1' beside a pdf_page of 0 read as
+    two pages); the CSV keeps the store's 0-based pdf_page."""
+    if "pdf_page" not in pages:
+        return pages
+    out = pages.copy()
+    out["pdf_page"] = pd.to_numeric(out["pdf_page"], errors="coerce").add(1).astype("Int64")
+    return out.rename(columns={"pdf_page": "PDF page"})
+
+
 def tables(view) -> None:
     st.markdown("**Per page**")
     shown = view.pages.drop(columns=["key", "text", "source"], errors="ignore")
-    st.dataframe(shown, hide_index=True, width="stretch", height=300)
+    st.dataframe(page_numbers(shown), hide_index=True, width="stretch", height=300)
     st.download_button("Per-page table (CSV)", shown.to_csv(index=False), f"pages_{view.run['id'][:8]}.csv",
                        "text/csv", key="ds_pages_csv", on_click="ignore")

@@ -12,10 +12,10 @@ from dsocr_core import tiling
 from dsocr_core.grounding import samples
 from dsocr_core.registry import DEFAULT_MODEL
 
-from . import dataset_results, forms, inputs, resources, scale_out, sweeps, uploads_view
+from . import dataset_results, inputs, resources, scale_out, sweeps, uploads_view
 from . import measured as ms
 from . import prediction as predictions
-from .runs import run_mode, run_title
+from .runs import run_caption, run_title, show_order_check
 
 SOURCES = {"uploads": "Uploaded pages", "path": "A folder, list file, PDF or image on this machine"}
 
@@ -55,9 +55,9 @@ def new_run_form(settings, session) -> None:
         c = st.columns(4)
         family = session.family  # the session's model: its modes and crop range (registry)
         modes, own = list(family.modes), "" if family.name == DEFAULT_MODEL else f"_{family.name}"
-        mode = c[0].selectbox("Mode", modes, index=modes.index(forms.cheap_modes(family, cpu)[0]),
-                              key=f"ds_mode{own}", help="Untiled modes: one global view; tiling modes add crop "
-                                                        "tiles within the crop limits.")
+        mode = c[0].selectbox("Mode", modes, index=modes.index(family.default_mode), key=f"ds_mode{own}",
+                              help="Untiled modes: one global view; tiling modes add crop tiles within the crop "
+                                   "limits.")
         low, high = family.modes[family.default_mode].crop_range
         min_crops = c[1].number_input("Min crops (tiling modes)", 1, tiling.MAX_CROPS, low, key=f"ds_min_crops{own}")
         max_crops = c[2].number_input("Max crops (tiling modes)", 1, tiling.MAX_CROPS, high,
@@ -90,7 +90,7 @@ def new_run_form(settings, session) -> None:
 
     try:
         if runner.busy:
-            raise resources.Busy("a measured sweep or dataset run is already running; stop it or wait for it")
+            raise resources.Busy(runner.busy_message())
         prompt = inputs.PROMPTS.get(prompt_kind) or custom
         ps = dataset_run.ProfileSettings(mode=mode, prompt=prompt, min_crops=int(min_crops),
                                          max_crops=int(max_crops), max_new_tokens=int(max_new),
@@ -123,7 +123,8 @@ def _start(settings, session, data, picked, ps, kind, n, epochs, seed, name, sca
         scale_out.start_dataset(scale, settings.model, store, data, picked, ps, sampling, label=settings.model.label,
                                 name=f"{name} (Ray workers)")
         return
-    run_id = dataset_run.create_dataset_run(store, session, data, ps, sampling, name=name)
+    meta = {"calibration": _cpu_bound(session.dtype).model_dump(mode="json")} if settings.model.on_cpu else None
+    run_id = dataset_run.create_dataset_run(store, session, data, ps, sampling, name=name, meta=meta)
     if trace is not None:
         trace["out_dir"] = str(Path(store.path).parent / "traces" / run_id)
     sweeps.runner().start_dataset(session, store, run_id, picked, ps, name=name, label=settings.model.label,
@@ -131,10 +132,40 @@ def _start(settings, session, data, picked, ps, kind, n, epochs, seed, name, sca
     st.session_state["ds_started"] = run_id
 
 
+def _cpu_bound(dtype: str):
+    """This CPU's ceilings in the run's dtype (measured now, about a second, unless measured before in this
+    process): stored with a CPU run as the bound of its stages."""
+    return resources.calibrations().get(("cpu", dtype)) or resources.run_calibration("cpu", dtype)
+
+
+def run_bound(run: dict, settings) -> tuple[object, str, str | None]:
+    """(ceilings, where they come from, a warning or None) for a run's analytic bound: its GPU's datasheet, else
+    the CPU ceilings it stored, else this machine's CPU ceilings measured in its dtype, else the sidebar's (with
+    a warning when those are a GPU's under a CPU run: that bound lies decades below the CPU's times)."""
+    gpu_preset, stored = ms.run_ceilings(run)
+    if gpu_preset is not None:
+        return gpu_preset, "the run’s GPU", None
+    if stored is not None:
+        return stored, "measured with the run", None
+    if run["flags"]["cpu"]:
+        here = resources.calibrations().get(("cpu", run.get("dtype") or "float32"))
+        if here is not None:
+            return here, "this machine’s CPU, measured in the sidebar", None
+        if not settings.hardware.name.startswith("CPU"):
+            return settings.hardware, "the sidebar’s ceilings", (
+                f"This CPU run stored no ceilings of its CPU, and the sidebar's ceilings are a GPU's "
+                f"({settings.hardware.name}): that roofline is no bound of a CPU's times. Choose 'Calibrated on "
+                f"this machine (CPU)' in the sidebar and measure it, in the run's dtype, to draw this run's bound.")
+    return settings.hardware, "the sidebar’s ceilings", None
+
+
 # ---------------------------------------------------------------------------------------------- the runs
 def render(store, runs: list[dict], settings) -> None:
     """The chosen dataset run: its summary, per-stage table, and the per-page views (ui.dataset_results), with the
     predicted times of the sidebar's calibration profile (if one is chosen) in the run's own session mode."""
+    if not runs and sweeps.runner().busy and sweeps.runner().job.kind == "dataset":
+        st.info("The dataset run is starting: it appears here once it is recorded.")
+        return
     if not runs:
         st.info("No dataset runs in the store yet. Upload your pages above and start one, or record one with "
                 "`python -m dsocr_core profile --pages FOLDER --synthetic tiny --device cpu --max-new-tokens 32` "
@@ -145,12 +176,12 @@ def render(store, runs: list[dict], settings) -> None:
     # choice when its options change, so setting the old key's state is not enough), then the user's choice.
     started = st.session_state.get("ds_started")
     key, index = ("ds_run", 0) if started not in by_id else (f"ds_run_{started[:8]}", list(by_id).index(started))
-    run_id = st.selectbox("Dataset run", list(by_id), index=index, format_func=lambda i: run_title(by_id[i]),
-                          key=key)
+    run_id = st.selectbox("Dataset run", list(by_id), index=index, key=key,
+                          format_func=lambda i: run_title(by_id[i], size=False))  # no count: it would stay stale
     run = by_id[run_id]
-    st.caption(f"{ms.md(run['label'])}: {', '.join([run_mode(run), *ms.flag_notes(run)])}")
-    gpu_preset = ms.run_ceilings(run)[0]
-    hardware = gpu_preset or settings.hardware
+    st.caption(run_caption(run))
+    show_order_check(run)
+    hardware, bound_from, bound_warning = run_bound(run, settings)
     pkey = predictions.key(settings, run.get("session_mode") or "reference")  # None: no profile chosen
     view = load_view(store, run, hardware, pkey)
     s = view.summary
@@ -163,10 +194,14 @@ def render(store, runs: list[dict], settings) -> None:
     if s["errors"]:
         st.warning(f"**{len(s['errors'])} page(s) skipped or failed** (the run went on with the rest):\n\n"
                    + "\n".join(f"* {ms.md(e['label'])}: {ms.md(e['message'])}" for e in s["errors"][:50]))
-    bound = (f"the roofline of {hardware.name} ({'the run’s GPU' if gpu_preset else 'the sidebar’s ceilings'})")
+    if bound_warning:
+        st.warning(bound_warning)
+    bound = f"the roofline of {hardware.name} ({bound_from})"
     predicted = (f"; predicted: {ms.md(settings.profile.label)}" if pkey is not None else
                  "; no predicted time (no calibration profile chosen)")
     st.caption(f"Analytic bound: {ms.md(bound)}{predicted}.")
+    if pkey is not None:
+        predictions.show_misses(settings, run.get("session_mode") or "reference")  # one page at a time: batch 1
     st.markdown("**Per stage, over the done samples (analytic mean beside the measured one)**")
-    st.dataframe(view.stages, hide_index=True, width="stretch")
+    st.dataframe(dataset_results.stage_table(view.stages), hide_index=True, width="stretch")
     dataset_results.render(store, view, runs, hardware, pkey)

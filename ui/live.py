@@ -3,6 +3,7 @@ button that starts it in the background, and a fragment that shows its progress,
 they finish (re-run every second while the sweep runs)."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dsocr_core import tiling
@@ -162,7 +163,7 @@ def recent_pages(store_path: str, run_id: str, handled: int, n: int = 5):
     pages = page_table(RunStore(store_path), run_id, analytic=False).sort_values("updated_at").tail(n).iloc[::-1]
     out = pages[["label", "epoch", "status", "message"]].copy()
     for col, name in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("wall_s", "page wall (ms)")):
-        out[name] = pages[col] * 1e3
+        out[name] = [measured.sig(float(v) * 1e3, 4) if pd.notna(v) else "" for v in pages[col]]  # 4 digits
     return out
 
 
@@ -204,7 +205,10 @@ def progress_panel(kind: str = "sweep") -> None:
             st.dataframe(sweep_points(str(job.store.path), job.run_id, job.handled), hide_index=True,
                          width="stretch")
         elif job.run_id:
-            st.dataframe(recent_pages(str(job.store.path), job.run_id, job.handled), hide_index=True, width="stretch")
+            recent = recent_pages(str(job.store.path), job.run_id, job.handled)
+            st.caption(f"The {len(recent)} page(s) measured last, of {job.handled} handled so far (the run has "
+                       f"{job.total}); every page is in the run's views below.")
+            st.dataframe(recent, hide_index=True, width="stretch")
         if not job.running and st.session_state.get(f"{prefix}_seen_finish") != id(job):
             st.session_state[f"{prefix}_seen_finish"] = id(job)
             st.rerun(scope="app")  # the finished run now shows in the run list

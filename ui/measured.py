@@ -1,12 +1,15 @@
 """Reshaping measured runs (store.points / compare.compare_run frames) for tables and charts."""
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pandas as pd
 
-from dsocr_core.hardware import match_device_name
+from dsocr_core.hardware import match_device_name, run_ceilings  # noqa: F401 - the pages read a run's ceilings from here
 from dsocr_core.results.schema import STAGES as STORED_STAGES
+from dsocr_core.runtime.engine import state_text
 from dsocr_core.spec import Hardware
 
 from .analytic import STAGE_NAMES
@@ -30,21 +33,24 @@ def md(text: object, one_line: bool = True) -> str:
     return re.sub(r"\s*\n\s*", " ", text) if one_line else text.replace("\n", "  \n")
 
 
-def run_title(run: dict) -> str:
-    """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind and size."""
-    return f"{run['label']} [{run['kind']}, {run['n_points']} points]"
+# a run's kind as its title says it: kind "reference" is a benchmark sweep (benchmarks/gpu_reference.py), and the
+# word beside a session mode ("[reference, 35 points] · fast session mode") read as a contradiction
+KIND_TITLES = {"reference": "benchmark sweep", "sweep": "sweep", "dataset": "dataset run", "parity": "parity run"}
+
+
+def run_title(run: dict, bundled_dir: str | None = None, size: bool = True) -> str:
+    """The store's label (it names synthetic weights, CPU and the fallback tokenizer) plus kind, where it came from
+    (bundled: imported from `bundled_dir`, the project's reference folder; or imported) and, with `size`, its
+    number of points."""
+    origin = run.get("imported_from")
+    where = "" if not origin else ", bundled" if bundled_dir and Path(origin).parent == Path(bundled_dir) else \
+        ", imported"
+    count = f", {run['n_points']} points" if size else ""
+    return f"{run['label']} [{KIND_TITLES.get(run['kind'], run['kind'])}{where}{count}]"
 
 
 def is_gpu_run(run: dict) -> bool:
     return not run["flags"]["cpu"] and bool((run.get("environment") or {}).get("gpu_name"))
-
-
-def run_ceilings(run: dict) -> tuple[Hardware | None, Hardware | None]:
-    """(datasheet preset of the run's GPU, calibration stored in the run), each None when unknown."""
-    env = run.get("environment") or {}
-    datasheet = match_device_name(env["gpu_name"]) if env.get("gpu_name") else None
-    cal = (run.get("meta") or {}).get("calibration")
-    return datasheet, (Hardware(**cal) if cal else None)
 
 
 def flag_notes(run: dict) -> list[str]:
@@ -58,6 +64,14 @@ def flag_notes(run: dict) -> list[str]:
     return notes
 
 
+def sig(value: float, digits: int = 3) -> str:
+    """`value` to `digits` significant digits, thousands separated, never in exponent notation where a reader
+    compares it with its neighbours: 12,345, 989, 4.8, 0.191, 0.00528."""
+    if abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}g}" if abs(value) >= 1e-4 or value == 0 else f"{value:.{digits - 1}e}"
+
+
 SPREAD_STAGES = ("vision", "prefill", "decode")  # the point table shows their p10-p90 spread
 
 
@@ -66,6 +80,14 @@ def spread_text(low, high) -> str | None:
     if low is None or high is None or pd.isna(low) or pd.isna(high):
         return None
     return f"{low:,.4g} - {high:,.4g}"
+
+
+def stages_as_columns(summary: pd.DataFrame) -> pd.DataFrame:
+    """analytic_join.summary_frame turned: one row per figure, one column per stage. Eight columns fit the page;
+    its fifteen figure columns were cut at the right."""
+    turned = summary.set_index("stage").T.astype(str).replace({"None": "", "nan": ""})
+    turned.columns = [STAGE_NAMES.get(s, s) for s in turned.columns]
+    return turned.rename_axis("figure").reset_index()
 
 
 def point_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -95,6 +117,8 @@ def point_table(points: pd.DataFrame) -> pd.DataFrame:
                                               zip(lo[s].reindex(out.index), hi[s].reindex(out.index))]
         out["repeats"] = reps.max(axis=1).reindex(out.index)
     out["message"] = base["message"]
+    out["engine state"] = [state_text(json.loads(e).get("engine_state")) if isinstance(e, str) else None
+                           for e in base["extra"]]
     out["updated"] = base["updated_at"]
     return out.reset_index(drop=True)
 

@@ -102,6 +102,27 @@ def timing_table(timings: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+NO_BLOCKS = "no grounding blocks (<|ref|>...<|/ref|><|det|>...<|/det|>) in its text"
+
+
+def detection_table(d, res: ParityResult) -> pd.DataFrame:
+    """One row per compared pair. Scores only where there is something to score: a pair with no blocks on either
+    side says so instead of 'precision 1, recall 1, F1 1, mean IoU None', and no matched box leaves the IoU empty
+    with the reason."""
+    rows = []
+    for p in d.pairs:
+        empty = not (p.n_reference or p.n_other)
+        row = {"reference": _title(p.reference, res), "other": _title(p.other, res),
+               "blocks": f"{p.n_reference} / {p.n_other}", "matched": len(p.matches)}
+        for name, value in (("precision", p.precision), ("recall", p.recall), ("F1", p.f1), ("mean IoU", p.mean_iou)):
+            row[name] = "" if empty or value is None else f"{value:.3f}"
+        row["same text"] = p.identical_text
+        row["note"] = ("nothing to compare: neither has blocks" if empty else
+                       f"no box matched (IoU >= {d.iou_threshold:g})" if not p.matches else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _ms_text(seconds) -> str:
     return "n/a" if seconds is None else f"{float(seconds) * 1e3:,.2f}"
 
@@ -133,7 +154,9 @@ def show(res: ParityResult) -> None:
     cols = st.columns(len(res.renderings))
     counts = {o.name: o.blocks for o in r.detections.outputs}
     for col, (name, png) in zip(cols, res.renderings.items()):
-        col.image(png, caption=f"{_title(name, res)}: {counts.get(name, 0)} blocks", width="stretch")
+        blocks = counts.get(name, 0)
+        col.image(png, caption=f"{_title(name, res)}: {blocks} blocks" + (f" — {NO_BLOCKS}" if not blocks else ""),
+                  width="stretch")
 
     d = r.detections
     div = d.token_divergence
@@ -147,7 +170,8 @@ def show(res: ParityResult) -> None:
             st.caption(f"{_title(p.reference, res)} vs {_title(p.other, res)}: texts first differ at line "
                        f"{t.line}, column {t.column}.")
 
-    t1, t2 = st.columns([2, 3])
+    # one above the other: side by side, the blocks table (five columns) was cut at the right
+    t1, t2 = st.container(), st.container()
     with t1:
         st.markdown("**Blocks**")
         st.dataframe(pd.DataFrame([{"output": _title(o.name, res), "blocks": o.blocks, "characters": o.characters,
@@ -161,13 +185,14 @@ def show(res: ParityResult) -> None:
         st.dataframe(timing_table(timings), hide_index=True, width="stretch")
         st.caption(f"Tokens: one-shot {timings['one-shot']['tokens']}, separated {timings['separated']['tokens']}. "
                    "The one-shot path runs vision inside its first model call (its prefill), so its SAM, CLIP and "
-                   "projector are not timed apart (—). The path that runs first also pays any warm-up.")
+                   "projector are not timed apart (—). Both paths ran twice untimed before (a warm-up), so neither "
+                   "pays one-off costs here.")
     st.markdown("**Detection comparison**")
-    st.dataframe(pd.DataFrame([{"reference": _title(p.reference, res), "other": _title(p.other, res),
-                                "blocks": f"{p.n_reference} / {p.n_other}", "matched": len(p.matches),
-                                "precision": p.precision, "recall": p.recall, "F1": p.f1,
-                                "mean IoU": p.mean_iou, "same text": p.identical_text} for p in d.pairs]),
-                 hide_index=True, width="stretch")
+    if not any(p.n_reference or p.n_other for p in d.pairs):
+        st.info(f"Nothing to compare: {NO_BLOCKS} in any of the outputs, so there are no boxes to match (no "
+                "precision, recall or IoU). The texts are compared above (first divergence).")
+    else:
+        st.dataframe(detection_table(d, res), hide_index=True, width="stretch")
 
     tabs = st.tabs([f"{_title(name, res)} text" for name in res.markdown] + ["verification"])
     for tab, name in zip(tabs, res.markdown):

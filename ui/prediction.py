@@ -19,18 +19,19 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 import streamlit as st
 
-from dsocr_core.analytic.predict import prediction_gaps, profile_hardware, with_profile
-from dsocr_core.calibration.profile import Profile, ProfileError, load_profile
+from dsocr_core.analytic.known_misses import DOC, known_misses
+from dsocr_core.analytic.predict import UNIFORM_ROUTING, prediction_gaps, profile_hardware, with_profile
+from dsocr_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
 from dsocr_core.spec import Hardware
 
-from . import resources, sweeps
+from . import resources, routing_choice, sweeps
 from .measured import md
 
 PROFILES_ENV = "DSOCR_PROFILES_DIR"  # the repository's profiles (tests point it at their own folder)
@@ -38,7 +39,8 @@ NONE, UPLOAD = "none", "upload"
 PICKER = "sb_profile"
 PENDING = "_sb_profile_pending"  # a profile calibrated here: selected on the next run, before the picker is drawn
 KINDS = {"repo": "data/profiles", "calibrated": "calibrated here", "uploaded": "uploaded"}
-CPU_NOTE = "CPU profile: it predicts runs on this CPU, not a GPU"
+CPU_NOTE = "CPU profile: its kernels are this CPU's, not a GPU's"
+QUICK_NOTE = "QUICK grids: a smoke test of the calibration, not a predictor"
 HOW_TO = ("No prediction: choose a calibration profile in the sidebar (**Predicted time**), or calibrate this "
           "machine there, to see the predicted time beside the roofline bound.")
 CPU_BUDGET_S = 60.0  # the quick CPU grids take a few seconds; the budget only stops a machine far too busy
@@ -55,6 +57,10 @@ class ProfileChoice:
     derived: bool
     device_kind: str  # "cuda" | "cpu"
     origin: str  # where it came from (KINDS value)
+    routing_path: str | None = None  # the what-if routing profile (ui/routing_choice.py); None: uniform
+    routing_mtime_ns: int = 0
+    routing_label: str = UNIFORM_ROUTING
+    quick: bool = False  # the quick grids: a smoke test whose predictions miss by 10x or more
 
 
 # ------------------------------------------------------------------------------------------- folders
@@ -104,10 +110,12 @@ def _load(path: str, mtime_ns: int) -> Profile:
 
 def describe(profile: Profile) -> str:
     """How every caption and export names the profile: its label (DERIVED said there), and for a CPU profile that
-    it predicts CPU runs; a calibration stopped early says so."""
+    its kernels are not a GPU's, for a quick one that it is a smoke test; a calibration stopped early says so."""
     label = profile.label()
     if profile.device.get("kind") == "cpu":
         label += f" — {CPU_NOTE}"
+    if _quick(profile):
+        label += f" — {QUICK_NOTE}"
     cal = profile.raw.get("calibration") or {}
     if cal.get("complete") is False:
         label += " (calibration stopped early: unmeasured shapes take their nearest measured neighbour's value)"
@@ -125,11 +133,19 @@ def choose(path: Path, origin: str) -> ProfileChoice:
     if gaps:
         raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
                            "before it measured them); calibrate again with a larger budget")
-    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin)
+    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin,
+                         quick=_quick(prof))
+
+
+def _quick(profile: Profile) -> bool:
+    return bool((profile.raw.get("calibration") or {}).get("quick"))
 
 
 def _save_upload(name: str, data: bytes) -> Path:
     """Validate an uploaded profile and keep it in the uploaded folder (raises ProfileError naming the upload)."""
+    if len(data) > MAX_PROFILE_BYTES:  # refused before it is written or parsed
+        raise ProfileError(f"the uploaded file {name} is {len(data):,} bytes, larger than the limit of "
+                           f"{MAX_PROFILE_BYTES:,} bytes for a calibration profile")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name).lstrip(".") or "profile.json"
     safe = safe if safe.endswith(".json") else f"{safe}.json"
     out = uploaded_dir() / safe
@@ -162,26 +178,26 @@ def current_profile(settings) -> Profile | None:
 
 
 def predicted_hardware(settings) -> Hardware | None:
-    """The sidebar's hardware carrying the prediction of the chosen profile in the sidebar's session mode, or None.
+    """The sidebar's hardware carrying the prediction of the chosen profile in the sidebar's session mode, under
+    the sidebar's routing, or None.
 
     Why the sidebar's ceilings and not the profile's own (profile_hardware): the time model times every row on the
     PROFILE's ceilings whatever Hardware it rides on (predict.Predictor reads profile.peak_flops / bandwidth), so
     the predicted figures are the same either way; the Hardware's ceilings only give the roofline columns
     (time_s, bound, the capacity bounds, memory fit), and the roofline shown beside the prediction must stay the
     one the sidebar chose."""
-    prof = current_profile(settings)
-    if prof is None:
-        return None
-    return with_profile(settings.hardware, prof, settings.model.session_mode)
+    pkey = key(settings)
+    return None if pkey is None or current_profile(settings) is None else attach(settings.hardware, pkey)
 
 
 def key(settings, mode: str | None = None) -> str | None:
-    """The cache key of the prediction: JSON of (profile path, file mtime, session mode), or None without a
-    profile. `mode`: a stored run's own session mode instead of the sidebar's."""
+    """The cache key of the prediction: JSON of (profile path, file mtime, session mode, routing profile path,
+    its mtime), or None without a profile. `mode`: a stored run's own session mode instead of the sidebar's (a
+    run's prediction then takes the run's engine and observed routing, results.analytic_join.run_prediction)."""
     c = getattr(settings, "profile", None)
     if c is None:
         return None
-    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode])
+    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode, c.routing_path, c.routing_mtime_ns])
 
 
 def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
@@ -189,20 +205,35 @@ def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
     own ceilings (for joins that only read the predicted time, not the roofline)."""
     if pkey is None:
         return hw
-    path, mtime, mode = json.loads(pkey)
+    path, mtime, mode, routing_path, routing_mtime = json.loads(pkey)
     prof = _load(path, mtime)
-    return with_profile(hw if hw is not None else profile_hardware(prof), prof, mode)
+    routing = None if routing_path is None else routing_choice.load(routing_path, routing_mtime)
+    return with_profile(hw if hw is not None else profile_hardware(prof), prof, mode, routing=routing)
 
 
-def note(settings, mode: str | None = None) -> str:
-    """The caption a page shows about its prediction: which profile and mode, or how to get one."""
+def note(settings, mode: str | None = None, run: bool = False) -> str:
+    """The caption a page shows about its prediction: which profile, mode and routing, or how to get one. `run`:
+    the prediction of a measured run (its own engine and observed routing)."""
     c = getattr(settings, "profile", None)
     if c is None:
         return HOW_TO
     # the time model runs on the profile's ceilings and tables: its figures are for the profile's device, whatever
-    # hardware a roofline beside it uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
-    return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode: times on the "
-            "profile's device, whichever hardware the roofline beside them uses.")
+    # hardware a roofline beside them uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
+    routing = ("the run's own engine and the MoE routing it observed (uniform, assumed, where it recorded none)"
+               if run else f"MoE routing {md(c.routing_label)}")
+    return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode, {routing}: "
+            "times on the profile's device, whichever hardware the roofline beside them uses.")
+
+
+def show_misses(settings, mode: str | None = None, max_batch: int = 1, stages=None) -> None:
+    """A warning beside a prediction where docs/accuracy.md measured it outside its targets (the session mode,
+    batched decode, a stage, a quick, CPU or derived profile): nothing without a profile or without a known miss."""
+    prof = current_profile(settings)
+    if prof is None:
+        return
+    misses = known_misses(prof, mode or settings.model.session_mode, max_batch, stages)
+    if misses:
+        st.warning(f"**This prediction is known to miss** ({DOC}):\n\n" + "\n".join(f"* {md(m)}" for m in misses))
 
 
 # ------------------------------------------------------------------------------------------- the sidebar
@@ -235,6 +266,11 @@ def render(side, gpu) -> ProfileChoice | None:
         side.caption(md(choice.label))
         if choice.derived:
             side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
+        path, mtime, label = routing_choice.render(side)
+        choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
+        if choice.quick:
+            side.warning("QUICK profile: a smoke test of the calibration, not a predictor. Its kernel tables stop "
+                         "far below the model's shapes, so its predicted times miss by 10x or more.")
     _calibrate_panel(side, gpu)
     return choice
 
@@ -248,8 +284,9 @@ def _calibrate_panel(side, gpu) -> None:
             device = "cpu"
         if device == "cpu":
             quick, budget = True, CPU_BUDGET_S
-            st.caption(f"The quick kernel grids (a few seconds), labelled as a {CPU_NOTE}; it is no stand-in for "
-                       "a GPU profile.")
+            st.caption("The quick kernel grids (a few seconds): a smoke test of the calibration, labelled "
+                       f"'{QUICK_NOTE}'. Its predicted times miss this CPU's runs by 10x or more (the grids stop "
+                       "far below the model's shapes), and it is no stand-in for a GPU profile.")
         else:
             quick = st.toggle("Quick grids (a smoke test, not for predictions)", key="sb_cal_quick")
             lo, hi, default = GPU_BUDGET_S
@@ -300,4 +337,5 @@ def _progress(runner) -> None:
     panel()
 
 
-__all__ = ["ProfileChoice", "attach", "current_profile", "describe", "key", "note", "predicted_hardware", "render"]
+__all__ = ["ProfileChoice", "attach", "current_profile", "describe", "key", "note", "predicted_hardware", "render",
+           "show_misses"]

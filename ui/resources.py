@@ -1,7 +1,7 @@
 """Cached wrappers of dsocr_core for the pages.
 
 * The model is ONE `st.cache_resource` entry (max_entries=1): choosing another model in the sidebar replaces
-  it. The session modes (reference | fast) share that entry's weights (`LoadedModel`). GPU work from any tab
+  it. The session modes (engines.ENGINES) share that entry's weights (`LoadedModel`). GPU work from any tab
   goes through `gpu_lock()` (one process-wide lock), so two browser tabs never run on the device at once; a
   page that finds it taken says so instead of waiting.
 * The run store is opened once per process; the bundled reference runs (data/reference/*.json) are imported
@@ -24,7 +24,8 @@ import pandas as pd
 import streamlit as st
 
 from dsocr_core import analytic, tiling
-from dsocr_core.hardware import calibrate, match_device_name
+from dsocr_core.engines import ENGINES
+from dsocr_core.hardware import calibrate, cpu_ceilings, match_device_name
 from dsocr_core.registry import get_family, read_spec
 from dsocr_core.spec import DecoderSpec, Hardware, Workload
 from dsocr_core.results.store import RunImportError, RunStore, StoreError, default_path
@@ -102,7 +103,7 @@ def gpu_lock() -> threading.Lock:
 
 
 class Busy(RuntimeError):
-    """The device is running another job (a sweep, or a parity run from another tab)."""
+    """The device is running another job (a measured sweep, a dataset run, a parity run or a calibration)."""
 
 
 @contextmanager
@@ -110,8 +111,8 @@ def gpu_turn():
     """Hold the device for one job, or raise Busy at once when another job holds it."""
     lock = gpu_lock()
     if not lock.acquire(blocking=False):
-        raise Busy("the device is busy with another job (a measured sweep, a parity run or a calibration from "
-                   "this or another tab); try again when it finishes")
+        raise Busy("the device is busy with another job (a measured sweep, a dataset run, a parity run or a "
+                   "calibration from this or another tab); try again when it finishes")
     try:
         yield
     finally:
@@ -120,63 +121,69 @@ def gpu_turn():
 
 # ------------------------------------------------------------------------------------------- hardware
 @st.cache_resource(show_spinner=False)
-def calibrations() -> dict[str, Hardware]:
-    """Ceilings measured on this machine, per device (shared by all tabs: the machine does not change)."""
+def calibrations() -> dict[tuple[str, str], Hardware]:
+    """Ceilings measured on this machine, per (device, dtype) (shared by all tabs: the machine does not change)."""
     return {}
 
 
-def run_calibration(device: str) -> Hardware:
-    """Measure matmul and copy ceilings (small sizes on the CPU, where it is only a smoke test)."""
+def run_calibration(device: str, dtype: str) -> Hardware:
+    """Measure matmul (in the runs' `dtype`, with their threads) and copy ceilings; on the CPU the matmul size
+    follows the CPU's speed (hardware.cpu_matmul_size) and the copy is 64 MiB, so it takes about a second."""
     with gpu_turn():
-        if device.startswith("cuda"):
-            hw = calibrate(device=device)
-        else:
-            hw = calibrate(device="cpu", matmul_size=1024, copy_bytes=64 << 20, warmup=1, repeats=3)
-    calibrations()[device] = hw
+        hw = cpu_ceilings(dtype) if device == "cpu" else calibrate(device=device, dtype=dtype)
+    calibrations()[(device, dtype)] = hw
     return hw
 
 
 # ------------------------------------------------------------------------------------------- session
 class LoadedModel:
-    """The sidebar model's weights, loaded once, and its session in each session mode.
+    """The sidebar model's weights, loaded once, and its session in each session mode (engines.ENGINES).
 
-    The reference session is loaded; the fast one is `with_mode("fast")` of it (same model, tokenizer and lock, no
-    second copy of the weights), built on first use. Building the fast engine can fail (no Triton, an
+    The reference session is loaded; another mode's is `with_mode(mode)` of it (same model, tokenizer and lock, no
+    second copy of the weights), built on first use, one at a time. Building an engine can fail (no Triton, an
     unsupported dtype, ...): the failure is remembered, shown, and the reference session used instead. Choosing
-    the reference mode again drops the fast session, so its static caches and graph memory do not sit in the
-    reference mode's measured peak memory."""
+    another mode drops the built one, so its static caches and graph memory do not sit in the reference mode's
+    measured peak memory."""
 
     def __init__(self, reference):
         self.reference = reference
-        self.fast = None
-        self.fast_error: str | None = None
+        self.other: tuple[str, object] | None = None  # (mode, session) of the one other engine built
+        self.errors: dict[str, str] = {}  # mode -> why its engine could not be built
         self._guard = threading.Lock()
 
+    def needs_build(self, mode: str) -> bool:
+        """Whether asking for `mode` builds an engine now (the page shows a spinner meanwhile)."""
+        return (mode != self.reference.session_mode and mode not in self.errors
+                and (self.other is None or self.other[0] != mode))
+
     def session(self, mode: str) -> tuple[object, str | None]:
-        """(session in `mode`, None), or (the reference session, why fast mode is refused)."""
-        if mode != "fast":
-            self.drop_fast()
+        """(session in `mode`, None), or (the reference session, why `mode` is refused)."""
+        if mode == self.reference.session_mode:
+            self.drop_other()
             return self.reference, None
+        if self.other is not None and self.other[0] != mode:
+            self.drop_other()
         with self._guard:
-            if self.fast is None and self.fast_error is None:
+            if self.other is None and mode not in self.errors:
                 try:
-                    fast = self.reference.with_mode("fast")
+                    built = self.reference.with_mode(mode)
                     with self.reference.lock:  # waits for a point of a running sweep, then builds
-                        fast.engine  # noqa: B018 - built lazily; a failure to build is raised here
-                    self.fast = fast
+                        built.engine  # noqa: B018 - built lazily; a failure to build is raised here
+                    self.other = (mode, built)
                 except Exception as exc:  # noqa: BLE001 - the page keeps working in the reference mode
                     first = str(exc).splitlines()[0] if str(exc) else ""
-                    self.fast_error = (f"Fast mode is not available: the fast engine could not be built "
-                                       f"({type(exc).__name__}: {first}) — using the reference mode.")
-            if self.fast is None:
-                return self.reference, self.fast_error
-            return self.fast, None
+                    title = ENGINES[mode].title if mode in ENGINES else mode
+                    self.errors[mode] = (f"{title} mode is not available: the {mode} engine could not be built "
+                                         f"({type(exc).__name__}: {first}) — using the reference mode.")
+            if self.other is None:
+                return self.reference, self.errors[mode]
+            return self.other[1], None
 
-    def drop_fast(self) -> None:
+    def drop_other(self) -> None:
         with self._guard:
-            if self.fast is None:
+            if self.other is None:
                 return
-            self.fast = None
+            self.other = None
         free_device_memory()
 
 
@@ -199,9 +206,9 @@ def get_session(model) -> tuple[object | None, str | None]:
         loaded = _loaded(*model.key)
     except Exception as exc:  # noqa: BLE001 - any load failure (missing folder, bad weights, OOM) is a message
         return None, _load_message(exc, model)
-    if model.session_mode == "fast" and loaded.fast is None and loaded.fast_error is None:
-        with st.spinner("Building the fast engine ..."):
-            session, refusal = loaded.session("fast")
+    if loaded.needs_build(model.session_mode):
+        with st.spinner(f"Building the {model.session_mode} engine ..."):
+            session, refusal = loaded.session(model.session_mode)
     else:
         session, refusal = loaded.session(model.session_mode)
     if refusal:
@@ -275,10 +282,15 @@ def _open_store(path: str, reference_dir: str) -> StoreHandle:
     return StoreHandle(store, Path(reference_dir), imported, error, store_error)
 
 
+def reference_dir() -> Path:
+    """The folder of bundled runs imported into every store ($DSOCR_REFERENCE_DIR, or data/reference)."""
+    return Path(os.environ.get(REFERENCE_ENV) or REFERENCE_DIR)
+
+
 def run_store() -> StoreHandle:
     """$DSOCR_STORE (or data/runs.sqlite) with the bundled reference runs imported. When that file is unusable,
     a temporary store stands in and the page shows why (once per page run)."""
-    handle = _open_store(str(default_path()), os.environ.get(REFERENCE_ENV) or str(REFERENCE_DIR))
+    handle = _open_store(str(default_path()), str(reference_dir()))
     if handle.store_error:
         _show_store_error(handle)
     return handle

@@ -14,7 +14,7 @@ from dsocr_core.registry import FAMILIES
 
 from . import charts, prediction, resources, sweeps
 from . import measured as ms
-from .runs import run_mode, run_session_mode, run_title
+from .runs import engine_note, run_mode, run_session_mode, run_title, show_order_check
 
 RUNS_KEY = "ms_runs"
 FILTERS = ("ms_f_modes", "ms_f_batch", "ms_f_text")
@@ -86,7 +86,8 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
                          "measured times are shown without an analytic time prediction.")
     for n in notes:
         st.caption(n)
-    _prediction_notes(settings, [by_id[i] for i in chosen])
+    _prediction_notes(settings, [by_id[i] for i in chosen],
+                      max([int(c["batch"].max()) for _, c, _ in frames if not c.empty], default=1))
     finished = [c for _, c, _ in frames if not c.empty]
     if chosen and not finished:
         st.warning("The chosen runs have no finished points yet.")
@@ -95,6 +96,8 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
     for run, _, pts in frames:
         st.markdown(f"**{ms.md(run['label'])}** ({run_mode(run)}) — {run['n_done']} done, {run['n_oom']} oom, "
                     f"{run['n_error']} error")
+        show_order_check(run)
+        st.caption(ms.md(engine_note(run)))
         st.dataframe(ms.point_table(pts), hide_index=True, width="stretch", height=260,
                      column_config={"status": st.column_config.TextColumn("status", width="small")})
     if any(not pts.empty for _, _, pts in frames):
@@ -102,15 +105,19 @@ def render(store, runs: list[dict], references: list[dict], settings) -> None:
                    "(one repeat: none).")
 
 
-def _prediction_notes(settings, chosen: list[dict]) -> None:
-    """Which profile the predicted lines come from, in which mode, and where its device is not the run's."""
+def _prediction_notes(settings, chosen: list[dict], max_batch: int) -> None:
+    """Which profile the predicted lines come from, in which mode, where its device is not the run's, and where
+    the prediction is known to miss (the reference mode's misses include the fast mode's)."""
     c = settings.profile
     if c is None:
         st.caption(prediction.HOW_TO)
         return
     modes = sorted({run_session_mode(r) for r in chosen})
-    st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, in each run's own session mode "
-               f"({', '.join(modes) or 'none chosen'}).")
+    st.caption(f"Predicted (solid lines) with **{ms.md(c.label)}**, with each run's own engine "
+               f"({', '.join(modes) or 'none chosen'}) and the MoE routing it observed (uniform, assumed, where it "
+               "recorded none).")
+    if modes:
+        prediction.show_misses(settings, "reference" if "reference" in modes else modes[0], max_batch)
     for r in chosen:
         on_cpu = bool(r["flags"]["cpu"])
         if on_cpu != (c.device_kind == "cpu"):
@@ -125,7 +132,8 @@ def _chart(frames, finished: list[pd.DataFrame]) -> None:
     reset = st.session_state.get("_ms_f_runs") != signature  # other runs chosen: filters follow them
     st.session_state["_ms_f_runs"] = signature
     defaults = filter_defaults(finished)
-    f = st.columns([1, 1, 1, 2, 1])
+    # two rows, so a chip ('gundam') and the x axis ('sequence length (prompt tokens)') are never cut to 'gun…'
+    f = st.columns([1.2, 1, 1]) + st.columns([2, 1.3])
     options = {"ms_f_modes": sorted(done["mode"].unique()),
                "ms_f_batch": sorted(int(b) for b in done["batch"].unique()),
                "ms_f_text": sorted(int(t) for t in done["text_tokens"].unique())}

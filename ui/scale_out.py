@@ -52,15 +52,20 @@ def _start_pool(job, scale: dict, model):
     job.current = "starting the Ray workers (each loads the model)"
     pool = WorkerPool.start(load_args(model), workers=scale["workers"], address=scale["address"],
                             allow_mixed_gpus=scale["allow_mixed_gpus"])
-    job.worker_rows = pool.progress_rows()
+    _refresh(job, pool)
     job.current = f"{len(pool.workers)} Ray worker(s) measuring"
     return pool
+
+
+def _refresh(job, pool) -> None:
+    job.worker_rows = pool.progress_rows()
+    job.worker_events = list(pool.events)  # deaths, retries, items lost: said on the page, not only in the table
 
 
 def _progress(job, pool):
     def progress(_i, _n, item, status):
         job.done_one(status)
-        job.worker_rows = pool.progress_rows()
+        _refresh(job, pool)
     return progress
 
 
@@ -74,7 +79,7 @@ def _on_workers(job, scale: dict, model, body):
                 try:
                     body(pool)
                 finally:
-                    job.worker_rows = pool.progress_rows()
+                    _refresh(job, pool)
                     pool.close()
         except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
             job.error = f"{type(exc).__name__}: {exc}"
@@ -144,3 +149,8 @@ def worker_panel(job) -> None:
                                 "current", "death"]]
     st.dataframe(table, hide_index=True, width="stretch",
                  column_config={"current": st.column_config.TextColumn("current item", width="large")})
+    events = getattr(job, "worker_events", None)
+    if events:
+        from .measured import md
+
+        st.warning("Ray workers died during this run:\n\n" + "\n".join(f"- {md(e)}" for e in events[-20:]))

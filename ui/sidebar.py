@@ -11,11 +11,13 @@ from pathlib import Path
 
 import streamlit as st
 
+from dsocr_core.engines import ENGINES
 from dsocr_core.hardware import PRESETS
 from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, fast_engine_models, get_family, read_spec
 from dsocr_core.spec import Hardware, SpecError
 
 from . import prediction, resources
+from .measured import sig
 from .resources import GpuInfo
 
 CHECKPOINT_ENV = "DSOCR_CHECKPOINT"  # a default checkpoint folder for the sidebar
@@ -25,13 +27,11 @@ SOURCES = {
     "checkpoint": "Local checkpoint folder",
 }
 DTYPES = {"cpu": ["float32", "bfloat16"], "cuda": ["bfloat16", "float16", "float32"]}
-# dsocr_core.runtime.engine.SESSION_MODES, spelled out so the sidebar (drawn on every page) never imports torch;
-# tests/test_app_pages.py checks the two agree
-SESSION_MODES = ("reference", "fast")
-MODE_NAMES = {"reference": "Reference", "fast": "Fast"}
-MODE_HELP = ("Reference: the plain PyTorch model with HF generate() semantics. Fast: the fast engine (static KV "
-             "cache, CUDA graphs, fused Triton decode kernels); it needs a CUDA GPU. Both give the same greedy "
-             "tokens; every result and export names the mode it ran in.")
+# the session modes are the engine registry's (dsocr_core/engines.py: torch-free, like the whole sidebar)
+SESSION_MODES = tuple(ENGINES)
+MODE_NAMES = {k: e.title for k, e in ENGINES.items()}
+MODE_HELP = (" ".join(f"{e.title}: {e.help}." for e in ENGINES.values())
+             + " Both give the same greedy tokens; every result and export names the engine it ran.")
 CALIBRATED, CUSTOM = "calibrated", "custom"
 
 
@@ -120,22 +120,24 @@ def _checkpoint_problem(folder: str) -> tuple[str | None, str]:
         return str(exc), DEFAULT_MODEL
 
 
-def _fast_refusal(device: str, gpu: GpuInfo, model: str = DEFAULT_MODEL) -> str | None:
-    """Why fast mode cannot be used with this device or model, or None."""
-    family = get_family(model)
-    if not family.fast_engine:
-        return (f"Fast mode runs {', '.join(fast_engine_models())} only; {family.label} runs in the reference "
-                "mode (the plain PyTorch model) — using the reference mode.")
-    if device == "cuda":
+def _mode_refusal(mode: str, device: str, gpu: GpuInfo, model: str = DEFAULT_MODEL) -> str | None:
+    """Why the session mode cannot be used with this device (its engine needs CUDA) or model, or None."""
+    engine, family = ENGINES[mode], get_family(model)
+    if mode == "fast" and not family.fast_engine:
+        return (f"{engine.title} mode runs {', '.join(fast_engine_models())} only; {family.label} runs in the "
+                "reference mode (the plain PyTorch model) — using the reference mode.")
+    if device == "cuda" or not engine.needs_cuda:
         return None
     if not gpu.available:
-        return ("Fast mode needs a CUDA GPU; this machine has none — using the reference mode. (The fast engine "
-                "runs on CUDA: static KV cache, CUDA graphs and Triton kernels.)")
-    return "Fast mode needs the CUDA device; the device chosen above is the CPU — using the reference mode."
+        return (f"{engine.title} mode needs a CUDA GPU; this machine has none — using the reference mode. "
+                f"({engine.title}: {engine.help}.)")
+    return (f"{engine.title} mode needs the CUDA device; the device chosen above is the CPU — using the reference "
+            "mode.")
 
 
 def _ceiling_caption(hw: Hardware) -> str:
-    return (f"{hw.peak_tflops:,.1f} TFLOP/s · {hw.bandwidth_tbs:,.3g} TB/s · {hw.memory_gb:,.0f} GB · "
+    """Three significant digits: a CPU's 0.19 TFLOP/s must not read 0.0."""
+    return (f"{sig(hw.peak_tflops)} TFLOP/s · {sig(hw.bandwidth_tbs)} TB/s · {hw.memory_gb:,.0f} GB · "
             f"ridge {hw.ridge_intensity:,.0f} FLOP/byte")
 
 
@@ -171,7 +173,7 @@ def render() -> Settings:
     if not get_family(model_name).fast_engine:
         side.caption(f"The fast session mode is {' / '.join(fast_engine_models())}-only; "
                      f"{get_family(model_name).label} runs in the reference mode.")
-    mode_note = _fast_refusal(device, gpu, model_name) if requested == "fast" else None
+    mode_note = _mode_refusal(requested, device, gpu, model_name)
     if mode_note:
         side.warning(mode_note)
     model = ModelChoice("checkpoint" if source == "checkpoint" else "synthetic",
@@ -191,14 +193,18 @@ def render() -> Settings:
     choice = side.selectbox("Ceilings", options, index=options.index(default), format_func=names.get,
                             key="sb_hardware")
     if choice == CALIBRATED:
-        measured = resources.calibrations().get(device)
+        measured = resources.calibrations().get((device, dtype))
         if side.button("Measure now" if measured is None else "Measure again", key="sb_calibrate"):
+            status = side.status(f"Measuring {dtype} matmul and copy ceilings ...", expanded=False)
             try:
-                with side.status("Measuring matmul and copy ceilings ...", expanded=False):
-                    measured = resources.run_calibration(device)
+                with status:
+                    measured = resources.run_calibration(device, dtype)
+                status.update(label=f"Measured: {_ceiling_caption(measured)}", state="complete")
             except resources.Busy as exc:
+                status.update(label="Not measured: the device is busy", state="error")
                 side.warning(str(exc))
             except Exception as exc:  # noqa: BLE001 - a failed calibration leaves the app running
+                status.update(label="Calibration failed", state="error")
                 side.error(f"calibration failed: {type(exc).__name__}: {exc}")
         if measured is None:
             hardware = PRESETS[default]
@@ -207,7 +213,8 @@ def render() -> Settings:
         else:
             hardware, note = measured, measured.source
             if not device.startswith("cuda"):
-                side.caption("Calibrated on the CPU: a smoke test of the method, not GPU ceilings.")
+                side.caption(f"Calibrated on this CPU in {dtype} with its threads: the bound of CPU runs in "
+                             f"{dtype}, not GPU ceilings.")
     elif choice == CUSTOM:
         c1, c2 = side.columns(2)
         peak = c1.number_input("TFLOP/s", min_value=0.001, value=989.0, key="sb_peak")

@@ -119,6 +119,12 @@ class SweepRunner:
     def busy(self) -> bool:
         return self.job is not None and self.job.running
 
+    def busy_message(self) -> str:
+        """What a start refused while a job runs says: the job that runs, by name (a sweep, a dataset run or a
+        calibration)."""
+        what = KIND_NAMES[self.job.kind] if self.job is not None else "job"
+        return f"a {what} is already running; stop it or wait for it to finish"
+
     def start(self, session, store, workloads: list[Workload], *, name: str, label: str, repeats: int,
               warmup: int, weights: list[float] | None = None) -> SweepJob:
         """A measured sweep of `workloads` in the background (`weights`: each point's relative cost, for the
@@ -145,8 +151,7 @@ class SweepRunner:
     def _start(self, job: SweepJob, target, args) -> SweepJob:
         with self._guard:
             if self.busy:
-                raise resources.Busy(f"a {KIND_NAMES[self.job.kind]} is already running; stop it or wait for it "
-                                     "to finish")
+                raise resources.Busy(self.busy_message())
             self.job = job
             self._thread = threading.Thread(target=target, name=f"dsocr-{job.kind}", daemon=True, args=args)
             self._thread.start()
@@ -170,6 +175,9 @@ class SweepRunner:
         def progress(_i, _n, _w, status):
             job.done_one(status)
 
+        def announce(w):  # the order check is not a point of the run: no count, only what runs now
+            job.current = f"order check: {describe(w)} measured again"
+
         try:
             for w in workloads:
                 if job.stopped:
@@ -181,7 +189,10 @@ class SweepRunner:
                     with session.lock:
                         job.run_id = measure.run_sweep(session, store, [w], run_id=job.run_id, name=job.name,
                                                        repeats=repeats, warmup=warmup, progress=progress,
-                                                       should_stop=job.stop.is_set, meta=meta)
+                                                       should_stop=job.stop.is_set, meta=meta, order_check=False)
+            if not job.stopped and job.run_id is not None:
+                with lock, session.lock:
+                    measure.recheck_first(session, store, job.run_id, repeats, warmup, announce=announce)
         except Exception as exc:  # noqa: BLE001 - reported on the page; stored points stay stored
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -193,6 +204,9 @@ class SweepRunner:
         from dsocr_core.measure import dataset_run
 
         def progress(_i, _n, sample, status):
+            if status == "recheck":  # the order check is not a page of the run: no count
+                job.current = f"order check: {sample.label} measured again"
+                return
             job.done_one(status)
             job.current = f"last page: {sample.label} ({status})"
 

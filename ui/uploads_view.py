@@ -26,7 +26,8 @@ def upload_store():
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**20:,.1f} MB" if n >= 2**20 else f"{n / 1024:,.0f} KB"
+    # decimal units, as Streamlit's uploader shows the same file (116.8KB there was 114 KB here)
+    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.1f} KB"
 
 
 def panel() -> list[str]:

@@ -1,7 +1,8 @@
 """Predicted time: the roofline plus what the kernels that really run cost beyond it, from a calibration profile.
 
-For one call of an analytic row (rows carry their kernel shapes in `Row.ctx`), kernels.plan() lists the kernels
-the session mode runs and splits the row's FLOPs and bytes over them. With P and W the profile's ceilings:
+For one call of an analytic row (rows carry their kernel shapes in `Row.ctx`), the engine's kernel plan (built from
+the prediction's engine description, engines.EngineSpec.kernel_plan) lists the kernels the engine runs and splits
+the row's FLOPs and bytes over them. With P and W the profile's ceilings:
 
     roofline  R = max(F / P, B / W)                                     (the row's roofline on the profile)
     kernel    K = sum_k [ max(F'_k / P, B'_k / W) / eff_k - max(F_k / P, B_k / W) ]
@@ -10,7 +11,9 @@ the session mode runs and splits the row's FLOPs and bytes over them. With P and
     host      H = eager host ops x host_op_s + syncs x sync_s + graph replays x graph_launch_s
     time      t = max(D, H) = D + max(H - D, 0)
 
-eff_k is the profile's efficiency of kernel k at its shape (log-space interpolation, clamped at the edges);
+eff_k is the profile's efficiency of kernel k at its shape (log-space interpolation, clamped at the edges; above 1,
+which a profile may hold up to calibration.profile.MAX_EFFICIENCY, it is taken as 1, so no kernel is predicted
+faster than its own roofline and no row faster than the roofline of the work the engine really does);
 (F_k, B_k) its share of the row's work, (F'_k, B'_k) the work the engine really does (= the share with
 work="analytic"). The shares partition the row, so with every efficiency 1, every launch cost 0 and
 work="analytic" the prediction is the roofline exactly; with work="engine" it is the roofline plus the engine's
@@ -32,39 +35,53 @@ from typing import Any
 import numpy as np
 from pydantic import ConfigDict, Field
 
+from ..engines import EngineSpec, as_engine
 from ..spec import Hardware, SpecError
 from .cost import Cost, Row
-from .kernels import Call, Kernel, plan
+from .kernels import Call, Kernel
 
 PREDICTED = ("predicted_s", "predicted_roofline_s", "predicted_kernel_s", "predicted_launch_s", "predicted_host_s")
-SESSION_MODES = ("reference", "fast")
 WORK_MODES = ("engine", "analytic")
 OVERLAP_MODES = ("row", "kernel")
 
 
 @dataclass(frozen=True, eq=False)
 class Prediction:
-    """What a prediction needs besides the workload: a profile, the session mode, the work convention."""
+    """What a prediction needs besides the workload: a profile, the engine (kind and options: its kernel plan),
+    the work convention, the overlap model and the MoE routing (None: uniform, each token picking k of E experts
+    independently; else a routing.Routing, e.g. observed in a measured run)."""
 
     profile: Any  # calibration.profile.Profile
-    session_mode: str = "reference"
+    engine: EngineSpec
     work: str = "engine"
     overlap: str = "row"  # row: the roofline of each call (compute and memory overlap across its kernels);
     # kernel: each kernel's own roofline, summed (kernels run one after another; no longer equal to the roofline)
+    routing: Any = None
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
     def __post_init__(self):
-        if self.session_mode not in SESSION_MODES:
-            raise SpecError(f"session mode must be one of {', '.join(SESSION_MODES)}, got {self.session_mode!r}")
+        if not isinstance(self.engine, EngineSpec):
+            raise SpecError(f"a prediction needs an engine description (engines.EngineSpec), got {self.engine!r}")
         if self.work not in WORK_MODES:
             raise SpecError(f"work must be one of {', '.join(WORK_MODES)}, got {self.work!r}")
         if self.overlap not in OVERLAP_MODES:
             raise SpecError(f"overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
 
+    @property
+    def session_mode(self) -> str:
+        return self.engine.kind
+
+    def routing_label(self) -> str:
+        return UNIFORM_ROUTING if self.routing is None else self.routing.label()
+
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
-        return {**self.profile.summary(), "session_mode": self.session_mode, "work": self.work,
-                "overlap": self.overlap, "notes": sorted(self.notes)}
+        return {**self.profile.summary(), "session_mode": self.session_mode, "engine": self.engine.to_dict(),
+                "engine_label": self.engine.label(), "work": self.work, "overlap": self.overlap,
+                "routing": self.routing_label(), "notes": sorted(self.notes)}
+
+
+UNIFORM_ROUTING = "uniform (assumed)"  # each token picks its k of the E routed experts independently
 
 
 class ProfiledHardware(Hardware):
@@ -75,10 +92,12 @@ class ProfiledHardware(Hardware):
     prediction: Any = Field(default=None, exclude=True)
 
 
-def with_profile(hw: Hardware, profile, session_mode: str = "reference", work: str = "engine",
-                 overlap: str = "row") -> ProfiledHardware:
-    """`hw` plus a prediction from `profile` in `session_mode`."""
-    return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, session_mode, work, overlap))
+def with_profile(hw: Hardware, profile, engine: "EngineSpec | str" = "reference", work: str = "engine",
+                 overlap: str = "row", routing=None) -> ProfiledHardware:
+    """`hw` plus a prediction from `profile` for `engine` (an EngineSpec, or a session mode: its default
+    options), under `routing` (None: uniform)."""
+    return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, as_engine(engine), work, overlap,
+                                                                     routing))
 
 
 def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:
@@ -125,7 +144,7 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     raise SpecError(f"unknown kernel table {name!r}")
 
 
-# every kernel kind the plans (analytic/kernels.py) time, and the dtypes they are looked up in
+# every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
                "attention.flash.causal", "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
@@ -147,12 +166,15 @@ class Predictor:
         p = prediction.profile
         self.prediction = prediction
         self.profile = p
-        self.mode = prediction.session_mode
         self.engine_work = prediction.work == "engine"
         self.kernel_overlap = prediction.overlap == "kernel"
         self.P, self.W = p.peak_flops, p.bandwidth
         launch = p.launch
-        self.graphs = self.mode == "fast" and p.device.get("kind") == "cuda"  # graphs and Triton need a GPU
+        # the engine's plan on the profile's device kind: a fast engine on a CPU runs eagerly, without graphs
+        self.plan = prediction.engine.kernel_plan(p.device.get("kind", "cuda"))
+        prediction.notes.update(self.plan.notes)
+        self.routing = prediction.routing
+        self.graphs = self.plan.graphs
         self.per_launch = launch["graph_kernel_s"] if self.graphs else launch["eager_kernel_s"]
         self.host_op_s, self.sync_s = launch["host_op_s"], launch["sync_s"]
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
@@ -178,7 +200,11 @@ class Predictor:
     def efficiency(self, k: Kernel, dtype: str):
         table, conv = self._table(k.table, dtype)
         coords = k.coords if conv is None else conv(k.coords)
-        return table.lookup(**coords)
+        eff = table.lookup(**coords)
+        if np.any(eff > 1.0):
+            self.prediction.notes.add(f"{table.name}: efficiencies above 1 taken as 1 (never faster than the "
+                                      "roofline)")
+        return np.minimum(eff, 1.0)
 
     def _excess(self, k: Kernel, dtype: str):
         share = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)
@@ -193,7 +219,7 @@ class Predictor:
     # ----------------------------------------------------------------------------------------- one call
     def _call(self, kind: str, cost: Cost, ctx: dict, fused: bool):
         """(roofline, kernel excess, launch, host) seconds of one call of one module."""
-        pl = plan(Call(kind, cost, ctx, self.mode, fused))
+        pl = self.plan.plan(Call(kind, cost, ctx, fused, self.routing))
         dtype = ctx.get("dtype", "bfloat16")
         flops, nbytes = cost.flops, cost.bytes
         roof = np.maximum(np.asarray(flops, dtype=float) / self.P, np.asarray(nbytes, dtype=float) / self.W)
@@ -227,8 +253,8 @@ class Predictor:
         return roof, excess, launch, host
 
     def call(self, kind: str, cost: Cost, ctx: dict):
-        """One call; in the fast mode a decode step at batch 1 is the fused step, other batches are not."""
-        if not (self.graphs and ctx.get("phase") == "decode"):
+        """One call; where the engine has a fused decode step, a decode step at batch 1 is that step."""
+        if not (self.plan.fused_decode_b1 and ctx.get("phase") == "decode"):
             return self._call(kind, cost, ctx, False)
         one = np.asarray(ctx["b"]) == 1
         if np.all(one):

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from .. import jsonfile
 from ..spec import DTYPE_BYTES, SpecError
 from .schema import ProfileModel, TableModel, first_problem
 
@@ -43,7 +44,17 @@ FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
 LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s")
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
+# a profile file's bounds, checked before it is parsed: real ones are about 110 kB and nest 7 levels
+MAX_PROFILE_BYTES = 16 * 2**20
+MAX_PROFILE_DEPTH = 32
 EFFICIENCY_RANGE = (1e-9, 1e3)  # stored efficiencies are clipped into this range (finite logs)
+# What a profile may claim and still describe a real device (anything else is refused, the field named): a kernel
+# runs at most a little faster than the roofline on the profile's ceilings (the GEMM and copy peaks are rates, not
+# hard limits; the project's H100 profile reaches 1.06 on eager attention), ceilings between a slow CPU and far
+# past any GPU, per-launch and host costs of at most a second (real ones are microseconds).
+MAX_EFFICIENCY = 1.2
+CEILING_RANGES = {"flops_per_s": (1e6, 1e18), "bytes_per_s": (1e6, 1e16)}
+MAX_LAUNCH_S = 1.0
 
 # table kind -> its axes, in order
 KIND_AXES = {
@@ -193,6 +204,9 @@ def _table_from(name: str, t: TableModel) -> Table:
         raise ProfileError(f"table {name}: efficiency has shape {list(eff.shape)} but the axes give {list(shape)}")
     if not np.all(np.isfinite(eff)) or np.any(eff <= 0):
         raise ProfileError(f"table {name}: efficiencies must be finite and positive")
+    if np.any(eff > MAX_EFFICIENCY):
+        raise ProfileError(f"table {name}: efficiency {float(eff.max()):g} is more than {MAX_EFFICIENCY:g} (a kernel "
+                           "that much faster than the roofline on the profile's ceilings is not physical)")
     measured = np.ones(shape, dtype=bool) if t.measured is None else np.asarray(t.measured, dtype=bool)
     if measured.shape != shape:
         raise ProfileError(f"table {name}: measured has shape {list(measured.shape)}, expected {list(shape)}")
@@ -290,14 +304,20 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         model = ProfileModel.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(f"{source}: invalid profile: {first_problem(exc)}") from None
-    for key in ("flops_per_s", "bytes_per_s"):
+    for key, (low, high) in CEILING_RANGES.items():
         v = getattr(model.ceilings, key)
         if not (math.isfinite(v) and v > 0):
             raise ProfileError(f"{source}: ceilings.{key} must be a positive number, got {v}")
+        if not low <= v <= high:
+            raise ProfileError(f"{source}: ceilings.{key} is {v:g}, outside what a real device reaches "
+                               f"({low:g} to {high:g})")
     for key in LAUNCH_KEYS:
         v = getattr(model.launch, key)
         if not (math.isfinite(v) and v >= 0):
             raise ProfileError(f"{source}: launch.{key} must be a non-negative number, got {v}")
+        if v > MAX_LAUNCH_S:
+            raise ProfileError(f"{source}: launch.{key} is {v:g} s, more than the {MAX_LAUNCH_S:g} s a launch, host "
+                               "operation or synchronisation can plausibly cost")
     if model.derived != (model.derivation is not None):
         raise ProfileError(f"{source}: 'derived' is {model.derived} but 'derivation' is "
                            f"{'absent' if model.derivation is None else 'present'}")
@@ -315,21 +335,24 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read and validate a profile file. Raises ProfileError (a missing file, a truncated or malformed file,
-    another format version: the message names the problem)."""
+    """Read and validate a profile file. Raises ProfileError (a missing file, one past MAX_PROFILE_BYTES or
+    nested past MAX_PROFILE_DEPTH, checked before it is parsed, a truncated or malformed file, another format
+    version: the message names the file and the problem)."""
     path = Path(path)
     if not path.exists():
         raise ProfileError(f"no calibration profile at {path}")
     if path.is_dir():
         raise ProfileError(f"{path} is a folder, not a calibration profile")
+    raw = jsonfile.read_bytes(path, ProfileError, MAX_PROFILE_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProfileError(f"{path} is not a text (JSON) file") from None
     if not text.strip():
         raise ProfileError(f"{path} is empty")
+    jsonfile.check_bytes(raw, str(path), ProfileError, MAX_PROFILE_BYTES, MAX_PROFILE_DEPTH)
     try:
-        data = json.loads(text)
+        data = jsonfile.parse(text, str(path), ProfileError)
     except json.JSONDecodeError as exc:
         end = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string") or _unclosed(text)
         why = "truncated (the JSON ends early)" if end else f"not valid JSON ({exc.msg} at line {exc.lineno})"

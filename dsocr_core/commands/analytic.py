@@ -9,6 +9,7 @@ import sys
 import numpy as np
 from pydantic import ValidationError
 
+from ..engines import ENGINES, EngineSpec, options_help, parse_options
 from ..registry import DEFAULT_MODEL, FAMILIES, get_family
 from ..spec import DecoderSpec, SpecError, Workload
 
@@ -44,7 +45,11 @@ def register(sub) -> None:
     p.add_argument("--profile", help="calibration profile (python -m dsocr_core calibrate): add predicted times "
                                      "beside the roofline, in the tables and in every export")
     p.add_argument("--session-mode", default="reference",
-                   help="what the prediction is for: reference (eager model) or fast (graphs, fused kernels)")
+                   help=f"the engine the prediction is for: {' or '.join(ENGINES)}")
+    p.add_argument("--engine-options", metavar="JSON", help=f"with --profile: {options_help()}")
+    p.add_argument("--routing", metavar="FILE",
+                   help="with --profile: the MoE routing a measured run observed (a routing profile, saved with "
+                        "runs RUN --save-routing FILE); default uniform routing (assumed)")
     p.add_argument("--work", default="engine", help=argparse.SUPPRESS)  # engine | analytic (see analytic/predict)
     p.add_argument("--overlap", default="row", help=argparse.SUPPRESS)  # row | kernel (see analytic/predict)
     p.set_defaults(func=run)
@@ -113,14 +118,19 @@ def _hardware(name: str):
 def _with_profile(hw, args):
     """The hardware plus the calibration profile's prediction (--profile), or the hardware alone."""
     if not args.profile:
+        if args.routing:
+            raise SpecError("--routing needs --profile: the routing changes the predicted time, not the roofline")
         return hw
     from ..analytic.predict import with_profile
+    from ..analytic.routing import load_routing
     from ..calibration.profile import load_profile
 
-    mode = _choice(args.session_mode, ("reference", "fast"), "session-mode")
+    mode = _choice(args.session_mode, tuple(ENGINES), "session-mode")
     work = _choice(args.work, ("engine", "analytic"), "work")
     overlap = _choice(args.overlap, ("row", "kernel"), "overlap")
-    return with_profile(hw, load_profile(args.profile), mode, work, overlap)
+    engine = EngineSpec.of(mode, parse_options(args.engine_options))
+    routing = load_routing(args.routing) if args.routing else None
+    return with_profile(hw, load_profile(args.profile), engine, work, overlap, routing)
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -162,7 +172,7 @@ def _print_tables(result: dict, per_module: bool) -> None:
               f"{cap['pages_per_s']:,.2f} pages/s = {cap['pages_per_day']:,.0f} pages/day per GPU, "
               f"memory {cap['memory_bytes'] / 1e9:,.2f} GB ({'fits' if cap['fits'] else 'does NOT fit'})")
     if pred:
-        print(f"predicted ({pred['session_mode']} mode, {pred['label']}): TTFT "
+        print(f"predicted ({pred['engine_label']} mode, {pred['label']}, routing {pred['routing']}): TTFT "
               f"{cap['predicted_ttft_s'] * 1e3:,.3f} ms, TPOT {cap['predicted_tpot_s'] * 1e3:,.4f} ms, "
               f"{cap['predicted_pages_per_s']:,.2f} pages/s = {cap['predicted_pages_per_day']:,.0f} pages/day")
         for note in pred["notes"]:
@@ -220,7 +230,7 @@ def run(args) -> int:
         if pred is not None:
             msg["prediction"] = pred.summary()
         print(json.dumps(msg) if args.json else f"wrote {n} points to {path}"
-              + (f" (predicted with {pred.profile.label()}, {pred.session_mode} mode)" if pred is not None else ""))
+              + (f" (predicted with {pred.profile.label()}, {pred.engine.label()} engine)" if pred is not None else ""))
         return 0
     if many:
         raise SpecError("several values given: add --sweep OUT.csv or --sweep OUT.json to evaluate the grid")

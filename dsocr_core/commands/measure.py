@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli import UserError, add_model_options, family_from_args, session_from_args
+from ..measure.scale_out import add_scale_out_options, lost_to_dead_workers, scale_out_requested
 from ..registry import FAMILIES
-from ..measure.scale_out import add_scale_out_options, scale_out_requested
 
 
 def _ints(text: str) -> list[int]:
@@ -49,11 +49,15 @@ def register(sub) -> None:
     p.add_argument("--decode-steps", default="32", help="decode steps K, e.g. 32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--no-order-check", action="store_true",
+                   help="do not measure the first point again at the end (the check that a point's time does not "
+                        "depend on the points measured before it)")
     p.add_argument("--logits", default="all", choices=["all", "last"])
     p.add_argument("--store", type=Path, default=None, help="run store (default data/runs.sqlite or $DSOCR_STORE)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an earlier run, skipping finished points")
-    p.add_argument("--name", default=None)
-    p.add_argument("--kind", default="sweep", choices=["sweep", "reference"])
+    p.add_argument("--name", default=None, help="name of a new run (with --resume: must be the run's, or left out)")
+    p.add_argument("--kind", default=None, choices=["sweep", "reference"],
+                   help="kind of a new run (default sweep; with --resume: must be the run's, or left out)")
     p.add_argument("--calibrate", action="store_true", help="measure matmul and copy ceilings first (GPU)")
     p.add_argument("--export", type=Path, help="write the run to this .json or .csv when done")
     p.add_argument("--summary", type=Path, help="write the analytic-vs-measured summary (.md, plus .json beside)")
@@ -76,7 +80,8 @@ def run(args) -> int:
         raise UserError("batch and text tokens must be at least 1")
     if args.repeats < 1 or args.warmup < 0:
         raise UserError("--repeats must be at least 1 and --warmup at least 0")
-    name = args.name or f"{args.kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
+    kind = args.kind or "sweep"
+    name = args.name or f"{kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
     if len(name) > MAX_NAME_CHARS:
         raise UserError(f"--name has {len(name)} characters, more than the limit of {MAX_NAME_CHARS}")
     tiled = [family.modes[m].crop_range for m in modes if family.modes[m].crop_mode] or [(2, 9)]
@@ -87,6 +92,7 @@ def run(args) -> int:
     # resume with other settings ends here, in one line, with nothing measured
     store = RunStore(args.store)  # StoreCorrupt (a ValueError): one line, exit 2
     run_id = _resume_target(store, args) if args.resume else None
+    args.kind = kind  # checked against a resumed run's above; from here on the kind of the run
     pool = None
     if scale_out_requested(args):
         if args.calibrate:
@@ -106,15 +112,17 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
 
     from tqdm import tqdm
 
+    from ..measure.order_check import summary as order_summary
     from ..measure.sweep import run_sweep
     from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..results.store import StoreError
 
+    driver: dict = {}  # scaled out: the driver's counts (items lost when workers died)
     if pool is not None:
         from ..measure.scale_out import run_sweep_scaled
 
         def sweep_fn(_session, *a, **k):
-            return run_sweep_scaled(pool, *a, **k)
+            return run_sweep_scaled(pool, *a, stats=driver, **k)
     else:
         sweep_fn = run_sweep
     if run_id is not None:
@@ -124,13 +132,15 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         from ..hardware import calibrate
 
         print("calibrating matmul and copy ceilings ...", flush=True)
-        hw = calibrate(str(session.device))
+        device = str(session.device)
+        cpu = device == "cpu"
+        hw = calibrate(device, dtype=session.dtype, **(dict(matmul_size=None, copy_bytes=64 << 20) if cpu else {}))
         meta["calibration"] = hw.model_dump(mode="json")
-        print(f"  {hw.peak_tflops:.1f} TFLOP/s bf16 matmul, {hw.bandwidth_tbs:.3f} TB/s copy", flush=True)
+        print(f"  {hw.peak_tflops:.3g} TFLOP/s {session.dtype} matmul, {hw.bandwidth_tbs:.3g} TB/s copy", flush=True)
     sweep = dict(name=name, repeats=args.repeats, warmup=args.warmup, seed=args.weights_seed, meta=meta,
                  kind=args.kind)
     if run_id is None:  # an empty sweep records the run, so its id is known (and printed) before any point
-        run_id = sweep_fn(session, store, [], **sweep)
+        run_id = sweep_fn(session, store, [], order_check=False, **sweep)
     elif args.calibrate:
         store.update_run(run_id, meta={"calibration": meta["calibration"]})
     print(f"run {run_id}  ({'resumed' if args.resume else 'new'}; store {store.path}); resume it with "
@@ -142,7 +152,8 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         bar.update(done - bar.n)
 
     try:
-        sweep_fn(session, store, workloads, run_id=run_id, progress=progress, **sweep)
+        sweep_fn(session, store, workloads, run_id=run_id, progress=progress, order_check=not args.no_order_check,
+                 **sweep)
     except KeyboardInterrupt:
         bar.close()
         try:
@@ -156,6 +167,9 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         bar.close()
     run = store.get_run(run_id)
     print(f"run {run_id}: {run['n_done']} done, {run['n_oom']} oom, {run['n_error']} error  ({store.path})")
+    check = order_summary(run["meta"].get("order_check"))
+    if check:
+        print(check, file=sys.stderr if "FAILED" in check else sys.stdout)
     if args.export:
         print(f"exported to {store.export_run(run_id, args.export)}")
     summary = summarize(compare_run(store, run_id))
@@ -165,13 +179,13 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(md)
         args.summary.with_suffix(".json").write_text(summary_json(summary))
-    return 0
+    return lost_to_dead_workers(driver, run_id)
 
 
 def _resume_target(store, args) -> str:
     """The full id of --resume (a unique prefix will do), refused unless it is a measured sweep recorded with the
     same settings these arguments ask for (as `profile --resume` refuses)."""
-    from ..results.runs import settings_problems
+    from ..results.runs import plain_text, settings_problems
     from ..results.store import StoreError
 
     try:
@@ -186,6 +200,11 @@ def _resume_target(store, args) -> str:
               "weights_source": "synthetic" if args.synthetic else "checkpoint"}
     points = store.points(run_id)
     problems = settings_problems(run, wanted, point_logits=points["logits"].dropna().unique())
+    # a resume continues the run under its own name and kind: another --name or --kind would be ignored, so refuse
+    if args.name is not None and args.name != run["name"]:
+        problems.append(f"name {plain_text(run['name'], 80)!r} -> {plain_text(args.name, 80)!r}")
+    if args.kind is not None and args.kind != run["kind"]:
+        problems.append(f"kind {run['kind']} -> {args.kind}")
     if problems:
         raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "
                         "new run instead (leave out --resume)")

@@ -47,17 +47,30 @@ def register(sub) -> None:
                                                   "(default: out/profile/<run id>)")
     p.add_argument("--record-shapes", action="store_true", help="record operator input shapes in the trace")
     p.add_argument("--hardware", help="hardware preset for the analytic time prediction (default: the run's GPU)")
+    p.add_argument("--no-order-check", action="store_true",
+                   help="do not measure the first page again at the end (the check that a page's time does not "
+                        "depend on the pages measured before it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary and stage statistics)")
     add_scale_out_options(p)
     p.set_defaults(func=run)
 
 
-def _resolve_run(store, prefix: str) -> str:
-    runs = [r["id"] for r in store.list_runs("dataset") if r["id"].startswith(prefix)]
-    if len(runs) != 1:
-        raise UserError(f"--resume {prefix}: {'no' if not runs else len(runs)} dataset runs match in {store.path}")
-    return runs[0]
+def _resolve_run(store, args) -> str:
+    """The full id of --resume, resolved as the store resolves ids (a unique prefix, any case), checked before the
+    model loads; a --name other than the run's is refused (a resume never renames a run)."""
+    from ..results.runs import plain_text
+    from ..results.store import StoreError
+
+    try:
+        run_id = store.resolve_id(args.resume, kinds=("dataset",))
+        run = store.get_run(run_id)
+    except StoreError as exc:
+        raise UserError(f"--resume: {exc}") from None
+    if args.name is not None and args.name != run["name"]:
+        raise UserError(f"cannot resume run {run_id[:12]} under another name (name {plain_text(run['name'], 80)!r} "
+                        f"-> {plain_text(args.name, 80)!r}); leave out --name, or start a new run")
+    return run_id
 
 
 def run(args) -> int:
@@ -83,6 +96,7 @@ def run(args) -> int:
 
         hardware = get_hardware(args.hardware)
     store = RunStore(args.store)
+    run_id = _resolve_run(store, args) if args.resume else None
     if scale_out_requested(args):
         if args.trace:
             raise UserError("--trace (the operator breakdown) runs in one process; leave out --workers / "
@@ -90,28 +104,33 @@ def run(args) -> int:
         from ..measure.scale_out import command_pool
 
         with command_pool(args) as pool:
-            return _run_loaded(args, store, pool.lead, dataset, samples, settings, hardware, pool)
-    return _run_loaded(args, store, session_from_args(args), dataset, samples, settings, hardware, None)
+            return _run_loaded(args, store, run_id, pool.lead, dataset, samples, settings, hardware, pool)
+    return _run_loaded(args, store, run_id, session_from_args(args), dataset, samples, settings, hardware, None)
 
 
-def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool) -> int:
+def _run_loaded(args, store, run_id, session, dataset, samples, settings, hardware, pool) -> int:
     """The dataset run once the session (or, scaled out, the pool and its lead worker's session facts) is
     ready."""
     from ..measure.dataset_run import check_resume, create_dataset_run, run_dataset
 
-    create, run_fn = {}, run_dataset
+    from ..measure.scale_out import lost_to_dead_workers
+
+    create, run_fn, driver = {}, run_dataset, {}  # driver: scaled out, the driver's counts (items lost)
     if pool is not None:
         from ..measure.scale_out import run_dataset_scaled
 
         create = {"environment": pool.lead.info["environment"], "meta": {"scale_out": pool.describe()}}
-        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, **k)  # noqa: E731
+        run_fn = lambda _session, *a, **k: run_dataset_scaled(pool, *a, stats=driver, **k)  # noqa: E731
     sampling = {"n": args.sample, "epochs": args.epochs, "seed": args.seed, "order": args.order,
                 "samples": len(samples)}
-    if args.resume:
-        run_id = _resolve_run(store, args.resume)
+    if run_id is not None:
         check_resume(store, run_id, session, dataset, settings)
         store.update_run(run_id, meta={"sampling": sampling})
     else:
+        if pool is None and str(session.device) == "cpu":  # the bound of a CPU run: its own CPU's ceilings
+            from ..hardware import cpu_ceilings
+
+            create["meta"] = {"calibration": cpu_ceilings(session.dtype).model_dump(mode="json")}
         run_id = create_dataset_run(store, session, dataset, settings, sampling, name=args.name, **create)
     quiet = args.json or args.no_progress
     if not quiet:
@@ -132,13 +151,17 @@ def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool
     tally = {"done": 0, "oom": 0, "error": 0, "skipped": 0}
 
     def progress(i, total, s, status):
+        if status == "recheck":  # the order check: not a page of the run
+            if bar is not None:
+                bar.set_postfix_str(f"order check: {s.page.label[-30:]} measured again")
+            return
         tally[status] = tally.get(status, 0) + 1
         if bar is not None:
             bar.set_postfix_str(f"{s.page.label[-30:]} {status}; " + " ".join(f"{k} {v}" for k, v in tally.items() if v))
             bar.update(1)
 
     try:
-        run_fn(session, store, run_id, samples, settings, progress=progress)
+        run_fn(session, store, run_id, samples, settings, progress=progress, order_check=not args.no_order_check)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
@@ -160,7 +183,8 @@ def _run_loaded(args, store, session, dataset, samples, settings, hardware, pool
         else:
             store_operator_profile(store, run_id, prof)
 
-    return report(store, run_id, hardware, as_json=args.json)
+    code = report(store, run_id, hardware, as_json=args.json)
+    return max(code, lost_to_dead_workers(driver, run_id, "page"))
 
 
 def report(store, run_id: str, hardware, as_json: bool = False) -> int:
@@ -183,6 +207,8 @@ def report(store, run_id: str, hardware, as_json: bool = False) -> int:
           + (f"   [{', '.join(flags)}]" if flags else ""))
     for e in summary["errors"][:10]:
         print(f"  {e['label']}: {e['message']}")
+    if summary["order_check"]:
+        print(summary["order_check"], file=sys.stderr if "FAILED" in summary["order_check"] else sys.stdout)
     if summary["done"]:
         print(f"pages/s {summary['pages_per_s']:.3f} (one page at a time, wall incl. preprocessing)   "
               f"tokens/page {summary['tokens_per_page']:.1f}   output tokens/s {summary['output_tokens_per_s'] or 0:.1f}")

@@ -13,6 +13,8 @@ def register(sub) -> None:
     p.add_argument("--store", type=Path, default=None, help="run store (default data/runs.sqlite or $DSOCR_STORE)")
     p.add_argument("--kind", choices=["sweep", "dataset", "parity", "reference"], help="only runs of this kind")
     p.add_argument("--export", type=Path, metavar="PATH", help="write the run to this .json or .csv")
+    p.add_argument("--save-routing", type=Path, metavar="FILE",
+                   help="write the MoE routing the run observed as a routing profile (analytic --routing FILE)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run)
 
@@ -24,8 +26,9 @@ def run(args) -> int:
     path = args.store if args.store is not None else default_path()
     if not Path(path).is_file():
         raise UserError(f"no run store at {path} (measure, profile or the dashboard create one)")
-    if args.export and not args.run:
-        raise UserError("--export needs the run to export: python -m dsocr_core runs RUN_ID --export PATH")
+    for flag, value in (("--export", args.export), ("--save-routing", args.save_routing)):
+        if value and not args.run:
+            raise UserError(f"{flag} needs a run: python -m dsocr_core runs RUN_ID {flag} PATH")
     try:
         store = RunStore(path)
         if args.run:
@@ -33,7 +36,11 @@ def run(args) -> int:
             info = store.get_run(run_id)
             if args.export:
                 print(f"exported run {run_id} to {store.export_run(run_id, args.export)}")
-            elif args.json:
+            if args.save_routing:
+                _save_routing(store, run_id, info, args.save_routing)
+            if args.export or args.save_routing:
+                return 0
+            if args.json:
                 print(json.dumps(info, default=str))
             else:
                 print(run_details(info))
@@ -50,3 +57,16 @@ def run(args) -> int:
         print(runs_table(runs))
         print(f"\n{len(runs)} run(s) in {store.path}; any unique prefix of an id will do")
     return 0
+
+
+def _save_routing(store, run_id: str, info: dict, path: Path) -> None:
+    """The run's observed routing (results.analytic_join.observed_routing) as a routing profile file."""
+    from ..results.analytic_join import observed_routing
+
+    routing = observed_routing(info, store.points(run_id))
+    if routing is None:
+        raise UserError(f"run {run_id[:12]} recorded no MoE routing (measured before routing was recorded, or a "
+                        "model without MoE layers); nothing saved")
+    out = routing.save(path)
+    print(f"saved the routing run {run_id[:12]} observed ({sum(routing.samples)} layer-calls, "
+          f"{len(routing.tokens)} token counts) to {out}")

@@ -20,8 +20,9 @@ What it does differently from the reference path (each point is explained in doc
   SAM attention folds the relative-position bias into q/k (attention.py) so a flash kernel runs; SAM's patch
   embedding is one GEMM; SAM blocks and CLIP layers are compiled with static shapes (`compile_vision`), CLIP runs
   every view group's rows through each layer at once (`clip_packed`), convolutions use cuDNN's autotuned
-  algorithms, and the LM prefill layers are compiled (`compile_prefill`), the last one on the last position
-  only when only the last logits are wanted.
+  algorithms, and the LM prefill layers are compiled (`compile_prefill`) with symbolic batch, prompt length and
+  cache capacity, once per batch class on canonical sizes (so a point runs the same kernels whatever was
+  measured before it), the last one on the last position only when only the last logits are wanted.
 
 On a CPU everything runs eagerly (no graphs, no compile): the same functions, so CPU tests check the tokens.
 Outside the fused path the n-gram ban and greedy choice are `generate.next_tokens`, applied after each step's
@@ -29,6 +30,7 @@ graph on the state's history buffer. The engine implements the interface of runt
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -42,6 +44,7 @@ from .compiled import COMPILE_OPTIONS, Compiled
 from .decode_kernels import FusedDecode
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer
+from .options import DEFAULT_NEW_TOKENS  # cache room a bare prefill() leaves for decoding (grown on demand)
 from .prefill import prefill_entry, prefill_key
 from .state import DecodeState, FastCache
 from .static_cache import StaticKVCache, round_up
@@ -49,10 +52,10 @@ from .triton_kernels import HAS_TRITON
 from .vision import Positions, clip_layer_fn, sam_block_eager, sam_block_fn
 from .weights import LMWeights
 
-DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill() leaves for decoding (grown on demand)
-# compiled SAM blocks and CLIP layers specialise on shapes (2 block kinds x 2 view sizes x each tile count in use;
-# CLIP: each view-group layout); each function's compiles count against this one limit, shared by all engines
-SAM_RECOMPILE_LIMIT = 64
+# The LM prefill layers are compiled once per batch class on these sizes (see compile_prefill_layers): a
+# mid-sized prompt, so Inductor's size-based kernel choices suit the prompts of every mode.
+CANONICAL_PROMPT = 1000
+CANONICAL_BATCH = 2
 
 
 class FastEngine:
@@ -115,9 +118,13 @@ class FastEngine:
         self.cfg = LMConfig.from_spec(self.spec, self.w.shared_slots)
         self._rope_len = 0
         self._states: dict[int, DecodeState] = {}
+        # bumped whenever captured graphs are dropped (a state replaced, grown or released): the next run of any
+        # shape captures again, so a caller's per-shape warm-up is due again
+        self.state_epoch = 0
         self._ensure_rope(self.spec.max_position_embeddings)
         self._fns: dict[str, dict[str, Any]] = {}
         self._prefill_fns: dict[str, Any] | None = None
+        self._prefill_compiled: set[int] = set()  # batch classes whose LM prefill layers are compiled
         self.positions = Positions()  # SAM/CLIP position tables per grid size
 
     # ------------------------------------------------------------------ set-up
@@ -129,8 +136,7 @@ class FastEngine:
                                               self.spec.rope_theta, self.dtype)
         self._rope_len = length
         for st in self._states.values():  # graphs captured the old tables' addresses
-            st.graphs.clear()
-            st.prefills.clear()
+            self._drop_captures(st)
 
     def moe_impl(self, batch: int) -> str:
         if self.moe != "auto":
@@ -163,11 +169,10 @@ class FastEngine:
             compiled = self.compile_prefill and cuda
             topk, grouping = ("argmax", "onehot") if compiled else ("torch", "sort")
             lm, lm_last = (make_prefill_layer(self.cfg, topk, grouping, last_only) for last_only in (False, True))
-            if compiled:
+            if compiled:  # symbolic batch, prompt length and capacity, compiled once on canonical sizes: see
+                # compile_prefill_layers for why neither static nor torch's automatic dynamic shapes
                 lm, lm_last = Compiled(lm, None), Compiled(lm_last, None)
-            if vis:  # static shapes: one compile per (view size, window, view count); see SAM_RECOMPILE_LIMIT
-                limit = torch._dynamo.config.recompile_limit
-                torch._dynamo.config.recompile_limit = max(limit, SAM_RECOMPILE_LIMIT)
+            # SAM blocks and CLIP layers: one static compile per (view size, window, view count) / view layout
             self._prefill_fns = {
                 # FlexAttention's score_mod cannot take symbolic sizes (the window width it divides by), and
                 # static shapes give Inductor better kernels; eagerly flex would materialise every score, so
@@ -180,6 +185,51 @@ class FastEngine:
             }
         return self._prefill_fns
 
+    def compile_prefill_layers(self, batch: int, like: torch.Tensor) -> None:
+        """Compile the LM prefill layers for this batch class (one row, or several) on canonical sizes, once.
+
+        Why: a layer compiled with static shapes recompiles for every new (batch, prompt length), seconds each,
+        which would make a sweep of many points several times slower; torch's automatic dynamic compiles a static
+        variant for the first shape and a symbolic one at the second, so what ran for a point (and the kernel
+        configurations Inductor picks from the sizes it compiled on) depended on the points measured before it.
+        Here every prompt of a batch class runs the one symbolic variant compiled on CANONICAL_PROMPT tokens
+        (and CANONICAL_BATCH rows for batches > 1; one row is its own class, as dynamo specialises size 1), in a
+        sweep and in a fresh process alike. `like` (a tensor of the real run) gives the inference-mode flag the
+        compiled guards check, so the real call hits the canonical variant (grad mode is the caller's, as it is
+        for the real call)."""
+        fns = self.prefill_fns()
+        rows = 1 if batch == 1 else CANONICAL_BATCH
+        if (not isinstance(fns["lm_layer"], Compiled) or rows in self._prefill_compiled
+                or torch.cuda.is_current_stream_capturing()):
+            return
+        self._prefill_compiled.add(rows)
+        t, cfg = CANONICAL_PROMPT, self.cfg
+        # inference_mode(False) would switch grad mode on (another guard, another variant): enter it only to match
+        with torch.inference_mode() if like.is_inference() else contextlib.nullcontext():
+            gen = torch.Generator(device=self.device).manual_seed(0)
+            x = torch.randn(rows, t, cfg.hidden, generator=gen, device=self.device, dtype=self.dtype)
+            keys, values = (torch.zeros(rows, cfg.heads, round_up(t + self.min_room, self.bucket), cfg.head_dim,
+                                        device=self.device, dtype=self.dtype) for _ in range(2))
+            cos, sin = self.cos_t[:t], self.sin_t[:t]
+            layers = self.w.layers
+            dense = [lw for lw in layers if not lw.moe][:1]
+            moe = [lw for lw in layers if lw.moe][:1]
+            for name, chosen in (("lm_layer", dense + moe), ("lm_last_layer", layers[-1:])):
+                for lw in chosen:
+                    self.mark_prefill_sizes(x, cos, sin, keys, values)
+                    fns[name](x, cos, sin, keys, values, lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2, lw.gate)
+
+    def mark_prefill_sizes(self, x, cos, sin, keys, values) -> None:
+        """Mark the sizes a prefill layer's inputs vary in (batch when > 1, prompt length, cache capacity) as
+        symbolic for the compiled layers; the weights' sizes stay static."""
+        if not self._prefill_compiled:
+            return
+        mark = torch._dynamo.maybe_mark_dynamic
+        for tensor, dims in ((x, (0, 1)), (cos, (0,)), (sin, (0,)), (keys, (0, 2)), (values, (0, 2))):
+            for d in dims:
+                if tensor.shape[d] > 1:  # a size-1 batch is specialised (its own class)
+                    mark(tensor, d)
+
     def state(self, batch: int, needed: int) -> DecodeState:
         """The static state of this batch size with room for `needed` positions (a bigger one replaces it)."""
         st = self._states.get(batch)
@@ -187,8 +237,7 @@ class FastEngine:
             return st
         if st is not None:
             del self._states[batch]
-            st.graphs.clear()
-            st.prefills.clear()
+            self._drop_captures(st)
             del st
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -220,9 +269,15 @@ class FastEngine:
         history = torch.zeros(st.batch, capacity, dtype=torch.long, device=self.device)
         history[:, : old_hist.shape[1]].copy_(old_hist)
         st.cache, st.history = cache, history
+        self._drop_captures(st)
+        return st
+
+    def _drop_captures(self, st: DecodeState) -> None:
+        """Forget a state's captured decode and prefill graphs (their buffers moved or went away). A caller that
+        warms up once per input shape must warm up again: see state_epoch."""
         st.graphs.clear()
         st.prefills.clear()
-        return st
+        self.state_epoch += 1
 
     def release(self, batch: int | None = None) -> None:
         """Free the static state (cache, buffers, graphs) of one batch size, or of all; handles to it go stale."""
@@ -230,8 +285,7 @@ class FastEngine:
             st = self._states.pop(b, None)
             if st is not None:
                 st.serial += 1
-                st.graphs.clear()
-                st.prefills.clear()
+                self._drop_captures(st)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -376,6 +430,29 @@ class FastEngine:
         return decode_attention(q, keys, values, pos, self.attention)
 
     # ------------------------------------------------------------------ reporting
+    def point_state(self, batch: int) -> dict:
+        """How the runs at this batch size were executed, for a measured point's record: each compiled prefill
+        function's shape policy, variants held and generation (or its eager fallback and why); the state's cache
+        capacity; the decode path, the buckets it ran and whether their graphs were captured; whether each
+        prefill stage ran as a captured graph."""
+        compiled = {name: f.state() for name, f in (self._prefill_fns or {}).items() if isinstance(f, Compiled)}
+        out: dict[str, Any] = {"engine": "fast", "compiled_prefill": compiled or "eager",
+                               "graphs_enabled": self.graphs}
+        st = self._states.get(batch)
+        if st is None:
+            return out
+        decode = {}
+        for (length, choose, _ngram, steps), run in sorted(st.graphs.items()):
+            decode[f"l{length}{'.choose' if choose else ''}.x{steps}"] = graph_state(run)
+        prefill: dict[str, set] = {}
+        for entry in st.prefills.values():
+            for name, run in entry["stages"]:
+                prefill.setdefault(name, set()).add(graph_state(run))
+        out.update(capacity=st.capacity, bucket=self.bucket, prefill_shapes=len(st.prefills),
+                   decode_path="fused" if st.fused is not None else st.moe_impl, decode_graphs=decode,
+                   prefill_graphs={name: "/".join(sorted(v)) for name, v in prefill.items()})
+        return out
+
     def describe(self) -> dict:
         errors = {}
         for impl, fns in [*self._fns.items(), ("prefill", self._prefill_fns or {})]:
@@ -405,3 +482,10 @@ class FastEngine:
             "kv_cache_bytes": {b: st.cache.bytes_allocated for b, st in self._states.items()},
             "compile_errors": errors, "capture_errors": capture_errors,
         }
+
+
+def graph_state(run: Captured) -> str:
+    """'graph' (captured, replayed), 'eager: reason' (capture given up) or 'eager' (graphs off)."""
+    if run.graph is not None:
+        return "graph"
+    return f"eager: {run.error}" if run.error else "eager"

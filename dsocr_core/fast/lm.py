@@ -63,8 +63,9 @@ def mlp(h: torch.Tensor, w13, w2, gate, cfg: LMConfig, moe_impl: str, gemv: str 
 def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort", last_only: bool = False):
     """One decoder layer over a whole prompt, as a function of tensors only (so it can be compiled):
 
-    layer(x [B, T, H], cos, sin [T, d], keys, values [B, heads, T, d] views of the static cache, ln1, wqkv, wo,
-          ln2, w13, w2, gate or None) -> x; writes the layer's keys/values into the cache views.
+    layer(x [B, T, H], cos, sin [T, d], keys, values [B, heads, capacity, d] (the layer's whole static cache, so
+          a compiled layer sees contiguous tensors whose only varying sizes are B, T and the capacity), ln1, wqkv,
+          wo, ln2, w13, w2, gate or None) -> x; writes the layer's keys/values into the cache's first T positions.
     last_only: the layer's output at the last position only ([B, 1, H]), for the final layer when only the last
     logits are wanted: every key/value is still written, but attention, o_proj and the MLP/MoE run on one row
     per sequence (its query sees all keys, so no mask) instead of T."""
@@ -74,8 +75,8 @@ def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort
         h = rms_norm(x, ln1, cfg.eps)
         q, k, v = F.linear(h, wqkv).view(b, t, 3, cfg.heads, cfg.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = rope(q, cos, sin), rope(k, cos, sin)  # [B, heads, T, d]
-        keys.copy_(k)
-        values.copy_(v)
+        keys[:, :, :t].copy_(k)
+        values[:, :, :t].copy_(v)
         if last_only:
             x, t = x[:, -1:], 1
             o = F.scaled_dot_product_attention(q[:, :, -1:], k, v)

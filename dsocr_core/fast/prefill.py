@@ -72,12 +72,14 @@ def lm_prefill(engine, st, x: torch.Tensor, logits: str) -> torch.Tensor:
     t = x.shape[1]
     cos, sin = engine.cos_t[:t], engine.sin_t[:t]
     fns = engine.prefill_fns()
+    engine.compile_prefill_layers(x.shape[0], like=x)
     w = engine.w
     last = len(w.layers) - 1
     for i, lw in enumerate(w.layers):
         layer = fns["lm_last_layer" if i == last and logits != "all" else "lm_layer"]
-        x = layer(x, cos, sin, st.cache.layer_keys(i, t), st.cache.layer_values(i, t), lw.ln1, lw.wqkv, lw.wo,
-                  lw.ln2, lw.w13, lw.w2, lw.gate)
+        keys, values = st.cache.layer_keys(i), st.cache.layer_values(i)
+        engine.mark_prefill_sizes(x, cos, sin, keys, values)
+        x = layer(x, cos, sin, keys, values, lw.ln1, lw.wqkv, lw.wo, lw.ln2, lw.w13, lw.w2, lw.gate)
     return F.linear(rms_norm(x if logits == "all" else x[:, -1:], w.norm, engine.cfg.eps), w.lm_head).float()
 
 

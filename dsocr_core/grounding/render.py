@@ -10,6 +10,7 @@ from typing import Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
+from ..runtime.image_modes import to_rgb
 from .parse import PAGE_SPLIT, Block, Box, ParseResult, parse, to_pixels
 
 TITLE_LABELS = ("title",)  # outlined 4 px wide; every other label 2 px
@@ -41,7 +42,7 @@ def render(image: Image.Image, blocks: Sequence[Block], page: int | None = None,
            seed: int = 0, font_size: int | None = None) -> Image.Image:
     """The vendor-style layout picture: per block a colour, an outline (4 px for titles, 2 otherwise), a
     translucent fill and the label above the box. `page` keeps only that page's blocks. Returns a new RGB image."""
-    base = image.convert("RGBA")
+    base = to_rgb(image).convert("RGBA")  # a 16-bit page is drawn as its tones, not clipped white
     size = base.size
     font = _font(font_size or max(11, min(size) // 55))
     chosen = [b for b in blocks if page is None or b.page == page]
@@ -74,7 +75,7 @@ def image_regions(blocks: Sequence[Block]) -> list[tuple[Block, int]]:
 def crop_images(image: Image.Image, blocks: Sequence[Block], page: int | None = None) -> list[Image.Image]:
     """Crops of the `image` blocks (one per box), in output order."""
     out = []
-    rgb = image.convert("RGB")
+    rgb = to_rgb(image)
     w, h = rgb.size
     for b, k in image_regions([b for b in blocks if page is None or b.page == page]):
         x1, y1, x2, y2 = (int(v) for v in to_pixels(b.boxes[k], (w, h)))  # the crop's right/bottom edge is exclusive

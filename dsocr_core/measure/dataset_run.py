@@ -9,7 +9,9 @@ business, and it would double the cost of every page.
 
 What is not timed: loading and preprocessing are timed apart (`preprocess_s`); an untimed warm-up generation
 (2 tokens) runs before the first page of every new input shape (mode, tile grid, prompt length) when
-`warmup="shape"` (the default), so each timed page sees warmed-up kernels, as a serving process would;
+`warmup="shape"` (the default), and again whenever the engine has dropped what it prepared for that shape since
+(its `state_epoch` moved: a longer prompt grew the cache, so graphs are captured anew), so each timed page sees
+warmed-up kernels and captured graphs, as a serving process would, whatever pages came before it;
 FLOPs are counted in a separate FlopCounterMode pass after timing.
 
 FLOPs (`flops="shape"`, the default): the counting pass (vision, prefill and two decode steps) runs once per
@@ -26,8 +28,12 @@ summed decode time) and decode_step (statistics over the page's steps, FLOPs of 
 FLOPs and, on CUDA, peak
 memory. `extra`: text, detections summary, decode_steps_s (every step), generated_tokens, eos, ttft_s,
 tpot_s (median step, as Session), preprocess_s, generation_s, wall_s (preprocess + generation), flops_source
-(counted | same shape | not counted | failed: <why>; a failed FLOP pass keeps the page's timings).
+(counted | same shape | not counted | failed: <why>; a failed FLOP pass keeps the page's timings), engine_state
+(how the page was run: the engine's point_state).
 A resumed run skips points already done or oom; error points are tried again.
+
+The order check (`order_check=True`, the default): after the last page the run's first page is measured again
+and compared with its first measurement (measure/order_check.py); the result is in meta["order_check"].
 """
 from __future__ import annotations
 
@@ -116,8 +122,8 @@ class FlopCache:
         if self.policy == "none":
             return None, "not counted"
         key = shape_key(inputs, logits)
-        if self.policy == "shape" and key in self._by_shape:
-            return self._by_shape[key], "same shape"
+        if self.policy == "shape" and key in self._by_shape:  # FLOPs follow the shape; routing the page's content
+            return {**self._by_shape[key], "routing": None}, "same shape"
         flops = counted_flops(self.session, inputs, logits)
         self._by_shape[key] = flops
         return flops, "counted"
@@ -143,12 +149,13 @@ def _detections(text: str) -> dict:
 
 
 def measure_page(session: Session, sample: Sample, settings: ProfileSettings, flop_cache: FlopCache | None = None,
-                 warmed: set | None = None) -> PageResult:
-    """Load, preprocess, (warm up,) time and count one page. An unreadable page gives an `error` result; any
-    other failure raises (run_dataset records it)."""
+                 warmed: dict | None = None) -> PageResult:
+    """Load, preprocess, (warm up,) time and count one page. `warmed` ({input shape: engine state_epoch when it
+    was warmed}, updated here) is shared by a run's pages. An unreadable page gives an `error` result; any other
+    failure raises (run_dataset records it)."""
     base = {"page": sample.page.name, "pdf_page": sample.page.pdf_page, "epoch": sample.epoch,
             "label": sample.page.label, "source": str(sample.page.path)}
-    warmed = set() if warmed is None else warmed
+    warmed = {} if warmed is None else warmed
     t0 = time.perf_counter()
     try:
         image = load_page(sample.page, settings.dpi)
@@ -160,10 +167,12 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     preprocess_s = time.perf_counter() - t0
     gen = dict(no_repeat_ngram_size=settings.no_repeat_ngram_size, logits=settings.logits, memory="loop")
     shape = shape_key(inputs, settings.logits)
-    warm = (settings.warmup == "shape" and shape not in warmed) or (settings.warmup == "first" and not warmed)
+    engine = session.engine
+    warm = ((settings.warmup == "shape" and warmed.get(shape) != engine.state_epoch)
+            or (settings.warmup == "first" and not warmed))
     if warm:
         timed_generation(session, inputs, min(2, settings.max_new_tokens), **gen)
-    warmed.add(shape)
+    warmed[shape] = engine.state_epoch  # after the warm-up: what it prepared holds until the epoch moves
     synchronize(session.device)
     t1 = time.perf_counter()
     run = timed_generation(session, inputs, settings.max_new_tokens, **gen)
@@ -193,6 +202,7 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
         "preprocess_s": preprocess_s, "generation_s": generation_s, "wall_s": preprocess_s + generation_s,
         "warmed_up_before": warm, "peak_memory_bytes": max(run.peaks.values()) if run.peaks else None,
         "kv_length": run.kv_length, "flops_source": flops_source,
+        "engine_state": engine.point_state(inputs.batch),
     }
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
@@ -250,16 +260,19 @@ def check_resume(store: RunStore, run_id: str, session: Session, dataset: Datase
 
 
 def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequence[Sample], settings: ProfileSettings,
-                progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> dict[str, int]:
+                progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+                order_check: bool = True) -> dict[str, int]:
     """Measure every sample not yet finished in `run_id`, writing each point as soon as it is measured.
     Returns counts {done, oom, error, skipped, stopped}. An unreadable page or a failing page is recorded and
-    the run goes on; an out-of-memory frees memory first. `should_stop` is polled between pages."""
+    the run goes on; an out-of-memory frees memory first. `should_stop` is polled between pages. With
+    `order_check`, a run that was not stopped ends with its first page measured again (see the module
+    docstring; progress reports it with status "recheck")."""
     from .sweep import failure, free_memory
 
     settings.validate()
     finished = store.finished_keys(run_id)
     flop_cache = FlopCache(session, settings.flops)
-    warmed: set = set()
+    warmed: dict = {}
     counts = {"done": 0, "oom": 0, "error": 0, "skipped": 0, "stopped": 0}
     total = len(samples)
     for i, sample in enumerate(samples, 1):
@@ -286,4 +299,35 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
         counts[result.status] += 1
         if progress:
             progress(i, total, sample, result.status)
+    if order_check and not counts["stopped"]:
+        recheck_first_page(session, store, run_id, samples, settings, flop_cache, warmed, progress)
     return counts
+
+
+def recheck_first_page(session: Session, store: RunStore, run_id: str, samples: Sequence[Sample],
+                       settings: ProfileSettings, flop_cache: FlopCache | None = None, warmed: dict | None = None,
+                       progress: Progress | None = None) -> dict | None:
+    """The order check of a dataset run: its first finished page measured again (warmed up like any page) and
+    compared with what is stored; recorded in meta["order_check"]. None when fewer than two pages are done or
+    the first page is not among `samples`."""
+    from . import order_check as checks
+    from .sweep import failure, free_memory
+
+    first = checks.first_point(store, run_id)
+    if first is None:
+        return None
+    key, stored = first
+    sample = next((s for s in samples if s.key == key), None)
+    if sample is None:
+        return None
+    if progress:
+        progress(len(samples), len(samples), sample, "recheck")
+    try:
+        with session.lock:
+            again = measure_page(session, sample, settings, flop_cache, warmed)
+    except Exception as exc:  # noqa: BLE001 - the pages are stored; say why the check is missing
+        free_memory(session.device)
+        return checks.record(store, run_id, {"workload": key, "skipped": failure(exc)[1]})
+    if again.status != "done":
+        return checks.record(store, run_id, {"workload": key, "skipped": again.message or again.status})
+    return checks.record(store, run_id, checks.compare(stored, again.stages, key))

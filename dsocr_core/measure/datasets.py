@@ -20,6 +20,7 @@ fail when loaded (ImageError), and a dataset run records them as errors.
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,6 +205,12 @@ def sample(pages: Sequence[Page], n: int | None = None, epochs: int = 1, seed: i
 
 
 # ---------------------------------------------------------------------------------------------- loading
+def pdf_pixels(w_pt: float, h_pt: float, dpi: int) -> tuple[int, int]:
+    """The pixel size pdfium renders a page of w_pt x h_pt points at `dpi`: it rounds up (595.2 pt at 144 dpi is
+    1,191 px, not round()'s 1,190), so a page is listed at the size it is stored at."""
+    return math.ceil(w_pt * dpi / 72), math.ceil(h_pt * dpi / 72)
+
+
 def render_pdf_page(path: str | Path, index: int, dpi: int = DEFAULT_DPI, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Page `index` (0-based) of a PDF rendered at `dpi` as an RGB image. Raises ImageError."""
     if not 18 <= dpi <= 1200:
@@ -222,7 +229,7 @@ def render_pdf_page(path: str | Path, index: int, dpi: int = DEFAULT_DPI, max_pi
         page = doc[index]
         try:
             w_pt, h_pt = page.get_size()
-            w, h = round(w_pt * dpi / 72), round(h_pt * dpi / 72)
+            w, h = pdf_pixels(w_pt, h_pt, dpi)
             if w <= 0 or h <= 0:
                 raise ImageError(f"{path} page {index + 1}: zero size")
             if w * h > max_pixels:  # refuse before rendering, not after allocating

@@ -9,8 +9,10 @@ least loaded first), waits on whatever finishes (`ray.wait`) and writes each res
 Failures: an exception inside a measurement is a status recorded by the worker (`oom` / `error` through
 `sweep.failure`, as in one process); a worker that dies (RayActorError, WorkerCrashedError) is dropped and each of
 its items is retried once on another worker, else recorded as `error` with the message; the run goes on while a
-worker is alive. Resume skips finished keys. A stop (`should_stop`, polled about every 0.2 s) cancels the queued
-items and stores the ones already running; Ctrl-C cancels everything, kills the workers and keeps what is stored.
+worker is alive. Each death, retry and item lost is said (`WorkerPool.events`, and the pool's `log` as it happens),
+and the driver's counts tell the commands how many items were lost for lack of a worker (they exit non-zero).
+Resume skips finished keys. A stop (`should_stop`, polled about every 0.2 s) cancels the queued items and stores
+the ones already running; Ctrl-C cancels everything, kills the workers and keeps what is stored.
 
 Where: every point's `extra` holds `node` (host name), `node_id` (Ray node id), `gpu_index` (the Ray GPU id),
 `gpu_name` (None on the CPU) and `worker`; a pool whose GPUs are of different models is refused unless
@@ -145,19 +147,16 @@ class Worker:
         return out
 
     def _point(self, item: WorkItem) -> dict:
-        from .sweep import failure, free_memory, measure_point
+        from .sweep import failure, free_memory, measure_with_attn
 
         session, workload, p = self.session, item.payload, item.params
         out = {"status": "done", "message": "", "stages": None, "kv_bytes": None, "resolved": None, "extra": {}}
         try:
-            if workload.attn != session.attn_impl:
-                session.model.set_attn_impl(workload.attn)
-            result = measure_point(session, workload, p["repeats"], p["warmup"], p["seed"])
-            out.update(stages=result.stages, kv_bytes=result.kv_bytes, resolved=result.resolved)
+            result = measure_with_attn(session, workload, p["repeats"], p["warmup"], p["seed"])
+            out.update(stages=result.stages, kv_bytes=result.kv_bytes, resolved=result.resolved,
+                       extra={"engine_state": result.engine_state})
         except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
             out["status"], out["message"] = failure(exc)
-        finally:
-            session.model.set_attn_impl(session.attn_impl)
         if out["status"] != "done":
             free_memory(session.device)
         return out
@@ -168,7 +167,7 @@ class Worker:
 
         session, sample, settings = self.session, item.payload, item.params
         if self._page_state is None or self._page_state[0] != settings:
-            self._page_state = (settings, FlopCache(session, settings.flops), set())
+            self._page_state = (settings, FlopCache(session, settings.flops), {})
         _, flop_cache, warmed = self._page_state
         try:
             with session.lock:
@@ -232,11 +231,14 @@ class WorkerPool:
     """Ray actors, one per GPU (or CPU slot), each holding one loaded Session. Use `WorkerPool.start(...)` and
     `close()` (or a `with` block)."""
 
-    def __init__(self, workers: list[WorkerState], infos: list[dict], settings: dict, owns_ray: bool):
+    def __init__(self, workers: list[WorkerState], infos: list[dict], settings: dict, owns_ray: bool,
+                 log: Callable[[str], None] | None = None):
         self.workers = workers
         self.infos = infos
         self.settings = settings
         self.owns_ray = owns_ray
+        self.log = log
+        self.events: list[str] = []  # worker deaths, retries and items lost, in order
         self.lead = RemoteSession(infos[0]) if "weights" in infos[0] else None  # None: no model loaded
 
     @classmethod
@@ -311,11 +313,16 @@ class WorkerPool:
             raise
         settings = {"workers": workers, "address": address, "allow_mixed_gpus": allow_mixed_gpus,
                     "resources": "GPU" if use_gpu else "CPU"}
-        return cls(states, infos, settings, owns)
+        return cls(states, infos, settings, owns, log)
 
     # ------------------------------------------------------------------ state
     def alive(self) -> list[WorkerState]:
         return [w for w in self.workers if w.alive]
+
+    def _say(self, line: str) -> None:
+        self.events.append(line)
+        if self.log:
+            self.log(line)
 
     def describe(self) -> dict:
         """For the run's meta: how the run was spread and where each worker ran."""
@@ -397,6 +404,8 @@ class WorkerPool:
                     if on_submit:
                         on_submit(item, worker.index)
                 if not self.alive():
+                    if pending:
+                        self._say(f"no Ray worker is left: {len(pending)} item(s) not run, recorded as error")
                     while pending:
                         item, _ = pending.popleft()
                         lost(item, "error: every Ray worker died before this item could run")
@@ -415,19 +424,22 @@ class WorkerPool:
                         stats["stopped"] += 1
                         continue
                     except (RayActorError, WorkerCrashedError) as exc:
+                        name = f"worker {worker.index} on {worker.where.get('node')}"
                         if worker.alive:
                             worker.alive = False
                             worker.death = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                        message = (f"error: worker {worker.index} on {worker.where.get('node')} died "
-                                   f"({type(exc).__name__})")
+                            self._say(f"{name} died ({worker.death}); {len(self.alive())} worker(s) left")
+                        message = f"error: {name} died ({type(exc).__name__})"
                         if stopping:
                             stats["stopped"] += 1
                         elif attempt == 0 and self.alive():
                             stats["retried"] += 1
                             pending.appendleft((item, 1))
+                            self._say(f"retrying {item_label(item)} (it was on {name}) on another worker")
                         else:
-                            lost(item, message + ("; it had been retried once already" if attempt else
-                                                  "; no other worker left"))
+                            why = "it had been retried once already" if attempt else "no other worker left"
+                            lost(item, f"{message}; {why}")
+                            self._say(f"{item_label(item)} recorded as error: {name} died and {why}")
                         continue
                     except Exception as exc:  # noqa: BLE001 - a failure of the actor method itself (not expected)
                         worker.failed += 1
@@ -452,6 +464,15 @@ class WorkerPool:
             self.close()
             raise
         return stats
+
+
+def item_label(item: WorkItem) -> str:
+    """A work item in a few words, for the messages on deaths and retries."""
+    if item.kind == "page":
+        return f"page {item.payload.label}"
+    from .sweep import workload_label
+
+    return f"point {workload_label(item.payload)}"
 
 
 def calibrate_scaled(pool: WorkerPool, options: dict) -> list[dict]:
@@ -494,10 +515,11 @@ def run_sweep_scaled(pool: WorkerPool, store, workloads: list, run_id: str | Non
                      name: str = "measured sweep", repeats: int = 3, warmup: int = 1, seed: int = 0,
                      progress: Callable | None = None, should_stop: Callable[[], bool] | None = None,
                      meta: dict | None = None, kind: str = "sweep", in_flight: int = DEFAULT_IN_FLIGHT,
-                     stats: dict | None = None) -> str:
+                     stats: dict | None = None, order_check: bool = True) -> str:
     """`sweep.run_sweep` over the pool's workers: the same points, keys, statuses and meta, plus where each point
     was measured (`extra`) and the pool (`meta.scale_out`). Returns the run id. `stats` (a dict) receives the
-    driver's counts (results, retried, lost, stopped, driver_s, worker_s)."""
+    driver's counts (results, retried, lost, stopped, driver_s, worker_s). The order check is not made (each
+    worker measures its own sequence of points); with `order_check` the run's meta says so."""
     from ..results.store import point_key
 
     if repeats < 1:
@@ -529,15 +551,25 @@ def run_sweep_scaled(pool: WorkerPool, store, workloads: list, run_id: str | Non
     out = pool.run_items(items, record, should_stop, in_flight)
     if stats is not None:
         stats.update(out)
+    if order_check and items:
+        _order_check_skipped(store, run_id)
     return run_id
+
+
+def _order_check_skipped(store, run_id: str) -> None:
+    """Scaled-out runs have no single order to check: each worker measures its own sequence of points."""
+    store.update_run(run_id, meta={"order_check": {"skipped": "points spread over workers, each measuring its own "
+                                                              "sequence of points"}})
 
 
 # ---------------------------------------------------------------------------------------------- dataset runs
 def run_dataset_scaled(pool: WorkerPool, store, run_id: str, samples: Sequence, settings,
                        progress: Callable | None = None, should_stop: Callable[[], bool] | None = None,
-                       in_flight: int = DEFAULT_IN_FLIGHT, stats: dict | None = None) -> dict[str, int]:
+                       in_flight: int = DEFAULT_IN_FLIGHT, stats: dict | None = None,
+                       order_check: bool = True) -> dict[str, int]:
     """`dataset_run.run_dataset` over the pool's workers (create the run with `create_dataset_run(store,
-    pool.lead, ...)`). Returns counts {done, oom, error, skipped, stopped}."""
+    pool.lead, ...)`). Returns counts {done, oom, error, skipped, stopped}. With `order_check` the run's meta says
+    why it has none (as run_sweep_scaled)."""
     from ..results.store import point_key
 
     settings.validate()
@@ -564,6 +596,8 @@ def run_dataset_scaled(pool: WorkerPool, store, run_id: str, samples: Sequence, 
     counts["stopped"] = out["stopped"]
     if stats is not None:
         stats.update(out)
+    if order_check and items:
+        _order_check_skipped(store, run_id)
     return counts
 
 
@@ -594,9 +628,12 @@ def pool_from_args(args, log: Callable[[str], None] | None = None, load: bool = 
         except ValueError:
             raise ScaleOutError(f"--workers must be a whole number of at least 1, got {args.workers!r}") from None
     if load:
+        from ..engines import parse_options
+
         load_args = dict(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
                          session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
-                         model=getattr(args, "model", None))
+                         model=getattr(args, "model", None),
+                         engine_options=parse_options(getattr(args, "engine_options", None)))
     else:
         load_args = dict(device=args.device)
     return WorkerPool.start(load_args, workers=workers, address=args.ray_address,
@@ -613,6 +650,17 @@ def command_pool(args, load: bool = True):
         yield pool
     finally:
         pool.close()
+
+
+def lost_to_dead_workers(stats: dict, run_id: str, what: str = "point") -> int:
+    """The exit status of a scaled-out command once its run ended: 1, with a line saying so, when items failed for
+    lack of a live worker (their error statuses are stored; a resume retries them); else 0."""
+    lost = stats.get("lost", 0)
+    if not lost:
+        return 0
+    print(f"{lost} {what}(s) failed because their Ray workers died (see the lines above); they are stored as "
+          f"errors: retry them with --resume {run_id[:12]}", file=sys.stderr, flush=True)
+    return 1
 
 
 def pool_line(pool: WorkerPool) -> str:

@@ -12,6 +12,7 @@ from ..results.store import stage_stats
 from ..runtime.flops import VISION_STAGES, decode_flops_total
 from ..runtime.generate import Greedy, MemoryTracking
 from ..runtime.timing import StageTimer
+from .routing_record import record_routing, routing_records
 
 
 @dataclass
@@ -51,11 +52,13 @@ def timed_generation(session, inputs, max_new_tokens: int, no_repeat_ngram_size:
 def counted_flops(session, inputs, logits: str) -> dict[str, int]:
     """{vision stages (sam, clip or encoder, projector), prefill, decode_first, decode_second}: the model's FLOPs in
     a separate counting pass (two decode steps; longer decodes follow exactly from them, see
-    flops.decode_flops_total)."""
-    out = session.count_stage_flops(inputs, logits=logits, decode_steps=2)
+    flops.decode_flops_total), and "routing": the experts each MoE layer touched in that pass (routing_record.py;
+    None without MoE layers)."""
+    with record_routing(session.model) as calls:  # the experts each layer touches, recorded on the way
+        out = session.count_stage_flops(inputs, logits=logits, decode_steps=2)
     first, second = (int(x) for x in out["decode"]["per_step"])
     return {**{s: int(out[s]["flops"]) for s in (*session.vision_stages, "prefill")}, "decode_first": first,
-            "decode_second": second}
+            "decode_second": second, "routing": routing_records(calls, len(session.spec.moe_layers))}
 
 
 def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,
@@ -94,4 +97,8 @@ def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,
             total = decode_flops_total(flops["decode_first"], flops["decode_second"], k)
             stages["decode"]["flops"] = total
             stages["decode_step"]["flops"] = total // k
+        routing = flops.get("routing") or {}
+        for stage, phase in (("prefill", "prefill"), ("decode_step", "decode")):
+            if phase in routing and stage in stages:
+                stages[stage]["routing"] = routing[phase]
     return stages

@@ -1,7 +1,11 @@
 """Measured sweeps: time every stage of the session over a grid of workloads and store each point at once.
 
-Per point: synthetic inputs of the target shape, `warmup` untimed runs, `repeats` timed runs (prefill stages
-and K decode steps), medians and spread, then FLOPs in a separate counting pass. A point is written to the
+Per point: the engine's kept state released (each point starts where a fresh process measuring only that point
+starts: the same cache room, graphs captured anew; compiled functions are kept, they compile per shape), synthetic
+inputs of the target shape, `warmup` untimed runs, `repeats` timed runs (prefill stages and K decode steps),
+medians and spread, the engine's state (how the point was run: compiled variants, graphs, buckets, cache room),
+then FLOPs in a separate counting pass. After the last point the first one is measured again (`order_check`) and
+the run flagged when the two disagree beyond their spread (see order_check.py). A point is written to the
 store as soon as it is measured, so an interrupt loses nothing already measured and a re-run resumes by
 skipping finished points. An out-of-memory is caught, memory freed, the point recorded as `oom`, and the sweep
 goes on.
@@ -21,6 +25,7 @@ from ..runtime.inputs import synthetic_for_workload
 from ..runtime.session import Session
 from ..spec import Workload
 from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info
+from . import order_check as checks
 from .stage_stats import assemble_stages, counted_flops, timed_generation
 
 Progress = Callable[[int, int, Workload, str], None]  # (points handled, total, workload, status)
@@ -53,6 +58,13 @@ class PointResult:
     stages: dict[str, dict]
     kv_bytes: int
     resolved: dict
+    engine_state: dict
+
+
+def workload_label(w: Workload) -> str:
+    """A point in a few words (progress bars, messages): mode, crop grid, text tokens, batch, decode steps."""
+    crops = f" {w.crops[0]}x{w.crops[1]}" if w.crops else ""
+    return f"{w.mode}{crops} T{w.text_tokens} B{w.batch} K{w.decode_steps}"
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -84,28 +96,43 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     `decode_steps` decode steps, whatever tokens come (no stop at EOS, no n-gram ban: the cost of the shape)."""
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
+    session.engine.release()  # start from the state a fresh process has (see the module docstring)
+    free_memory(session.device)
     inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
     run = dict(no_repeat_ngram_size=0, logits=workload.logits, stop_at_eos=False, memory="none")
     for _ in range(warmup):
         timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
     runs = [timed_generation(session, inputs, workload.decode_steps + 1, **run) for _ in range(repeats)]
+    engine_state = session.engine.point_state(inputs.batch)
     flops = counted_flops(session, inputs, workload.logits) if count_flops else None
     stages = assemble_stages(runs, flops, decode_step_over="repeats")
     resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
                 "text_tokens": inputs.text_tokens}
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
-    return PointResult(stages, runs[-1].kv_bytes, resolved)
+    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state)
+
+
+def measure_with_attn(session: Session, workload: Workload, *args, **kwargs) -> PointResult:
+    """measure_point with the workload's attention implementation, the session's own restored afterwards."""
+    try:
+        if workload.attn != session.attn_impl:
+            session.model.set_attn_impl(workload.attn)
+        return measure_point(session, workload, *args, **kwargs)
+    finally:
+        session.model.set_attn_impl(session.attn_impl)
 
 
 def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_id: str | None = None,
               name: str = "measured sweep", repeats: int = 3, warmup: int = 1, seed: int = 0,
               progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-              meta: dict | None = None, kind: str = "sweep") -> str:
+              meta: dict | None = None, kind: str = "sweep", order_check: bool = True) -> str:
     """Measure every workload not yet finished in `run_id` (a new run when None). Returns the run id.
 
     `should_stop` is polled between points (the app's stop button); an interrupt leaves every finished point
-    in the store."""
+    in the store. `order_check`: once every point is measured, the run's first point is measured again and the
+    comparison stored in the run's meta["order_check"] (see recheck_first; progress reports status "recheck").
+    A caller measuring point by point (the dashboard) passes order_check=False and calls recheck_first at the end."""
     from .environment import capture_environment
 
     if run_id is None:
@@ -116,8 +143,10 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
                                         "spec": session.spec.model_dump(mode="json")})
     done = store.finished_keys(run_id)
     total = len(workloads)
+    stopped = False
     for i, workload in enumerate(workloads, 1):
         if should_stop is not None and should_stop():
+            stopped = True
             break
         if point_key(workload) in done:
             if progress:
@@ -125,18 +154,40 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
             continue
         status, message = "done", ""
         try:
-            if workload.attn != session.attn_impl:
-                session.model.set_attn_impl(workload.attn)
-            result = measure_point(session, workload, repeats, warmup, seed)
-            store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved)
+            result = measure_with_attn(session, workload, repeats, warmup, seed)
+            store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved,
+                            {"engine_state": result.engine_state})
         except Exception as exc:  # one bad point must not end the sweep
             status, message = failure(exc)
-        finally:
-            session.model.set_attn_impl(session.attn_impl)
         if status != "done":
             # outside the except block: the traceback (and the failed point's tensors) is gone by now
             free_memory(session.device)
             store.put_point(run_id, workload, status, message)
         if progress:
             progress(i, total, workload, status)
+    if order_check and not stopped:
+        announce = (lambda w: progress(total, total, w, "recheck")) if progress else None
+        recheck_first(session, store, run_id, repeats, warmup, seed, announce)
     return run_id
+
+
+def recheck_first(session: Session, store: RunStore, run_id: str, repeats: int = 3, warmup: int = 1,
+                  seed: int = 0, announce: Callable[[Workload], None] | None = None) -> dict | None:
+    """The order check (order_check.py): the run's first point measured again, now that the others ran,
+    compared with what is stored and recorded in the run's meta. None (nothing stored) when the run has fewer
+    than two finished points. `announce(workload)` is called before the point is measured again."""
+    first = checks.first_point(store, run_id)
+    if first is None:
+        return None
+    key, stored = first
+    workload = Workload(**key)
+    if announce:
+        announce(workload)
+    try:
+        again = measure_with_attn(session, workload, repeats, warmup, seed, count_flops=False)
+    except Exception as exc:  # noqa: BLE001 - the run's points are stored; say why the check is missing
+        free_memory(session.device)
+        return checks.record(store, run_id, {"workload": key, "skipped": failure(exc)[1]})
+    check = checks.compare(stored, again.stages, key)
+    check["engine_state_again"] = again.engine_state
+    return checks.record(store, run_id, check)

@@ -110,13 +110,9 @@ def _mib(n: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _pdf_pixels(w_pt: float, h_pt: float, dpi: int) -> tuple[int, int]:
-    return round(w_pt * dpi / 72), round(h_pt * dpi / 72)  # as datasets.render_pdf_page sizes the page
-
-
 def _check_pdf(data: bytes, limits: Limits) -> dict:
     """{pages, page_sizes_pt, width, height} of a usable PDF, else ValueError(reason)."""
-    from .datasets import DEFAULT_DPI, _pdfium
+    from .datasets import DEFAULT_DPI, _pdfium, pdf_pixels
 
     pdfium = _pdfium()
     if pdfium is None:
@@ -145,10 +141,10 @@ def _check_pdf(data: bytes, limits: Limits) -> dict:
                 w, h = page.get_size()
             finally:
                 page.close()
-            sizes.append((round(float(w), 2), round(float(h), 2)))
+            sizes.append((float(w), float(h)))  # unrounded: the pixel size is computed from them as pdfium does
     finally:
         doc.close()
-    width, height = _pdf_pixels(*sizes[0], DEFAULT_DPI)
+    width, height = pdf_pixels(*sizes[0], DEFAULT_DPI)
     return {"pages": n, "page_sizes_pt": tuple(sizes), "width": width, "height": height}
 
 
@@ -327,7 +323,7 @@ class UploadStore:
         are the uploads' display names (made unique with the id's first digits where two share one); PDF pages
         over the pixel limit at `dpi` are marked unreadable with the reason. Raises DatasetError when none."""
         from ..runtime.image_limits import MAX_PIXELS
-        from .datasets import DEFAULT_DPI, Dataset, DatasetError, Page
+        from .datasets import DEFAULT_DPI, Dataset, DatasetError, Page, pdf_pixels
 
         dpi = dpi or DEFAULT_DPI
         chosen = [u for u in self.list() if ids is None or u.id in set(ids)]
@@ -345,7 +341,7 @@ class UploadStore:
                 pages.append(Page(path, name))
                 continue
             for i, (w_pt, h_pt) in enumerate(u.page_sizes_pt or ((0, 0),) * u.pages):
-                w, h = _pdf_pixels(w_pt, h_pt, dpi)
+                w, h = pdf_pixels(w_pt, h_pt, dpi)
                 error = None
                 if w * h > MAX_PIXELS:
                     error = f"{name} p{i + 1}: at {dpi} dpi, {pixel_limit_message(w * h, (w, h), what='PDF page')}"

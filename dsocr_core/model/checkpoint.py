@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import zlib
 from pathlib import Path
@@ -21,9 +22,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .. import registry
+from .. import jsonfile, registry
 from ..registry import family_of
-from ..spec import DecoderSpec, SpecError
+from ..spec import MAX_CONFIG_DEPTH, DecoderSpec, SpecError, read_config_json
 from .decoder import RMSNorm
 from .deepseek_ocr import CausalLM
 from .sam import LayerNorm2d
@@ -36,6 +37,16 @@ LIST_LIMIT = 20  # names shown per kind of problem
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
              "moe_intermediate_size", "n_routed_experts", "vocab_size")
 INIT_STD = 0.02
+MAX_INDEX_BYTES = 64 * 2**20  # an index lists one line per tensor: DeepSeek-OCR's is about 300 KB
+# counts a config.json states that the tensor names show, compared before the model is built (building is linear in
+# them: 10^5 claimed layers took minutes and gigabytes even on the meta device); (config field, pattern, what)
+_COUNTS = (
+    ("num_hidden_layers", re.compile(r"model\.layers\.(\d+)\."), "LM layers"),
+    ("n_routed_experts", re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\."), "experts"),
+    ("sam_layers", re.compile(r"model\.sam_model\.blocks\.(\d+)\."), "SAM blocks"),
+    ("clip_layers", re.compile(r"model\.vision_model\.transformer\.layers\.(\d+)\."), "CLIP layers"),
+    ("enc_layers", re.compile(r"model\.qwen2_model\.model\.model\.layers\.(\d+)\."), "encoder layers"),
+)  # a count the spec's family lacks (CLIP layers of DeepSeek-OCR 2, encoder layers of DeepSeek-OCR) is skipped
 CHUNK_ELEMENTS = 1 << 28  # tensors read per opening of a safetensors file while loading
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
@@ -190,9 +201,10 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
     listing = _read_listing(files)
     if index is not None:
         _check_index(index, listing, folder)
-    model = meta_model(spec, attn_impl)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     try:
+        _check_counts(spec, listing, folder / "config.json")
+        model = meta_model(spec, attn_impl)
+        expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         _check_names(listing, expected, str(folder), family_of(spec).checkpoint.allowed_extra)
     except CheckpointError as exc:
         _raise_with_missing_keys(folder, exc)
@@ -226,14 +238,17 @@ def _weight_files(folder: Path) -> tuple[list[Path], dict | None]:
     """The safetensors files to read: those the index names, else every *.safetensors in the folder."""
     index_path = folder / INDEX_NAME
     if index_path.exists():
-        try:
-            index = json.loads(index_path.read_text())
-            weight_map = index["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from None
+        index = jsonfile.load(index_path, CheckpointError, MAX_INDEX_BYTES, MAX_CONFIG_DEPTH)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index_path} is not a valid safetensors index: its weight_map is not an "
+                                  "object of tensor name -> shard file name")
         names = sorted(set(weight_map.values()))
+        # a shard is a file of this folder, named as the index format names it: never a path elsewhere
+        outside = [n for n in names if Path(n).name != n or n in ("", ".", "..")]
+        if outside:
+            raise CheckpointError(f"{index_path} names shard files outside its folder: {_names(outside)}; "
+                                  "shards must be plain file names in the checkpoint folder")
         absent = [n for n in names if not (folder / n).is_file()]
         if absent:
             raise CheckpointError(f"{index_path.name} names shard files that are missing: {', '.join(absent)}")
@@ -288,6 +303,22 @@ def _read_listing(files: Iterable[Path]) -> dict[str, tuple[tuple[int, ...], str
     return listing
 
 
+def _check_counts(spec: DecoderSpec, listing: Mapping[str, tuple], config: Path) -> None:
+    """Refuse a config claiming more layers or experts than the tensors hold, from the headers alone. (Fewer is
+    cheap to build, and then every unexpected tensor is listed by _check_names.)"""
+    wrong = []
+    for field, pattern, what in _COUNTS:
+        held = {int(m.group(1)) for name in listing if (m := pattern.match(name))}
+        if not hasattr(spec, field) or (field == "n_routed_experts" and not spec.moe_layers):
+            continue  # the other family's stage, or an all-dense LM (no experts to count)
+        claimed = getattr(spec, field)
+        if claimed > len(held):
+            wrong.append(f"{field}={claimed} but the weights hold {len(held)} {what}")
+    if wrong:
+        raise CheckpointError(f"{config} does not fit its weights: {'; '.join(wrong)} (refused before building "
+                              "the model)")
+
+
 def _check_index(weight_map: dict, listing: dict, folder: Path) -> None:
     wrong = [n for n, file in weight_map.items() if n not in listing or listing[n][2] != file]
     if wrong:
@@ -329,8 +360,8 @@ def _raise_with_missing_keys(folder: Path, exc: Exception) -> None:
     """Re-raise `exc` (same class) led by the SIZE_KEYS its config.json lacks, when it lacks any: the key is
     the cause, the mismatch only its consequence. Returns when nothing is missing."""
     try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        raw = read_config_json(folder)[1]
+    except SpecError:
         return
     if not isinstance(raw, dict):
         return

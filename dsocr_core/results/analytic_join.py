@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ..analytic import Points, evaluate
+from ..analytic.routing import Routing, calls_of_record, routing_from_calls
+from ..engines import run_engine
 from ..hardware import run_ceilings
 from ..registry import mode_info
 from ..spec import Hardware, ModelSpec, Workload
@@ -80,16 +82,49 @@ def _rel(a: float | None, b: float | None) -> float | None:
     return (a - b) / b
 
 
+def observed_routing(run: dict, points: pd.DataFrame, spec: ModelSpec | None = None) -> Routing | None:
+    """The routing a run observed (the `routing` records of its finished points' prefill and decode_step
+    results, measure/routing_record.py), as one Routing: per tokens per call, the mean distinct experts per layer.
+    None for runs that recorded none (measured before routing was recorded, or a model without MoE)."""
+    spec = spec or run_spec(run)
+    calls = []
+    if "stage_extra" in points:
+        done = points[(points.status == "done") & points.stage.isin(("prefill", "decode_step"))]
+        for extra in done["stage_extra"]:
+            record = extra.get("routing") if isinstance(extra, dict) else None
+            if record:
+                calls += calls_of_record(record)
+    name = str(run.get("name") or "")
+    return routing_from_calls(calls, spec.n_routed_experts, spec.num_experts_per_tok,
+                              f"run {str(run.get('id', ''))[:8]}" + (f" ({name})" if name else ""))
+
+
+def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: ModelSpec | None = None):
+    """`prediction` (a ProfiledHardware) made for the run: its profile, work and overlap, with the run's own
+    engine (its stored description; its session mode's defaults for runs stored before descriptions) and the
+    routing it observed (uniform, labelled assumed, where it recorded none)."""
+    from ..analytic.predict import with_profile
+
+    pred = prediction.prediction
+    engine, _ = run_engine(run)
+    routing = observed_routing(run, points, spec)
+    base = Hardware(**prediction.model_dump())
+    return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing)
+
+
 def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
                 datasheet: Hardware | None = None, calibrated: Hardware | None = None,
                 prediction: Hardware | None = None) -> pd.DataFrame:
     """One row per finished point x stage with measured and analytic figures side by side; with `prediction`
-    (a ProfiledHardware, in the session mode the run was measured in) the predicted time beside them."""
+    (a ProfiledHardware) the predicted time beside them, made for the run (run_prediction: its own engine and
+    the routing it observed)."""
     run = store.get_run(run_id)
     spec = spec or run_spec(run)
     ds_default, cal_default = run_ceilings(run)
     datasheet, calibrated = datasheet or ds_default, calibrated or cal_default
     pts = store.points(run_id)
+    if getattr(prediction, "prediction", None) is not None:
+        prediction = run_prediction(run, pts, prediction, spec)
     pts = pts[(pts.status == "done") & pts.stage.isin(COMPARED_STAGES)]
     firsts = pts.drop_duplicates("key")
     workloads = {k: point_workload(p) for k, (_, p) in zip(firsts["key"], firsts.iterrows())}
@@ -101,7 +136,8 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     on_pred = dict(zip(keys, workload_stage_totals(spec, ws, prediction))) if pred is not None else {}
     pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU
         "predicted_profile": pred.profile.label(), "predicted_derived": pred.profile.derived,
-        "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode}
+        "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode,
+        "predicted_engine": pred.engine.label(), "predicted_routing": pred.routing_label()}
     rows = []
     for _, p in pts.iterrows():
         w = workloads[p["key"]]

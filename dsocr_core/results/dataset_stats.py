@@ -43,8 +43,10 @@ import numpy as np
 import pandas as pd
 
 from ..hardware import run_ceilings
+from ..measure.order_check import summary as order_summary
 from ..registry import stage_names, vision_stage_names
 from ..spec import Hardware, ModelSpec
+from .analytic_join import run_prediction
 from .runs import run_model, run_spec
 from .store import RunStore
 
@@ -124,8 +126,8 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
         how = dict(dtype=run.get("dtype") or "bfloat16", attn=run.get("attn") or "sdpa",
                    logits=(run["meta"].get("settings") or {}).get("logits", "all"))
         parts = [frame, analytic_columns(frame, spec, hw, **how)]
-        if prediction is not None:
-            parts.append(predicted_columns(frame, spec, prediction, **how))
+        if prediction is not None:  # the run's own engine and the routing it observed
+            parts.append(predicted_columns(frame, spec, run_prediction(run, pts, prediction, spec), **how))
         frame = pd.concat(parts, axis=1)
     frame.attrs["run_id"] = run_id
     frame.attrs["model"] = run_model(run)
@@ -299,6 +301,7 @@ def run_summary(store: RunStore, run_id: str, pages: pd.DataFrame | None = None)
         "output_tokens_per_s": tokens / gen if gen > 0 else None,
         "eos_share": float(done["eos"].astype(bool).mean()) if len(done) else None,
         "operators": bool(meta.get("operators")),
+        "order_check": order_summary(meta.get("order_check")),
     }
 
 

@@ -36,9 +36,9 @@ def run_metrics(*pages: pd.DataFrame) -> tuple[str, ...]:
     return tuple(m for m in METRICS if m[:-2] not in vision_stage_names() or m[:-2] in stages)
 
 
-X_AXES = {"crop_count": "crop tiles (grid width x height)", "prompt_tokens": "prompt length (tokens)"}
+X_AXES = {"crop_count": "crop tiles (number)", "prompt_tokens": "prompt length (tokens)"}
 LONG_COLUMNS = ("label", "page", "pdf_page", "epoch", "source", "mode", "grid", "crop_count", "prompt_tokens",
-                "image_w", "image_h", "metric", "stage", "measured_s", "analytic_s", "predicted_s")
+                "image_w", "image_h", "metric", "stage", "measured_s", "analytic_s", "predicted_s", "beats_bound")
 SPREAD_COLUMNS = ("metric", "stage", "n", "min", "p10", "median", "mean", "p90", "max", "std")
 OTHERS = "(other operators)"
 
@@ -80,7 +80,24 @@ def page_stage_long(pages: pd.DataFrame, metrics=None) -> pd.DataFrame:
         return pd.DataFrame(columns=list(LONG_COLUMNS))
     out = pd.concat(parts, ignore_index=True)
     out = out.dropna(subset=["measured_s"]).reset_index(drop=True)
+    out["beats_bound"] = out["measured_s"] < out["analytic_s"]  # False where there is no bound (NaN)
     return out.reindex(columns=list(LONG_COLUMNS))
+
+
+def bound_defects(long: pd.DataFrame) -> pd.DataFrame:
+    """Per stage, the measured samples faster than their analytic bound (page_stage_long rows): stage, n (such
+    samples), of (samples with a bound), lowest (the smallest measured / bound ratio). A lower bound can never
+    exceed a measurement, so every row is a defect of the bound (ceilings below what the device reaches, or work
+    the model over-counts), never a fast page."""
+    cols = ["stage", "n", "of", "lowest"]
+    bounded = long[long["analytic_s"].notna() & (long["analytic_s"] > 0)] if len(long) else long
+    rows = []
+    for stage, group in bounded.groupby("stage", sort=False):
+        beats = group[group["beats_bound"].astype(bool)]
+        if len(beats):
+            rows.append({"stage": stage, "n": len(beats), "of": len(group),
+                         "lowest": float((beats["measured_s"] / beats["analytic_s"]).min())})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def stage_spread(pages: pd.DataFrame, metrics=None) -> pd.DataFrame:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
+from ..engines import run_engine
+from ..spec import ModelSpec
 from .tables import format_table
 
 # What a resumed sweep must share with its run, and how each is named in a refusal.
@@ -75,6 +77,14 @@ def runs_table(runs: Iterable[Mapping[str, Any]], name_width: int = 48) -> str:
     return format_table(["id", "kind", "name", "created (UTC)", "done", "oom", "error"], rows, align="lllrrrr")
 
 
+def engine_note(run: Mapping[str, Any]) -> str:
+    """What is said about a run's engine description: recorded, or assumed (runs stored before descriptions)."""
+    engine, recorded = run_engine(run)
+    if recorded:
+        return f"engine {engine.label()} (recorded with the run)"
+    return f"engine {engine.kind} with its default options (assumed: the run predates engine descriptions)"
+
+
 def run_details(run: Mapping[str, Any]) -> str:
     """One run in a few lines: label, settings, model and weights, counts, how to resume it."""
     from ..registry import get_family
@@ -83,8 +93,8 @@ def run_details(run: Mapping[str, Any]) -> str:
     lines = [f"run {run['id']}  ({run['kind']})", f"  {plain_text(run.get('label') or run.get('name') or '', 200)}",
              f"  created {run.get('created_at')}  device {s['device_type'] or '?'}  dtype {s['dtype']}  "
              f"attention {s['attn']}  session {s['session_mode']}",
-             f"  model {get_family(run_model(run)).label}; weights {s['weights_source']}: "
-             f"{plain_text(s['weights_detail'] or '', 120)}",
+             f"  model {get_family(run_model(run)).label}; {engine_note(run)}",
+             f"  weights {s['weights_source']}: {plain_text(s['weights_detail'] or '', 120)}",
              f"  points {run.get('n_points', 0)}: {run.get('n_done', 0)} done, {run.get('n_oom', 0)} oom, "
              f"{run.get('n_error', 0)} error"]
     if run.get("imported_from"):
@@ -94,3 +104,9 @@ def run_details(run: Mapping[str, Any]) -> str:
     elif run["kind"] == "dataset":
         lines.append(f"  resume with: python -m dsocr_core profile ... --resume {run['id'][:12]}")
     return "\n".join(lines)
+
+
+def run_spec(run: Mapping[str, Any]) -> ModelSpec:
+    """The model spec a run was measured with (from its meta; the full DeepSeek-OCR spec when absent)."""
+    data = (run.get("meta") or {}).get("spec")
+    return ModelSpec(**data) if data else ModelSpec()

@@ -204,7 +204,8 @@ def compute_flags(environment: Mapping, weights: Mapping, meta: Mapping) -> dict
 
 def labels(run: Mapping[str, Any]) -> str:
     """One-line human label of a run (a get_run / list_runs dict). Always names synthetic weights, CPU and the
-    fallback tokenizer when they apply, e.g. 'bf16 sweep · NVIDIA H200 · 2026-01-02 10:00 UTC · synthetic weights'."""
+    fallback tokenizer when they apply, e.g. 'bf16 sweep · NVIDIA H200 · 2026-01-02 10:00 UTC · synthetic weights',
+    and a failed order check (its first point measured again at the end disagreed: measure/order_check.py)."""
     flags = run.get("flags") or compute_flags(run.get("environment") or {}, run.get("weights") or {},
                                               run.get("meta") or {})
     env = run.get("environment") or {}
@@ -216,6 +217,8 @@ def labels(run: Mapping[str, Any]) -> str:
     if created:
         parts.append(created[:16].replace("T", " ") + " UTC")
     parts += [FLAG_LABELS[f] for f in FLAGS if flags.get(f)]
+    if ((run.get("meta") or {}).get("order_check") or {}).get("flagged"):
+        parts.append("ORDER CHECK FAILED")
     return " · ".join(parts)
 
 
@@ -351,10 +354,12 @@ def _stage_rows(stages: Mapping[str, Mapping[str, Any]] | None) -> list[dict[str
                 row[col] = None
             elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise ValueError(f"stage {stage} {col} must be a number of seconds, got {_short(value)}")
+            elif not math.isfinite(float(value)):  # stored as NULL it would leave a done point with no time
+                raise ValueError(f"stage {stage} {col} must be a finite number of seconds, got {value!r}")
             elif float(value) < 0:
                 raise ValueError(f"stage {stage} {col} must not be negative, got {value!r}")
             else:
-                row[col] = float(value) if math.isfinite(float(value)) else None
+                row[col] = float(value)
         extra = {k: v for k, v in result.items() if k not in STAGE_NUMBERS}
         row["extra"] = _dumps(extra, f"stage {stage}")
         rows.append(row)

@@ -63,6 +63,9 @@ class RunStore:
         return conn
 
     def _corrupt(self, problem: str) -> StoreCorrupt:
+        # one line: SQLite's reports span lines, and a command line prints an error's first line only, which
+        # would cut off the advice below
+        problem = " ".join(problem.split())
         return StoreCorrupt(f"run store {self.path} is unusable: {problem}. It was left untouched; move it aside "
                             "(or give another --store / DSOCR_STORE) and re-import exported runs")
 
@@ -202,7 +205,9 @@ class RunStore:
             rows = conn.execute("SELECT id, kind FROM runs WHERE lower(id) LIKE ? ORDER BY created_at DESC, id",
                                 (prefix + "%",)).fetchall()
         exact = [r for r in rows if r["id"].lower() == prefix]
-        rows = exact or rows
+        # a store written before imports compared ids in any case may hold one id in two cases: the id as
+        # typed reaches its own run
+        rows = [r for r in exact if r["id"] == str(text).strip()] or exact or rows
         if not rows:
             raise RunNotFound(f"no run {prefix!r} in {self.path}; {listing}")
         if len(rows) > 1:

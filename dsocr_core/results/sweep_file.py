@@ -2,9 +2,10 @@
 
 A grid is evaluated CHUNK_POINTS points at a time (the same order as analytic.Points.grid: crop grids vary
 slowest, decode steps fastest) and appended to a temporary file in the target's folder, renamed onto the target
-only when every chunk is written. An error, Ctrl-C or a full disk leaves no partial file at the target path (a
-kill -9 can leave the hidden `.NAME.*.part` file behind, never a truncated target). After the first chunk the
-output size is estimated and a grid whose file would not fit on the disk is refused before more is written.
+only when every chunk is written. An error, Ctrl-C, SIGTERM (the CLI raises it as Ctrl-C) or a full disk leaves no
+partial file at the target path (a kill -9 can leave the hidden `.NAME.*.part` file behind, never a truncated
+target). After the first chunk the output size is estimated and a grid whose file would not fit on the disk is
+refused before more is written.
 """
 from __future__ import annotations
 

@@ -2,8 +2,10 @@
 
 Export: `export_dict` is the full self-describing document (format "dsocr-run", FORMAT_VERSION), `export_json` its
 text (header indented, one point per line), `export_csv` a tidy table (CSV_COLUMNS). Import: `import_bytes`
-validates a whole document (size, nesting, string lengths, then the strict pydantic models below: types, ranges,
-no negative times or counts) before it writes anything, then writes the run in one transaction.
+validates a whole document (size, nesting, string lengths, no NaN or infinite number anywhere, then the strict
+pydantic models below: types, ranges, no negative times or counts; a finished measured point must be a workload
+the analytic model evaluates, within its limits) before it writes anything, then writes the run in one transaction.
+Run ids are compared in any case, as RunStore.resolve_id compares them; a new run is stored under its id in lower case.
 
 What an import may change: it adds a run under the id in the file; a re-import of a run that was itself imported
 (same id, kind and creation time) may rename it, replace its notes and meta, upsert its points and add warning
@@ -16,6 +18,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -23,8 +26,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .schema import (CSV_COLUMNS, FLAGS, FORMAT, FORMAT_VERSION, MAX_INT, MAX_MESSAGE_CHARS, MAX_NAME_CHARS,
-                     MAX_NOTES_CHARS, POINT_COLUMNS, STAGE_NUMBERS, WEIGHT_SOURCES, RunImportError, _fetch_run, _insert_run, _now, _point_row, _run_row, _stage_order, _stage_rows,
-                     _upsert_point, labels, point_key)
+                     MAX_NOTES_CHARS, POINT_COLUMNS, STAGE_NUMBERS, WEIGHT_SOURCES, RunImportError, _fetch_run,
+                     _insert_run, _now, _point_row, _run_row, _short, _stage_order, _stage_rows, _upsert_point,
+                     labels, point_key)
 
 if TYPE_CHECKING:
     from .store import RunStore
@@ -148,6 +152,7 @@ def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> 
         raise RunImportError(f"{source}: not a readable JSON run export: {str(exc)[:200]}") from None
     _check_shape(doc, source)
     export = _validate_export(doc, source)
+    _check_counts(export, source)
     run = export.run
     try:
         _check_meta(run.meta)
@@ -179,22 +184,26 @@ def import_bytes(store: RunStore, data: bytes | str, source: str = "upload") -> 
 def _write_import(conn, run: "_ExportRun", row: dict, point_rows: list, sha: str, source: str) -> str:
     """The writing half of import_bytes, inside its transaction (see the module docstring for what it may
     replace)."""
-    old = conn.execute("SELECT import_sha256, imported_from, kind, created_at FROM runs WHERE id = ?",
-                       (run.id,)).fetchone()
+    # ids are compared as resolve_id resolves them (in any case), so an import can never add a second run that
+    # a full id then fails to reach; a new run is stored under its id in lower case, as local runs are
+    old = conn.execute("SELECT id, import_sha256, imported_from, kind, created_at FROM runs WHERE lower(id) = ? "
+                       "ORDER BY id = ? DESC", (run.id.lower(), run.id)).fetchone()
+    run_id = run.id.lower() if old is None else old["id"]
+    row = {**row, "id": run_id}
     if old is not None and old["import_sha256"] == sha:
-        return run.id
+        return run_id
     if old is not None and old["imported_from"] is None:
-        raise RunImportError(f"{source}: run {run.id} is already in this store as a {old['kind']} run recorded "
+        raise RunImportError(f"{source}: run {run_id} is already in this store as a {old['kind']} run recorded "
                              "here; an import never replaces it (import into another store, or delete that "
                              "run first)")
     if old is not None and (old["kind"], old["created_at"]) != (row["kind"], row["created_at"]):
-        raise RunImportError(f"{source}: this store already holds another run with id {run.id} (imported "
+        raise RunImportError(f"{source}: this store already holds another run with id {run_id} (imported "
                              f"{old['kind']} run created {old['created_at']}, the file has a {row['kind']} run "
                              f"created {row['created_at']}); refused")
     if old is None:
         _insert_run(conn, row)
     else:
-        current = _fetch_run(conn, run.id)
+        current = _fetch_run(conn, run_id)
         flags = {f: row[f] or current["flags"][f] for f in FLAGS}  # never drop a warning
         conn.execute(
             "UPDATE runs SET name=?, notes=?, environment=?, weights=?, dtype=?, attn=?, "
@@ -202,12 +211,12 @@ def _write_import(conn, run: "_ExportRun", row: dict, point_rows: list, sha: str
             "WHERE id=?",
             (row["name"], row["notes"], row["environment"], row["weights"],
              row["dtype"], row["attn"], row["session_mode"], row["meta"], *(int(flags[f]) for f in FLAGS),
-             row["imported_from"], run.id),
+             row["imported_from"], run_id),
         )
     for key, prow, updated_at, srows in point_rows:
-        _upsert_point(conn, run.id, key, prow, updated_at, srows)
-    conn.execute("UPDATE runs SET import_sha256 = ? WHERE id = ?", (sha, run.id))
-    return run.id
+        _upsert_point(conn, run_id, key, prow, updated_at, srows)
+    conn.execute("UPDATE runs SET import_sha256 = ? WHERE id = ?", (sha, run_id))
+    return run_id
 
 
 def import_dir(store: RunStore, folder: str | Path) -> list[str]:
@@ -312,13 +321,17 @@ def _validate_export(doc: Any, source: str) -> _Export:
 
 
 def _check_shape(doc: Any, source: str) -> None:
-    """Refuse a document nested deeper than MAX_DEPTH or holding a string longer than MAX_STRING_CHARS (walked
-    without recursion, so no document can exhaust the stack here or in the validation after it)."""
+    """Refuse a document nested deeper than MAX_DEPTH, holding a string longer than MAX_STRING_CHARS or a number
+    that is not finite (NaN, Infinity, 1e999: stored as null they would hide a missing value), naming where it
+    is; walked without recursion, so no document can exhaust the stack here or in the validation after it."""
     stack = [(doc, 1, "")]
     while stack:
         value, depth, where = stack.pop()
         if depth > MAX_DEPTH:
             raise RunImportError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels (at {where[:80] or 'the top'})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RunImportError(f"{source}: {where or 'the top'} is {value!r}, not a finite number (NaN, Infinity "
+                                 "and numbers past the float range are refused)")
         if isinstance(value, str):
             if len(value) > MAX_STRING_CHARS:
                 raise RunImportError(f"{source}: {where or 'a value'} is a string of {len(value):,} characters, "
@@ -334,9 +347,10 @@ def _check_shape(doc: Any, source: str) -> None:
 
 def _check_measured_point(prow: dict) -> None:
     """A finished point of a measured sweep must name a workload the analytic model can evaluate (the pages
-    join every such point to it); raise ValueError otherwise."""
+    join every such point to it, through Points.build and its limits); raise ValueError otherwise."""
+    from ..analytic.points import Points
     from ..registry import all_modes, mode_info
-    from ..spec import Workload
+    from ..spec import SpecError, Workload
 
     needed = ("mode", "text_tokens", "batch", "decode_steps", "dtype", "attn", "logits")
     absent = [k for k in needed if prow.get(k) is None]
@@ -346,11 +360,43 @@ def _check_measured_point(prow: dict) -> None:
     if absent:
         raise ValueError(f"a finished measured point needs {', '.join(absent)} in its workload")
     try:
-        Workload(mode=prow["mode"], crops=(prow["grid_w"], prow["grid_h"]) if gundam else None,
-                 **{k: prow[k] for k in needed[1:]})
+        workload = Workload(mode=prow["mode"], crops=(prow["grid_w"], prow["grid_h"]) if gundam else None,
+                            **{k: prow[k] for k in needed[1:]})
     except ValidationError as exc:
         e = exc.errors()[0]
         raise ValueError(f"not a valid workload: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    try:
+        Points.from_workload(workload)
+    except SpecError as exc:
+        raise ValueError(f"outside what the workload model evaluates: {exc}") from None
+
+
+META_MINIMA = {"repeats": 1, "warmup": 0}  # how a sweep was measured: whole numbers, at least these
+
+
+def _check_counts(export: "_Export", source: str) -> None:
+    """The counts and times the pages read besides the typed fields: the run's meta repeats and warm-ups and each
+    stage's `times_s` (every timed run or decode step), whole and non-negative numbers; RunImportError naming the
+    field otherwise."""
+    for key, low in META_MINIMA.items():
+        value = export.run.meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            kind = "negative" if isinstance(value, (int, float)) and value < 0 else "not allowed"
+            raise RunImportError(f"{source}: run.meta.{key} is {_short(value)} ({kind}): it must be a whole number "
+                                 f">= {low}")
+    for i, point in enumerate(export.points):
+        for name, stage in point.stages.items():
+            times = stage.extra.get("times_s")
+            if times is None:
+                continue
+            where = f"{source}: points[{i}].stages.{name}.extra.times_s"
+            if not isinstance(times, list):
+                raise RunImportError(f"{where} must be a list of seconds, got {type(times).__name__}")
+            for j, t in enumerate(times):
+                if isinstance(t, bool) or not isinstance(t, (int, float)):
+                    raise RunImportError(f"{where}[{j}] must be a number of seconds, got {_short(t)}")
+                if t < 0:
+                    raise RunImportError(f"{where}[{j}] is {t!r}: a time cannot be negative")
 
 
 def _check_meta(meta: dict) -> None:

@@ -23,11 +23,13 @@ from typing import Protocol
 
 import torch
 
+from ..engines import SESSION_MODES, EngineSpec, as_engine
 from ..model.kv_cache import KVCache
 from .generate import next_tokens
 from .timing import StageTimer
 
-SESSION_MODES = ("reference", "fast")
+__all__ = ["Engine", "OneShotEngine", "ReferenceCache", "ReferenceEngine", "SESSION_MODES", "build_engine",
+           "history_buffer"]
 
 
 class Engine(Protocol):
@@ -35,6 +37,7 @@ class Engine(Protocol):
     device: torch.device
     mode: str
     eos_check_interval: int
+    state_epoch: int  # changes when the engine dropped what a warm-up prepared (see FastEngine.state_epoch)
 
     def prefill(self, inputs, *, logits: str = "last", upto: int | None = None, timer: StageTimer | None = None,
                 room: int = 0) -> tuple[torch.Tensor, object]: ...
@@ -44,6 +47,10 @@ class Engine(Protocol):
     def greedy(self, cache, token: torch.Tensor, limit: int, ngram: int, finished: torch.Tensor) -> torch.Tensor: ...
 
     def describe(self) -> dict: ...
+
+    def release(self, batch: int | None = None) -> None: ...
+
+    def point_state(self, batch: int) -> dict: ...
 
 
 def history_buffer(input_ids: torch.Tensor, room: int) -> torch.Tensor:
@@ -69,8 +76,9 @@ class ReferenceEngine:
 
     mode = "reference"
     eos_check_interval = 1  # the reference loop looks for EOS after every step, like HF generate()
+    state_epoch = 0  # nothing is kept between runs
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):  # no options (runtime/reference_plan.ReferenceOptions)
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -108,6 +116,14 @@ class ReferenceEngine:
     def describe(self) -> dict:
         return {"session_mode": self.mode, "call_pattern": "separated"}
 
+    def release(self, batch: int | None = None) -> None:
+        """Nothing to free: every prefill builds its own cache."""
+
+    def point_state(self, batch: int) -> dict:
+        """How a run was executed: eagerly, nothing compiled, captured or kept between runs."""
+        return {"engine": self.mode, "call_pattern": self.describe()["call_pattern"], "compiled": "eager",
+                "graphs": "none", "kept_between_runs": "nothing"}
+
 
 class OneShotEngine(ReferenceEngine):
     """HF `generate()`'s call pattern, the parity yardstick: every step is one full model call carrying the image
@@ -138,14 +154,33 @@ class OneShotEngine(ReferenceEngine):
         return {"session_mode": self.mode, "call_pattern": "one-shot"}
 
 
-def build_engine(mode: str, model: torch.nn.Module, options: dict | None = None) -> Engine:
-    """The engine of a session mode over `model` (options: the fast engine's, see fast.engine.FastEngine)."""
-    if mode == "reference":
-        if options:
-            raise ValueError(f"the reference engine takes no options, got {sorted(options)}")
-        return ReferenceEngine(model)
-    if mode == "fast":
-        from ..fast.engine import FastEngine
+def build_engine(engine: "EngineSpec | str", model: torch.nn.Module) -> Engine:
+    """The engine an engine description (engines.EngineSpec, or a session mode: its default options) describes,
+    over `model`."""
+    return as_engine(engine).build(model)
 
-        return FastEngine(model, **(options or {}))
-    raise ValueError(f"session_mode must be one of {SESSION_MODES}, got {mode!r}")
+
+def state_text(state: dict | None) -> str | None:
+    """One line of a point's engine state (Engine.point_state) for tables, e.g. 'fast: compiled static (lm 3
+    variants), graphs: decode 1/1, prefill graph; cache 4,352 (bucket 256), fused decode'. None without a state."""
+    if not state:
+        return None
+    if state.get("engine") != "fast":
+        return f"{state.get('engine')}: eager, nothing kept between runs"
+    compiled = state.get("compiled_prefill")
+    if isinstance(compiled, dict) and compiled:
+        policies = sorted({v["shapes"] for v in compiled.values()})
+        variants = ", ".join(f"{n} {v['variants']}" for n, v in compiled.items())
+        parts = [f"compiled {'/'.join(policies)} ({variants} variants)"]
+    else:
+        parts = ["prefill eager"]
+    if not state.get("graphs_enabled"):
+        parts.append("graphs off")
+    elif "decode_graphs" in state:
+        decode = state["decode_graphs"].values()
+        prefill = sorted(set(state.get("prefill_graphs", {}).values()))
+        parts.append(f"graphs: decode {sum(v == 'graph' for v in decode)}/{len(decode)}, prefill "
+                     f"{'/'.join(prefill) or 'none'}")
+    if "capacity" in state:
+        parts.append(f"cache {state['capacity']:,} (bucket {state['bucket']}), {state['decode_path']} decode")
+    return "fast: " + ", ".join(parts)

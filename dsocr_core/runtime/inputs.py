@@ -1,6 +1,7 @@
 """Page image + prompt -> model inputs, with the rules of the vendor's HF path (below).
 
-Pixels: EXIF transpose, RGB; global view padded to base_size with (127, 127, 127), bicubic, centred (base, large,
+Pixels: EXIF transpose, RGB (16-bit, 32-bit and float images reduced to 8 bits faithfully, not clipped:
+image_modes.py); global view padded to base_size with (127, 127, 127), bicubic, centred (base, large,
 gundam) or resized directly (tiny, small); Gundam tiles: the whole image resized to (tile*i, tile*j) bicubic and
 cut into i*j tiles row-major; ToTensor then normalise with mean = std = 0.5.
 
@@ -26,6 +27,7 @@ from PIL import Image, ImageOps
 
 from ..tiling import TokenCounts, crop_grid, mode_info, token_counts
 from .image_limits import MAX_FILE_BYTES, MAX_PIXELS, pixel_limit_message  # noqa: F401 - re-exported
+from .image_modes import to_rgb
 from .tokenizer import BOS_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, Tokenizer, load_tokenizer
 
 PAD_COLOR = (127, 127, 127)  # int(0.5 * 255) per channel: the vendor's fill for padded views
@@ -58,7 +60,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def load_image(source: ImageSource, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """Open a page image the way the vendor does: decode fully, apply the EXIF orientation, convert to RGB.
+    """Open a page image the way the vendor does: decode fully, apply the EXIF orientation, convert to RGB
+    (a high-bit-depth image reduced to 8 bits, where the vendor's convert would clip it white).
 
     Accepts a path, bytes, a binary file object or a PIL image. Multi-frame files give their first frame.
     Raises ImageError for anything unusable."""
@@ -69,7 +72,7 @@ def load_image(source: ImageSource, max_pixels: int = MAX_PIXELS) -> Image.Image
         try:
             image.load()
             image = ImageOps.exif_transpose(image)
-            return image.convert("RGB")
+            return to_rgb(image)
         except Exception as exc:  # noqa: BLE001
             raise ImageError(f"{what}: cannot use this image: {_one_line(exc)}") from None
     if isinstance(source, (str, os.PathLike)):
@@ -129,7 +132,7 @@ def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
         try:
             image.load()
             image = ImageOps.exif_transpose(image)
-            rgb = image.convert("RGB")
+            rgb = to_rgb(image)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
             raise _bomb(what, exc, max_pixels) from None
         except Exception as exc:  # noqa: BLE001 - truncated or corrupt data

@@ -18,8 +18,9 @@ from statistics import median
 
 import torch
 
+from ..engines import SESSION_MODES, EngineSpec
 from ..spec import ModelSpec
-from .engine import SESSION_MODES, OneShotEngine, build_engine
+from .engine import OneShotEngine, build_engine
 from .flops import VISION_STAGES, count_stage_flops
 from .generate import FirstToken, Greedy
 from .tokens import trim_at_eos
@@ -71,8 +72,8 @@ class Session:
     def __init__(self, model: torch.nn.Module, spec: ModelSpec, tokenizer, device: torch.device, dtype: str,
                  weights: dict, attn_impl: str = "sdpa", session_mode: str = "reference",
                  engine_options: dict | None = None, lock: threading.Lock | None = None):
-        if session_mode not in SESSION_MODES:
-            raise ValueError(f"session_mode must be one of {SESSION_MODES}, got {session_mode!r}")
+        # the engine's one validated description (a SpecError, a ValueError, names a bad mode or option)
+        self.engine_spec = EngineSpec.of(session_mode, engine_options)
         from ..registry import family_of, fast_engine_models
 
         if session_mode == "fast" and not family_of(spec).fast_engine:
@@ -86,7 +87,7 @@ class Session:
         self.weights = weights  # {"source": "checkpoint"|"synthetic", "detail": ..., "synthetic": bool}
         self.attn_impl = attn_impl
         self.session_mode = session_mode
-        self.engine_options = dict(engine_options or {})
+        self.engine_options = self.engine_spec.non_default()
         self.lock = lock or threading.Lock()
         self._engine = None
 
@@ -104,8 +105,7 @@ class Session:
 
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
-        if session_mode not in SESSION_MODES:
-            raise ValueError(f"session_mode must be one of {SESSION_MODES}, got {session_mode!r}")
+        EngineSpec.of(session_mode, engine_options)  # a bad mode or option fails before any weights load
         dev = resolve_device(device)
         if dev.type == "cpu" and dtype == "float16":
             raise ValueError("float16 on the CPU is not supported; use bfloat16 or float32")
@@ -143,7 +143,7 @@ class Session:
     def engine(self):
         """The engine, built on first use (the fast engine lays out its weights then; errors surface here)."""
         if self._engine is None:
-            self._engine = build_engine(self.session_mode, self.model, self.engine_options)
+            self._engine = build_engine(self.engine_spec, self.model)
         return self._engine
 
     @property
@@ -167,7 +167,8 @@ class Session:
         engine = self._engine.describe() if self._engine is not None else {"options": self.engine_options}
         return {"model": self.family.name, "device": str(self.device), "dtype": self.dtype, "attn": self.attn_impl,
                 "session_mode": self.session_mode, "parameters": n_params, **self.weights,
-                "cpu_fallback": self.device.type == "cpu", "engine": engine}
+                "cpu_fallback": self.device.type == "cpu", "engine": engine,
+                "engine_spec": self.engine_spec.to_dict()}  # what the time model predicts this run's engine with
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, image=None, prompt: str = DEFAULT_PROMPT, mode: str | None = None,

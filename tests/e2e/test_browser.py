@@ -26,6 +26,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 CHART = "[data-testid='stVegaLiteChart']"
 LABEL = "synthetic tiny model on CPU (random weights)"
+SERVED: dict[str, Path] = {}  # what the server fixture serves: {"store": its run store file}
 
 if not CHROMIUM.exists():
     why = os.environ.get("DSOCR_BROWSER_SKIP_REASON")  # set by ./run-tests when it could not install Chromium
@@ -41,6 +42,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     port = free_port()
     env = {**os.environ, "DSOCR_STORE": str(tmp / "runs.sqlite"), "PYTHONUNBUFFERED": "1"}
+    SERVED["store"] = tmp / "runs.sqlite"
     # a CPU profile as "Calibrate this machine" saves it (the quick grids, a few seconds), for the picker
     from dsocr_core.calibration.microbench import run_microbench
 
@@ -266,13 +268,20 @@ def test_profile_uploaded_pages(page, server, shots):
     tokens = page.get_by_label("Max new tokens")
     tokens.fill("2")
     tokens.press("Tab")
-    page.get_by_role("button", name="Start dataset run").click()
-    main.get_by_text("Finished (reference session mode)").wait_for(timeout=180_000)
+    page.get_by_role("button", name="Start dataset run").click()  # Gundam mode by default: crop tiles
+    main.get_by_text("Finished (reference session mode)").wait_for(timeout=400_000)
     settle(page)
     # the run is shown: per-page stage times with the analytic bound through them (one chart, a panel per stage)
     sync_api.expect(main.locator(CHART)).to_have_count(1, timeout=60_000)
     main.get_by_text("Analytic bound: the roofline of").wait_for()
-    assert "Done / error / oom" in main_text(page)
+    text = main_text(page)
+    assert "Done / error / oom" in text
+    # bounded by this CPU's own ceilings, measured with the run in its dtype, and below every measured point
+    assert "(measured with the run)" in text and "The analytic bound lies above measured points" not in text
+    picker = main.locator("[data-testid='stSelectbox']", has_text="Dataset run").evaluate(  # the shown choice
+        "e => e.textContent + ' ' + [...e.querySelectorAll('input')].map(i => i.value || i.placeholder).join(' ')")
+    assert "[dataset run] · reference session mode" in picker and " points]" not in picker, picker
+    assert_no_point_beats_its_bound(SERVED["store"])
     snap(page, shots, "dataset", 2300)
     page.get_by_role("tab", name="Distribution").click()
     settle(page)
@@ -280,6 +289,23 @@ def test_profile_uploaded_pages(page, server, shots):
     page.get_by_role("tab", name="Slowest pages").click()
     settle(page)
     sync_api.expect(main.locator("[data-testid='stImage'] img")).to_have_count(4, timeout=60_000)
+
+
+def assert_no_point_beats_its_bound(store_file: Path) -> None:
+    """Every stage of every page of the newest dataset run in the store is measured at or above its bound (the
+    run's stored CPU ceilings): a lower bound can never exceed a measurement."""
+    from dsocr_core.results import dataset_stats, page_costs
+    from dsocr_core.results.store import RunStore
+    from dsocr_core.spec import Hardware
+
+    store = RunStore(store_file)
+    run = store.get_run(store.list_runs(kind="dataset")[0]["id"])
+    ceilings = Hardware(**run["meta"]["calibration"])
+    assert ceilings.name.startswith("CPU (float32"), ceilings.name
+    long = page_costs.page_stage_long(dataset_stats.page_table(store, run["id"], ceilings))
+    assert long["analytic_s"].notna().all() and len(long)
+    below = long[long["measured_s"] < long["analytic_s"]]
+    assert below.empty, below[["label", "stage", "measured_s", "analytic_s"]]
 
 
 PAGES = [("Overview", "DeepSeek-OCR inference cost"), ("Analytic sweep", "Analytic sweep"),
@@ -298,6 +324,7 @@ def test_every_page_loads_offline(browser, server):
         for title, h1 in PAGES:
             open_page(pg, server, title)
             pg.get_by_role("heading", name=h1).first.wait_for()
+        assert pg.get_by_role("button", name="Deploy").count() == 0  # a local tool: no Deploy button
         icon = pg.locator("link[rel~='icon']").first.get_attribute("href") or ""
         assert not icon.startswith("http") or icon.startswith(server), icon
     finally:

@@ -1,0 +1,82 @@
+"""The fast engine's options: one validated, torch-free model (engine.FastEngine takes exactly these keyword
+arguments, with the same defaults; tests/test_engines.py checks the two agree), and their resolution on a device
+kind, which is what the kernel plan (fast/plan.py) reads.
+
+`resolved(device_kind)` follows FastEngine.__init__: on a CUDA device graphs, compile and (with Triton, which
+the plan assumes on CUDA) the fused batch-1 decode step are on unless turned off; on a CPU everything runs
+eagerly, and options that need CUDA are refused with the engine's own reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..spec import SpecError
+
+DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill leaves for decoding (engine.DEFAULT_NEW_TOKENS)
+
+
+class FastOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compile: bool | None = None  # torch.compile the decode step's pieces (None: on a GPU)
+    graphs: bool | None = None  # CUDA graphs (None: on a GPU)
+    moe: Literal["auto", "triton", "gather", "grouped"] = "auto"  # decode experts outside the fused step
+    attention: Literal["auto", "triton", "reduce", "sdpa"] = "auto"  # decode attention outside the fused step
+    bucket: int = Field(256, ge=1)  # static-cache length bucket: decode attends over a multiple of it
+    gather_max_rows: int = Field(8, ge=0)
+    sam_attention: Literal["auto", "flex", "fold", "dense"] = "auto"
+    compile_vision: bool | None = None
+    compile_prefill: bool | None = None
+    clip_packed: bool = True  # every view group's CLIP rows through each layer at once
+    topk: Literal["auto", "argmax", "torch"] = "auto"
+    cudnn_benchmark: bool = True
+    compile_options: dict | None = None
+    fused: bool | None = None  # the fused batch-1 decode step (None: with Triton on a GPU)
+    fused_blocks: dict | None = None
+    pdl: bool | None = None  # programmatic dependent launch between the fused kernels (sm90+)
+    graph_steps: int = Field(2, ge=1)  # fused batch-1 generation: decode steps per graph replay
+    min_room: int = Field(DEFAULT_NEW_TOKENS, ge=0)
+
+    def resolved(self, device_kind: str) -> "ResolvedFast":
+        cuda = device_kind == "cuda"
+        triton = cuda  # Triton ships with torch's CUDA builds; the engine checks it where it runs
+        if self.fused and not triton:
+            raise SpecError("fast engine option fused: the fused decode step needs a CUDA device and Triton")
+        if self.attention == "triton" and not triton:
+            raise SpecError("fast engine option attention: 'triton' needs a CUDA device and Triton")
+        if self.moe == "triton" and not triton:
+            raise SpecError("fast engine option moe: 'triton' needs a CUDA device and Triton")
+        compile_ = cuda if self.compile is None else self.compile
+        attention = self.attention
+        if attention == "auto":
+            attention = "triton" if triton else ("sdpa" if cuda else "reduce")
+        return ResolvedFast(
+            graphs=cuda if self.graphs is None else bool(self.graphs and cuda),
+            compile=compile_,
+            compile_vision=compile_ if self.compile_vision is None else self.compile_vision,
+            compile_prefill=compile_ if self.compile_prefill is None else self.compile_prefill,
+            fused=triton if self.fused is None else self.fused,
+            attention=attention, moe=self.moe, gather_max_rows=self.gather_max_rows,
+            sam_attention="fold" if self.sam_attention == "auto" else self.sam_attention,
+            clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps)
+
+
+@dataclass(frozen=True)
+class ResolvedFast:
+    """The fast engine's options on one device kind, as FastEngine.describe() reports them."""
+
+    graphs: bool
+    compile: bool
+    compile_vision: bool
+    compile_prefill: bool
+    fused: bool
+    attention: str
+    moe: str
+    gather_max_rows: int
+    sam_attention: str
+    clip_packed: bool
+    bucket: int
+    graph_steps: int

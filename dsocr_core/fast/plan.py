@@ -1,0 +1,253 @@
+"""The fast engine's kernel plan (fast/engine.py FastEngine): which kernels one call of each analytic row launches,
+read from the engine's resolved options (fast/options.py), not copied from them.
+
+What the options decide here:
+* `graphs`: kernels replay from CUDA graphs (the graph gap per launch, one graph replay per stage or step, no
+  eager host op per kernel); without graphs every kernel is an eager launch;
+* `fused`: a decode step at batch 1 is decode_kernels.FusedDecode: per layer q/k/v (with the norm, RoPE and the
+  cache write), attention, o_proj + residual, then 2 kernels (dense) or router + shared gate/up, routed gate/up,
+  down + combine (MoE), the lm_head with the greedy choice; `graph_steps` steps share one graph replay;
+* `bucket`: decode attention outside the fused step reads the static cache up to the current bucket's end;
+* `clip_packed`: every view group's CLIP rows go through each layer at once (one GEMM per layer);
+* `sam_attention`: 'fold' folds the relative-position bias into q/k so a flash kernel runs (no dense mask);
+  'dense' runs the reference's dense-mask SDPA.
+Options the plan does not model (the decode experts' and attention's kernel choice outside the fused step, eager
+instead of compiled kernels, FlexAttention in SAM) are named in `notes`, which every prediction carries.
+
+Launch counts outside the fused batch-1 step are estimates of what Inductor emits (docs/time-model.md says how to
+count them with the profiler). Torch-free, like the rest of the time model.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write, layout,
+                                lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, swiglu,
+                                whole)
+from ..analytic.vision import SOFTMAX_FLOPS, clip_tokens
+from ..registry import family_of, fast_engine_models
+from ..spec import SpecError
+from .options import ResolvedFast
+
+STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
+# the fused step's own kernels have their own tables; a profile without them (a CPU, or one measured before they
+# existed) falls back to memory.gemv / attention.flash (analytic.predict._candidates)
+FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
+
+
+class FastPlan:
+    def __init__(self, options: ResolvedFast, device_kind: str):
+        self.o = options
+        self.device_kind = device_kind
+        self.graphs = options.graphs
+        self.fused_decode_b1 = options.fused
+        notes = []
+        if options.sam_attention == "flex":
+            notes.append("fast engine sam_attention='flex' is planned as the folded bias (no FlexAttention table)")
+        if options.moe != "auto":
+            notes.append(f"fast engine moe={options.moe!r}: decode experts outside the fused step are planned as "
+                         "the grouped GEMM")
+        if options.attention != ("triton" if device_kind == "cuda" else "reduce"):  # not the device's default
+            notes.append(f"fast engine attention={options.attention!r}: decode attention outside the fused step is "
+                         "planned as the flash kernel")
+        if device_kind == "cuda" and not (options.compile and options.compile_vision and options.compile_prefill):
+            notes.append("fast engine with torch.compile off in part: kernel counts are planned as compiled")
+        self.notes = tuple(notes)
+
+    def plan(self, c: Call) -> Plan:
+        if not family_of(c.spec).fast_engine:
+            raise SpecError(f"the fast engine runs {', '.join(fast_engine_models())} only; predict "
+                            f"{family_of(c.spec).label} in the reference session mode")
+        if c.phase == "vision":
+            return self._vision(c)
+        if c.phase == "layout":
+            return layout(c)
+        k = c.kind
+        if k == "lm.self_attn":
+            return self._attention(c)
+        if k in ("lm.input_layernorm", "lm.post_attention_layernorm", "lm.norm"):
+            return _rms(c)
+        if k.startswith("lm.mlp"):
+            return _mlp(c)
+        if k == "lm.embed_tokens":
+            if c.fused:  # the embedding row is read inside the first q/k/v kernel; graph_steps steps per replay
+                return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
+                            graph_launches=1.0 / self.o.graph_steps)
+            if c.phase == "decode":
+                return Plan(rest_launches=1.0 + STEP_OPS, host_ops=STEP_OPS, graph_launches=1.0)
+            return Plan(rest_launches=2.0, graph_launches=1.0)  # embedding, image-slot index_copy
+        if k == "lm.lm_head":
+            head = lm_head(c)
+            if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice
+                head.table, head.coords, head.launches = FUSED_GEMV, dict(bytes=head.nbytes), 2.0
+                return Plan([head], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+            return Plan([head], rest_launches=1.0)  # .float()
+        raise KeyError(k)
+
+    # ---------------------------------------------------------------------------------------------- vision
+    def _vision(self, c: Call) -> Plan:
+        s, calls, kind = c.spec, c.calls, c.kind
+        shared = common_vision(c)
+        if shared is not None:
+            return shared
+        if kind == "sam.patch_embed":
+            return patch_embed(c, 2)  # one GEMM over the patches (and the unfold)
+        if kind == "sam.pos_embed":  # the engine keeps a table per grid size (fast/vision.Positions)
+            return Plan(rest_launches=calls * 1)
+        packed = self.o.clip_packed
+        if kind.startswith("clip.layer_norm"):
+            if not packed:
+                return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
+            share = _clip_share(c, clip_tokens(s, c.side) * c.views)  # one norm over all groups' rows
+            return whole("memory.norm", dict(bytes=np.where(share > 0, c.cost.bytes / np.maximum(share, 1e-12),
+                                                            c.cost.bytes)), c, share)
+        if kind.startswith("sam.attn"):
+            return self._sam_attention(c)
+        if kind == "clip.embeddings":
+            return Plan(rest_launches=calls * 2)
+        if kind == "clip.self_attn":
+            plan = clip_attention(c)
+            return _clip_packed(c, plan, c.views * clip_tokens(s, c.side), skip=(1,)) if packed else plan
+        if kind == "clip.mlp":
+            plan = clip_mlp(c, 2)  # fused quick_gelu, residual add
+            return _clip_packed(c, plan, c.views * clip_tokens(s, c.side)) if packed else plan
+        raise KeyError(kind)
+
+    def _sam_attention(self, c: Call) -> Plan:
+        a = sam_attention(c, einsum_launches=2)
+        v, calls, dt, heads = c.views, c.calls, c.dt, c.spec.sam_heads
+        if self.o.sam_attention == "dense":  # the reference's dense mask, read by SDPA
+            return Plan(a.gemms + [a.mask, a.sdpa], rest_launches=calls * 3)
+        d = c.spec.sam_width // heads
+        groups = a.n // a.seq
+        # bias folded into q/k: [scale*q, rel_h, rel_w] . [k, onehot rows, onehot cols], head dim padded to 8
+        dq = -(-(d + 2 * a.span) // 8) * 8
+        mask, sdpa, n = a.mask, a.sdpa, a.n
+        mask.real_flops = 0.0
+        # read q, k, rel; write q', k'
+        mask.real_bytes = v * (2 * n * c.spec.sam_width + a.rel + 2 * n * heads * dq) * dt
+        mask.launches = calls * 3
+        mask.coords = dict(bytes=mask.real_bytes)
+        sdpa.table = "attention.sdpa"  # a flash kernel, no mask; q/k head dim dq, v keeps d
+        sdpa.coords = dict(bh=v * groups * heads, q=a.seq, k=a.seq, d=(dq + d) / 2)
+        sdpa.real_flops = v * (2 * a.scores * (dq + d) + SOFTMAX_FLOPS * a.scores)
+        sdpa.real_bytes = v * n * heads * (2 * dq + 2 * d) * dt
+        return Plan(a.gemms + [mask, sdpa], rest_launches=calls * 3)
+
+    # ---------------------------------------------------------------------------------------------- LM
+    def _attention(self, c: Call) -> Plan:
+        s, dt = c.spec, c.dt
+        h, heads = s.hidden_size, s.num_attention_heads
+        b, sq, n = c.b, c.sq, c.n
+        t, sk = b * sq, n + sq
+        prefill = c.phase == "prefill"
+        attn = lm_attention(c, "flash")  # flash SDPA in the prefill, the engine's decode kernel in a step
+        kv = kv_write(c)
+        attn.real_bytes = 4 * t * h * dt + b * n * 2 * h * dt  # the engine's attention never writes scores
+        if not prefill:  # decode attends over the static cache up to the end of the current bucket
+            bucket = np.ceil(sk / self.o.bucket) * self.o.bucket
+            attn.real_bytes = 4 * t * h * dt + b * (bucket - sq) * 2 * h * dt
+            attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim)
+        kv.launches = 2.0  # keys.copy_ / index_copy_ into the static cache
+        qkv = Kernel("gemm", dict(m=t, n=3 * h, k=h), 6 * t * h * h, 3 * (2 * t * h + h * h) * dt, 1.0,
+                     real_bytes=(4 * t * h + 3 * h * h) * dt, by_batch=True)  # one matmul over stacked q/k/v
+        o = Kernel("gemm", dict(m=t, n=h, k=h), 2 * t * h * h, (2 * t * h + h * h) * dt, 1.0, by_batch=True)
+        kv.by_batch = True  # the static cache: this step's entry only
+        if c.fused:  # norm + q/k/v GEMV + RoPE + cache write; attention; o_proj + residual: 3 kernels
+            qkv.table = o.table = kv.table = FUSED_GEMV
+            cached = b * sk * 2 * h * dt  # flash-decoding reads the slots up to the position, not the whole bucket
+            attn.table, attn.real_bytes = FUSED_ATTENTION, 4 * t * h * dt + cached
+            attn.coords = dict(attn.coords, bytes=cached)  # bh, q, k, d kept for the fallback to attention.flash
+            qkv.coords, o.coords = dict(bytes=qkv.real_bytes), dict(bytes=o.nbytes)
+            kv.coords, kv.launches = dict(bytes=qkv.real_bytes), 0.0
+            return Plan([qkv, attn, o, kv], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
+                        rest_by_batch=True)
+        return Plan([qkv, attn, o, kv], rest_launches=2.0, rest_real_bytes=9 * t * h * dt,
+                    rest_by_batch=True)  # RoPE, head merge
+
+
+def _clip_share(c: Call, rows):
+    """This view group's share of the CLIP rows the engine packs through each layer."""
+    return np.where(c.packed_rows > 0, rows / np.maximum(c.packed_rows, 1e-9), 0.0)
+
+
+def _clip_packed(c: Call, plan: Plan, rows, skip: tuple[int, ...] = ()) -> Plan:
+    """The engine runs every view group's CLIP rows through each layer together (fast/vision.run_clip, packed):
+    one GEMM over all groups' rows, reading the weights once. This group's part of it is its share of the rows:
+    the GEMMs are looked up at the packed M, their launches and weight reads split by the share. Attention
+    (`skip`) still runs per group (the groups' sequence lengths differ)."""
+    share = _clip_share(c, rows)
+    for i, k in enumerate(plan.kernels):
+        if i in skip:
+            continue
+        weights = k.coords["n"] * k.coords["k"] * c.dt
+        k.coords = dict(k.coords, m=c.packed_rows)
+        k.launches = share
+        k.real_bytes = k.nbytes - c.calls * weights + share * weights
+    plan.rest_launches = plan.rest_launches * share
+    return plan
+
+
+def _rms(c: Call) -> Plan:
+    el = c.b * c.sq * c.spec.hidden_size
+    real = 2 * el * c.dt + c.spec.hidden_size * c.dt  # one fused kernel: read x, write the output
+    if c.fused:  # inside the next GEMV kernel, which reads x anyway: timed at that kernel's size (q/k/v)
+        return whole(FUSED_GEMV, dict(bytes=3 * c.spec.hidden_size ** 2 * c.dt), c, 0.0, real_bytes=el * c.dt)
+    return whole("memory.norm", dict(bytes=real), c, 1.0, real_bytes=real)
+
+
+def _fused_moe_bytes(c: Call) -> tuple[float, float]:
+    """Weight bytes of the fused step's two MoE kernels that several rows share: the router kernel (fp32 router
+    + the shared experts' gate/up) and the down kernel (the routed and the shared experts' down). Each row's part
+    is timed at its kernel's size: a GEMV's efficiency depends on the bytes the whole launch streams."""
+    s, dt = c.spec, c.dt
+    h, si = s.hidden_size, s.shared_intermediate_size
+    routed = s.num_experts_per_tok * s.moe_intermediate_size
+    return s.n_routed_experts * h * FP32 + 2 * si * h * dt, (routed + si) * h * dt
+
+
+def _mlp(c: Call) -> Plan:
+    s, dt = c.spec, c.dt
+    h, t = s.hidden_size, c.b * c.sq
+    if c.kind == "lm.mlp.dense":
+        gu, down = swiglu(c, s.intermediate_size)
+        gu.launches, gu.coords = 1.0, dict(m=t, n=2 * s.intermediate_size, k=h)  # one GEMM over stacked w13
+        if c.fused:
+            for k in (gu, down):
+                k.table, k.coords = FUSED_GEMV, dict(bytes=k.real_bytes if k.real_bytes is not None else k.nbytes)
+            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+        return Plan([gu, down], rest_launches=2.0, rest_real_bytes=t * (3 * s.intermediate_size + 3 * h) * dt)
+    if c.kind == "lm.mlp.gate":
+        gate = router(c)
+        if c.fused:  # router logits, softmax, top-k and the shared experts' gate/up SwiGLU: one kernel
+            gate.table, gate.coords = FUSED_GEMV, dict(bytes=_fused_moe_bytes(c)[0])
+            return Plan([gate], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+        return Plan([gate], rest_launches=3.0)  # softmax, top-k, shared-slot ids
+    if c.kind == "lm.mlp.experts":
+        im = s.moe_intermediate_size
+        r = routed_experts(c)
+        gu, down = r.gu, r.down
+        r.read_routed_weights()
+        if c.fused:  # routed gate/up + SwiGLU; down (with the shared experts' down) + weighted sum + residual
+            for kk in (gu, down):
+                kk.table = FUSED_GEMV
+            gu.coords, down.coords = dict(bytes=gu.real_bytes), dict(bytes=_fused_moe_bytes(c)[1])
+            gu.launches, down.launches = 1.0, 1.0
+            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+        gu.table = down.table = "grouped_gemm"
+        gu.coords, down.coords = dict(tokens=r.per, n=2 * im, k=h), dict(tokens=r.per, n=h, k=im)
+        gu.launches, down.launches = 1.0, 1.0
+        return Plan([gu, down], rest_launches=9.0)  # grouping, gather, SwiGLU, read-back, combine + residual
+    if c.kind == "lm.mlp.shared_experts":
+        gu, down = swiglu(c, s.shared_intermediate_size)
+        gu.launches = down.launches = 0.0  # run inside the routed kernels (two extra experts of width 896)
+        if c.fused:  # gate/up inside the router's kernel, down inside the routed experts' down kernel
+            router_kernel, down_kernel = _fused_moe_bytes(c)
+            gu.table = down.table = FUSED_GEMV
+            gu.coords, down.coords = dict(bytes=router_kernel), dict(bytes=down_kernel)
+            return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+        gu.table = down.table = "grouped_gemm"
+        gu.coords = dict(tokens=t, n=2 * s.moe_intermediate_size, k=h)
+        down.coords = dict(tokens=t, n=h, k=s.moe_intermediate_size)
+        return Plan([gu, down], rest_launches=0.0)
+    raise KeyError(c.kind)

@@ -1,0 +1,195 @@
+"""The engine owns its kernel plan (issue 24, item 1): one validated engine description (kind + options) from
+which the runtime engine is built, which every run stores, and from which the time model's kernel plan is derived
+by the plan module beside the engine's code, reading its real options."""
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsocr_core.analytic import Points, evaluate
+from dsocr_core.analytic.predict import Prediction, with_profile
+from dsocr_core.calibration.profile import profile_from_dict, uniform_profile
+from dsocr_core.cli import main
+from dsocr_core.engines import ENGINES, EngineSpec, as_engine, run_engine
+from dsocr_core.fast.options import FastOptions
+from dsocr_core.hardware import get_hardware
+from dsocr_core.spec import ModelSpec, SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = get_hardware("h200")
+
+
+def _profile(kind: str = "cuda", **launch):
+    d = uniform_profile(H200.peak_flops, H200.bandwidth, 0.5, 0.0, kind=kind).to_dict()
+    d["launch"].update(launch)
+    return profile_from_dict(d)
+
+
+def _stages(engine, pts, **launch):
+    return evaluate(ModelSpec(), pts, with_profile(H200, _profile(**launch), engine))
+
+
+# ------------------------------------------------------------------------------------------ the description
+def test_fast_options_are_the_engines_keyword_arguments():
+    """FastEngine is built from FastOptions: same names, same defaults (a new engine option must be described,
+    or the prediction would silently plan the default engine)."""
+    from dsocr_core.fast.engine import FastEngine
+
+    params = {n: p.default for n, p in inspect.signature(FastEngine.__init__).parameters.items()
+              if n not in ("self", "model")}
+    fields = {n: f.default for n, f in FastOptions.model_fields.items()}
+    assert params == fields
+
+
+def test_descriptions_are_validated_and_name_the_bad_option():
+    spec = EngineSpec.of("fast", {"bucket": 128})
+    assert spec.options["bucket"] == 128 and spec.options["graph_steps"] == 2  # every option, defaults filled
+    assert spec.label() == "fast (bucket=128)" and EngineSpec.of("fast").label() == "fast"
+    assert EngineSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert as_engine("reference") == EngineSpec.of("reference")
+    with pytest.raises(SpecError, match="buckt"):
+        EngineSpec.of("fast", {"buckt": 128})
+    with pytest.raises(SpecError, match="bucket"):
+        EngineSpec.of("fast", {"bucket": 0})
+    with pytest.raises(SpecError, match="moe"):
+        EngineSpec.of("fast", {"moe": "loop"})
+    with pytest.raises(SpecError, match="takes no options"):
+        EngineSpec.of("reference", {"bucket": 128})
+    with pytest.raises(SpecError, match="session_mode"):
+        EngineSpec.of("turbo")
+    with pytest.raises(SpecError, match="unknown engine description fields"):
+        EngineSpec.from_dict({"kind": "fast", "options": {}, "extra": 1})
+    with pytest.raises(SpecError, match="needs a CUDA device"):
+        EngineSpec.of("fast", {"fused": True}).kernel_plan("cpu")
+
+
+def test_resolution_on_the_cpu_is_the_engines(tiny_model):
+    """What the plan reads (options resolved on a device kind) is what the engine resolves on that device."""
+    from dsocr_core.fast.engine import FastEngine
+
+    for opts in ({}, {"bucket": 64, "graph_steps": 3, "clip_packed": False, "sam_attention": "dense"}):
+        got = FastEngine(tiny_model, **opts).describe()
+        r = EngineSpec.of("fast", opts).validated().resolved("cpu")
+        assert (r.graphs, r.compile, r.compile_vision, r.compile_prefill, r.fused, r.attention, r.bucket,
+                r.graph_steps, r.clip_packed, r.sam_attention) == (
+            got["cuda_graphs"], got["compile"], got["compile_vision"], got["compile_prefill"], got["fused_decode_b1"],
+            got["attention"], got["bucket"], got["graph_steps"], got["clip_packed"], got["sam_attention"])
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    import torch
+
+    from dsocr_core.model.checkpoint import synthetic_model
+    from dsocr_core.spec import tiny_spec
+
+    return synthetic_model(tiny_spec(), seed=0, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_the_session_builds_its_engine_from_the_description_and_runs_store_it(tmp_path):
+    from dsocr_core.measure.sweep import run_sweep
+    from dsocr_core.results.store import RunStore
+    from dsocr_core.runtime.session import Session
+    from dsocr_core.spec import Workload
+
+    s = Session.load(synthetic="tiny", device="cpu", dtype="float32", session_mode="fast",
+                     engine_options={"bucket": 64, "graph_steps": 3})
+    assert s.engine.bucket == 64 and s.engine.graph_steps == 3
+    assert s.describe()["engine_spec"] == EngineSpec.of("fast", {"bucket": 64, "graph_steps": 3}).to_dict()
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = run_sweep(s, store, [Workload(mode="tiny", decode_steps=2)], repeats=1, warmup=0)
+    engine, recorded = run_engine(store.get_run(run_id))
+    assert recorded and engine == s.engine_spec
+    from dsocr_core.results.runs import engine_note, run_details
+
+    assert "engine fast (bucket=64, graph_steps=3) (recorded with the run)" in run_details(store.get_run(run_id))
+    # a run stored before engine descriptions: its session mode's defaults, said so
+    assert run_engine({"session_mode": "fast", "meta": {}}) == (EngineSpec.of("fast"), False)
+    assert "default options (assumed" in engine_note({"session_mode": "fast", "meta": {}})
+    with pytest.raises(SpecError, match="bucket"):
+        Session.load(synthetic="tiny", device="cpu", session_mode="fast", engine_options={"bucket": -1})
+
+
+# ------------------------------------------------------------------------------------------ the plan reads options
+def test_the_prediction_needs_an_engine_description():
+    with pytest.raises(SpecError, match="engine description"):
+        Prediction(_profile(), "fast")
+    pred = with_profile(H200, _profile(), EngineSpec.of("fast", {"bucket": 128})).prediction
+    assert pred.summary()["engine"] == {"kind": "fast", "options": EngineSpec.of("fast", {"bucket": 128}).options}
+    assert pred.summary()["engine_label"] == "fast (bucket=128)"
+
+
+def test_bucket_and_graph_steps_reach_the_prediction():
+    # batch 2 (not fused): decode attends over the bucket; 700-token contexts sit in different 128/1024 buckets
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[2], decode_steps=[8], logits="last")
+    small = _stages(EngineSpec.of("fast", {"bucket": 128}), pts)["decode"]["predicted_kernel_s"]
+    big = _stages(EngineSpec.of("fast", {"bucket": 4096}), pts)["decode"]["predicted_kernel_s"]
+    assert big[0] > small[0]
+    # batch 1 (fused): one graph replay per graph_steps steps
+    one = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1], decode_steps=[8], logits="last")
+    host = {g: _stages(EngineSpec.of("fast", {"graph_steps": g}), one, graph_launch_s=1.0)["decode"]["predicted_s"]
+            for g in (1, 2, 4)}
+    # 1 s per replay dwarfs the kernels (a few ms over the 8 steps)
+    assert [host[g][0] for g in (1, 2, 4)] == pytest.approx([8.0, 4.0, 2.0], abs=0.01)
+
+
+def test_fused_clip_packing_and_sam_attention_reach_the_prediction():
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1], decode_steps=[4], logits="last")
+    launches = lambda opts: _stages(EngineSpec.of("fast", opts), pts, graph_kernel_s=1.0)  # noqa: E731
+    default, unfused = launches({}), launches({"fused": False})
+    assert default["decode"]["predicted_launch_s"][0] == 4 * 73  # the fused step: 73 kernels
+    assert unfused["decode"]["predicted_launch_s"][0] > 4 * 73 * 2
+    packed, apart = default["clip"]["predicted_launch_s"][0], launches({"clip_packed": False})["clip"][
+        "predicted_launch_s"][0]
+    assert apart > packed  # two view groups launch each GEMM twice
+    dense = _stages(EngineSpec.of("fast", {"sam_attention": "dense"}), pts)["sam"]["predicted_s"][0]
+    fold = _stages(EngineSpec.of("fast"), pts)["sam"]["predicted_s"][0]
+    assert dense > fold  # the dense mask is written and read again
+
+
+def test_options_the_plan_does_not_model_are_noted():
+    hw = with_profile(H200, _profile(), EngineSpec.of("fast", {"moe": "gather", "compile": False}))
+    evaluate(ModelSpec(), Points.grid(crops=[(1, 1)], decode_steps=[2]), hw)
+    notes = " ".join(hw.prediction.summary()["notes"])
+    assert "moe='gather'" in notes and "torch.compile off" in notes
+    assert not with_profile(H200, _profile(), "fast").prediction.engine.kernel_plan("cuda").notes
+
+
+def test_registry_modules_sit_beside_the_engines_and_import_no_torch():
+    for kind in ENGINES.values():
+        engine_pkg = kind.engine.split(":")[0].rsplit(".", 1)[0]
+        assert kind.plan.startswith(engine_pkg + ".")  # the plan lives in the engine's own package
+    code = ("import sys; from dsocr_core.engines import ENGINES, EngineSpec; "
+            "[EngineSpec.of(k).kernel_plan(d) for k in ENGINES for d in ('cuda', 'cpu')]; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_engine_options(tmp_path, capsys):
+    prof = _profile().save(tmp_path / "p.json")
+    assert main(["analytic", "--crops", "2x2", "--decode-steps", "8", "--profile", str(prof), "--session-mode",
+                 "fast", "--engine-options", '{"bucket": 128}']) == 0
+    assert "predicted (fast (bucket=128) mode" in capsys.readouterr().out
+    assert main(["analytic", "--crops", "2x2", "--profile", str(prof), "--session-mode", "fast",
+                 "--engine-options", '{"bukket": 1}']) == 2
+    assert "bukket" in capsys.readouterr().err
+    assert main(["analytic", "--crops", "2x2", "--profile", str(prof), "--engine-options", "{bad"]) == 2
+    assert "--engine-options: not JSON" in capsys.readouterr().err
+
+
+def test_the_same_points_predict_the_same_in_a_sweep(tmp_path):
+    """The plan objects are built once per prediction: a sweep and single points agree (non-default options)."""
+    eng = EngineSpec.of("fast", {"bucket": 64, "graph_steps": 3})
+    pts = Points.grid(crops=[(1, 1), (2, 2)], text_tokens=[10, 300], batch=[1, 4], decode_steps=[5], logits="last")
+    many = _stages(eng, pts)
+    for i in range(pts.size):
+        one = _stages(eng, pts.take(np.array([i])))
+        assert one["decode"]["predicted_s"][0] == pytest.approx(many["decode"]["predicted_s"][i], rel=1e-12)

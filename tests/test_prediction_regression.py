@@ -1,0 +1,221 @@
+"""The prediction regression set: every GPU stage-time measurement the project ships is predicted again with the
+current time model and engine plans, and each stage's median and max absolute error must stay within the figure
+docs/accuracy.md states for it (plus MARGIN), so that no change to an engine, its plan, the analytic model or the
+profiles silently breaks the prediction.
+
+Shipped measurements: the accuracy benchmark's results (docs/results/*prediction_accuracy*.json, every point's
+workload and measured stage times) and the bundled runs (data/reference/*.json). The stated figures are read from
+the tables of docs/accuracy.md (cells "median / p90 / max (median signed)"), so the docs and the check cannot
+drift apart; every column of those tables maps to one source below, and every shipped file to a column.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dsocr_core.analytic.predict import profile_hardware, with_profile
+from dsocr_core.calibration.profile import load_profile, profile_from_dict
+from dsocr_core.results.prediction_check import accuracy_errors, exceeded, run_errors, summarize
+from dsocr_core.results.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "accuracy.md"
+RESULTS = ROOT / "docs" / "results"
+REFERENCE = ROOT / "data" / "reference"
+MARGIN = 0.01  # one percentage point: the docs round medians to 0.1 and most maxima to 1 percentage point
+
+# table title in docs/accuracy.md -> column -> (source file, session mode, points kept: None = all)
+BATCH_1 = ("batch", 1)
+ACCURACY = {
+    "Fast session mode": {
+        "H200 own": ("h200_prediction_accuracy.json", None),
+        "H200 own, batch 1": ("h200_prediction_accuracy.json", BATCH_1),
+        "H200 confirmation": ("h200_prediction_accuracy_confirm.json", None),
+        "H100 own": ("h100_prediction_accuracy.json", None),
+        "H100 confirmation": ("h100_prediction_accuracy_confirm.json", None),
+        "H100 from the H200-derived profile": ("h100_from_h200_prediction_accuracy.json", None),
+    },
+    "Reference session mode": {
+        "H200 own": ("h200_prediction_accuracy.json", None),
+        "H200 own, batch 1": ("h200_prediction_accuracy.json", BATCH_1),
+        "H200 confirmation": ("h200_prediction_accuracy_confirm.json", None),
+        "H100 own": ("h100_prediction_accuracy.json", None),
+        "H100 from the H200-derived profile": ("h100_from_h200_prediction_accuracy.json", None),
+    },
+    "With overlap=kernel": {
+        "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
+        "H100 fast": ("h100_prediction_accuracy_kernel_overlap.json", None),
+        "H200 reference": ("h200_prediction_accuracy_kernel_overlap.json", None),
+        "H100 reference": ("h100_prediction_accuracy_kernel_overlap.json", None),
+    },
+}
+MODE_OF_TABLE = {"Fast session mode": "fast", "Reference session mode": "reference"}
+# the bundled runs' table: column -> (run file, profile); its stage names -> the comparison's stages
+BUNDLED_TITLE = "A third, independent check: the bundled H200 runs"
+BUNDLED = {"fast mode": ("h200_fast.json", "h200.json"), "reference mode": ("h200_reference.json", "h200.json")}
+BUNDLED_STAGES = {"LM prefill": "prefill", "decode step": "decode_step"}
+# the batched points' TPOT with uniform and with the observed routing: row (mode, point set) -> source file
+ROUTED_TITLE = "Batched decode with the observed routing"
+ROUTED_ROWS = {"H200 own": "h200_prediction_accuracy.json",
+               "H200 confirmation": "h200_prediction_accuracy_confirm.json",
+               "H100 own": "h100_prediction_accuracy.json",
+               "H100 confirmation": "h100_prediction_accuracy_confirm.json",
+               "H100 from the H200-derived profile": "h100_from_h200_prediction_accuracy.json"}
+ROUTING = ROOT / "data" / "routing" / "h200_synthetic_decode.json"
+ROUTED_COLUMNS = {"uniform routing (assumed)": None, "observed routing": ROUTING}
+
+CELL = re.compile(r"^\s*([\d.]+)% / ([\d.]+)% / ([\d.]+)% \([+-]?[\d.]+%\)\s*$")
+
+
+def stated_tables(text: str) -> dict[str, dict]:
+    """{table title: {"columns": [names], "points": {column: n} (from the header or the title line's "points:
+    ..."), "rows": {row: [(median, max) per column]}, "points_line"}} for every table of error cells (rows by
+    stage, or by point set), titled by the bold text of the paragraph just before it (tables of other cells, e.g.
+    the roofline's, are left out)."""
+    found, title, points_line, current = [], None, "", None
+    for line in text.splitlines():
+        if line.startswith("**") or line.startswith("### ") or line.startswith("## "):
+            bold = re.match(r"\*\*(.+?)\*\*", line)
+            title, points_line, current = (bold.group(1).rstrip(".:") if bold else None), line, None
+        elif re.match(r"\| (stage|points) \|", line) and title is not None:
+            columns = [c.strip() for c in line.strip().strip("|").split("|")][1:]
+            current = {"columns": [re.sub(r" \(\d+ points\)$", "", c) for c in columns], "points": {}, "rows": {},
+                       "points_line": points_line}
+            found.append((title, current))
+            for c in columns:
+                n = re.search(r"\((\d+) points\)$", c)
+                if n:
+                    current["points"][re.sub(r" \(\d+ points\)$", "", c)] = int(n.group(1))
+            listed = re.search(r"points: (.*)$", points_line)
+            for c in current["columns"] if listed else ():
+                n = re.search(re.escape(c) + r" (\d+)(,|$)", listed.group(1))
+                if n:
+                    current["points"][c] = int(n.group(1))
+        elif current is not None and line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            parsed = [CELL.match(c) for c in cells[1:]]
+            if all(parsed):
+                current["rows"][cells[0]] = [(float(m.group(1)) / 100, float(m.group(3)) / 100) for m in parsed]
+        elif current is not None and not line.startswith("|"):
+            current = None
+    return {title: table for title, table in found if table["rows"]}
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return stated_tables(DOC.read_text(encoding="utf-8"))
+
+
+def stated(table: dict, column: str) -> dict[str, tuple[float, float]]:
+    i = table["columns"].index(column)
+    return {stage: cells[i] for stage, cells in table["rows"].items()}
+
+
+def accuracy_summary(file: str, mode: str, keep, profile=None, routing=None) -> tuple[dict, int]:
+    """The summary of one result's points of `mode` predicted again; `keep`: (workload field, value) or a
+    predicate on the workload; None keeps every point."""
+    result = json.loads((RESULTS / file).read_text())
+    profile = profile or load_profile(ROOT / result["profile"]["path"])
+    rows = accuracy_errors(result, profile, mode, routing)
+    if keep is not None:
+        test = keep if callable(keep) else (lambda w: getattr(w, keep[0]) == keep[1])
+        rows = [r for r in rows if test(r["workload"])]
+    return summarize(rows), len(rows)
+
+
+def test_the_docs_state_every_table_and_column_this_check_reads(tables):
+    for title, columns in {**ACCURACY, BUNDLED_TITLE: BUNDLED}.items():
+        assert title in tables, f"docs/accuracy.md has no table titled {title!r}"
+        assert set(tables[title]["columns"]) == set(columns), title
+        assert len(tables[title]["rows"]) >= 6, f"{title}: fewer stages than expected"
+
+
+def test_every_shipped_measurement_is_in_the_regression_set():
+    used = {f for cols in ACCURACY.values() for f, _ in cols.values()}
+    shipped = {p.name for p in RESULTS.glob("*prediction_accuracy*.json")}
+    assert shipped and shipped == used, f"accuracy results without a stated column: {sorted(shipped - used)}"
+    bundled = {p.name for p in REFERENCE.glob("*.json")}
+    assert bundled == {f for f, _ in BUNDLED.values()}
+
+
+def overlap_mode(column: str) -> str:
+    return column.split()[1]
+
+
+@pytest.mark.parametrize("title,column", [(t, c) for t, cols in ACCURACY.items() for c in cols])
+def test_accuracy_results_predict_within_the_stated_errors(tables, title, column):
+    file, keep = ACCURACY[title][column]
+    mode = MODE_OF_TABLE.get(title) or overlap_mode(column)
+    summary, n = accuracy_summary(file, mode, keep)
+    table = tables[title]
+    if column in table["points"]:
+        assert n == table["points"][column], f"{title} / {column}: {n} points, the docs say {table['points'][column]}"
+    breaches = exceeded(summary, stated(table, column), MARGIN, f"{file} {mode}: ")
+    assert not breaches, "\n".join(breaches)
+
+
+@pytest.fixture(scope="module")
+def bundled_store(tmp_path_factory):
+    store = RunStore(tmp_path_factory.mktemp("regression") / "runs.sqlite")
+    return store, {p.name: rid for p, rid in ((p, store.import_run(p)) for p in sorted(REFERENCE.glob("*.json")))}
+
+
+@pytest.mark.parametrize("column", list(BUNDLED))
+def test_bundled_runs_predict_within_the_stated_errors(tables, bundled_store, column):
+    store, ids = bundled_store
+    file, profile_file = BUNDLED[column]
+    run_id = ids[file]
+    prof = load_profile(ROOT / "data" / "profiles" / profile_file)
+    mode = store.get_run(run_id)["session_mode"]
+    rows = run_errors(store, run_id, with_profile(profile_hardware(prof), prof, mode))
+    table = tables[BUNDLED_TITLE]
+    assert len(rows) == table["points"][column]
+    want = {BUNDLED_STAGES.get(s, s): v for s, v in stated(table, column).items()}
+    breaches = exceeded(summarize(rows, tuple(want)), want, MARGIN, f"{file}: ")
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_routed_table_names_every_row_this_check_reads(tables):
+    table = tables[ROUTED_TITLE]
+    assert set(table["columns"]) == set(ROUTED_COLUMNS)
+    want = {f"{mode}, {name}" for name in ROUTED_ROWS for mode in ("fast", "reference")} - {
+        "reference, H100 confirmation"}  # the H100 confirmation set measured the fast mode only
+    assert set(table["rows"]) == want
+
+
+@pytest.mark.parametrize("column", list(ROUTED_COLUMNS))
+def test_batched_decode_predicts_within_the_stated_errors_with_each_routing(tables, column):
+    from dsocr_core.analytic.routing import load_routing
+
+    table = tables[ROUTED_TITLE]
+    routing = None if ROUTED_COLUMNS[column] is None else load_routing(ROUTED_COLUMNS[column])
+    breaches = []
+    for row in table["rows"]:
+        mode, name = row.split(", ", 1)
+        summary, n = accuracy_summary(ROUTED_ROWS[name], mode, lambda w: w.batch > 1, routing=routing)
+        stated_n = re.search(re.escape(row) + r" (\d+)(,|$)", table["points_line"])
+        assert stated_n and n == int(stated_n.group(1)), f"{row}: {n} batched points"
+        breaches += exceeded(summary, {"tpot": stated(table, column)[row]}, MARGIN, f"{row}, {column}: ")
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_check_catches_a_prediction_that_got_worse(tables):
+    """The same check on a profile whose launch costs are tripled (a change that slows every predicted kernel by
+    a few microseconds): the short stages' errors grow past the stated figures and are reported."""
+    prof = load_profile(ROOT / "data" / "profiles" / "h100.json")
+    raw = prof.to_dict()
+    raw["launch"] = {k: v * 3 if isinstance(v, (int, float)) else v for k, v in raw["launch"].items()}
+    summary, _ = accuracy_summary("h100_prediction_accuracy.json", "fast", None, profile_from_dict(raw))
+    breaches = exceeded(summary, stated(tables["Fast session mode"], "H100 own"), MARGIN)
+    assert breaches and any("decode" in b or "projector" in b for b in breaches)
+
+
+def test_a_stage_that_stops_being_predicted_is_a_breach():
+    assert exceeded({}, {"sam": (0.05, 0.1)}, MARGIN) == ["sam: stated but no longer predicted"]
+    ok = {"sam": {"median_abs": 0.055, "max_abs": 0.1}}
+    assert exceeded(ok, {"sam": (0.05, 0.1)}, MARGIN) == []
+    assert "median error 6.5%" in exceeded({"sam": {"median_abs": 0.065, "max_abs": 0.1}}, {"sam": (0.05, 0.1)},
+                                           MARGIN)[0]
