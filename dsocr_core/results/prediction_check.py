@@ -3,8 +3,9 @@ stage (median / p90 / max absolute relative error and the median signed error). 
 benchmarks/prediction_accuracy.py and the regression test that re-predicts every GPU measurement the project
 ships (tests/test_prediction_regression.py).
 
-Stages (the registry's, of the prediction's model): sam, clip or encoder, projector, vision, prefill (the LM prefill), decode (the K steps), ttft (vision + prefill),
-tpot (decode / K); a stored run's comparison (run_errors) has decode_step in place of ttft and tpot.
+Stages (the registry's, of the prediction's model): sam, clip or encoder, projector, vision, prefill (the LM
+prefill), decode (the K steps), ttft (vision + prefill), tpot (decode / K); a stored run's comparison (run_errors)
+has decode_step in place of ttft and tpot.
 
 Two kinds of shipped measurement are re-predicted: the accuracy benchmark's results (its --out JSON: every point's
 workload and measured stage times, the profile and the prediction settings; accuracy_errors) and stored runs (e.g.

@@ -6,7 +6,6 @@ import re
 from typing import Any, Iterable, Mapping
 
 from ..engines import run_engine
-from ..spec import ModelSpec
 from .tables import format_table
 
 # What a resumed sweep must share with its run, and how each is named in a refusal.
@@ -104,9 +103,3 @@ def run_details(run: Mapping[str, Any]) -> str:
     elif run["kind"] == "dataset":
         lines.append(f"  resume with: python -m dsocr_core profile ... --resume {run['id'][:12]}")
     return "\n".join(lines)
-
-
-def run_spec(run: Mapping[str, Any]) -> ModelSpec:
-    """The model spec a run was measured with (from its meta; the full DeepSeek-OCR spec when absent)."""
-    data = (run.get("meta") or {}).get("spec")
-    return ModelSpec(**data) if data else ModelSpec()
