@@ -26,6 +26,7 @@ from dsocr_core.measure.sweep import run_sweep, sweep_workloads, vendor_grids  #
 from dsocr_core.grounding.samples import sample_pages  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 from dsocr_core.results.store import RunStore  # noqa: E402
+from dsocr_core.registry import native_modes  # noqa: E402
 
 
 def page_2x2() -> Path:
@@ -47,7 +48,7 @@ def generation_report(session: Session, tokens: int) -> dict:
     one = session.generate_one_shot(inputs, max_new_tokens=tokens)
     sep = session.generate_separated(inputs, max_new_tokens=tokens, reference=one)
     flops = session.count_stage_flops(inputs, logits="all", decode_steps=1)
-    keep = ("sam", "clip", "projector", "prefill", "decode", "ttft_s", "tpot_s", "total_s", "peak_memory")
+    keep = (*session.family.stage_names, "ttft_s", "tpot_s", "total_s", "peak_memory")
     return {"page": page.name, "grid": inputs.images_spatial_crop[0].tolist(), "prompt_tokens": inputs.seq_len,
             "image_slots": inputs.image_slots, "tokens": tokens, "session": session.describe(),
             "one_shot": {k: one.timings.get(k) for k in keep},
@@ -84,7 +85,7 @@ def main() -> int:
     common = dict(dtype="bfloat16", attn="sdpa", logits="all")
     parts = [
         ("vendor grids", sweep_workloads(["gundam"], [(1, 1), *vendor_grids()], [10], [1], [32], **common)),
-        ("native modes", sweep_workloads(["tiny", "small", "base", "large"], [(1, 1)], [10], [1], [32], **common)),
+        ("native modes", sweep_workloads(native_modes(), [(1, 1)], [10], [1], [32], **common)),
         ("text lengths", sweep_workloads(["gundam"], [(2, 2)], [500, 2000], [1], [32], **common)),
         ("batches", sweep_workloads(["gundam", "base"], [(2, 2)], [10], [4, 16, 64], [32], **common)),
     ]

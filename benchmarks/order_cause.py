@@ -67,7 +67,7 @@ def main() -> int:
     for name, w in zip(args.points.split(","), points):
         t0 = time.perf_counter()
         r = measure_point(session, w, repeats=3, warmup=1, count_flops=args.flops)
-        med = {s: round(r.stages[s]["median_s"] * 1e3, 3) for s in ("sam", "clip", "projector", "prefill",
+        med = {s: round(r.stages[s]["median_s"] * 1e3, 3) for s in (*session.vision_stages, "prefill",
                                                                         "decode_step") if s in r.stages}
         state = {"errors": session.engine.describe()["compile_errors"],
                  "compiled": compiled_states(session.engine),

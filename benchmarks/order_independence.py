@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-STAGES = ("sam", "clip", "projector", "prefill", "decode_step")
+from dsocr_core.registry import get_family  # noqa: E402
+
+STAGES = (*get_family().vision_stages, "prefill", "decode_step")  # the default model's (it runs DeepSeek-OCR)
 FULL_POINTS = ("tiny-b1,tiny-b24,tiny-b32-t100,small-b8-t200,base-b1-t500,large-b2,g2x3,g4x2-b2,g2x1-t1500,"
                "g2x1-t2600-b4")
 QUICK_POINTS = "tiny-b1-t10,tiny-b2-t30"

@@ -13,6 +13,11 @@ analytic model's assumption), and the result carries that routing, so it can be 
     python benchmarks/prediction_accuracy.py --out out/accuracy.json                 # GPU: calibrate, then measure
     python benchmarks/prediction_accuracy.py --profile h200.json --out out/acc.json  # GPU, a profile made before
     python benchmarks/prediction_accuracy.py --quick --device cpu                    # tiny model on a CPU, seconds
+    python benchmarks/prediction_accuracy.py --model deepseek-ocr2 --modes reference --profile h200.json
+
+DeepSeek-OCR 2 (`--model deepseek-ocr2`, reference mode only: the fast engine runs DeepSeek-OCR) has one tiling
+mode: its points are the vendor grids (0 or 2..6 crops), the same text lengths and batches on a 2x2 page, and for
+`confirm` the 1x3 and 3x2 pages at other text lengths; it has no native modes.
 
 The last line printed is one JSON object with the summary (the whole result goes to --out).
 """
@@ -30,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.engines import SESSION_MODES  # noqa: E402
+from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes  # noqa: E402
 from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
@@ -42,18 +48,32 @@ DEFAULT_GROUPS = GROUPS[:4]
 # errors is checked on points it never saw
 
 
-def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups: tuple[str, ...] = DEFAULT_GROUPS):
+def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups: tuple[str, ...] = DEFAULT_GROUPS,
+                       model: str = DEFAULT_MODEL):
     from dsocr_core.measure.sweep import sweep_workloads, vendor_grids
     from dsocr_core.results.store import point_key
 
     common = dict(decode_steps=(steps,), dtype=dtype, logits=logits)
-    if quick:
+    fam = get_family(model)
+    if fam.name != DEFAULT_MODEL:  # one tiling mode: its vendor grids, text lengths and batches, no native modes
+        tiled = fam.default_mode
+        every = {
+            "grids": [sweep_workloads(modes=(tiled,), grids=[(1, 1)] + vendor_grids(*fam.modes[tiled].crop_range),
+                                      text_tokens=(10,), **common)],
+            "native": [],
+            "text": [sweep_workloads(modes=(tiled,), grids=((2, 2),), text_tokens=(500, 2000, 3300), **common)],
+            "batch": [sweep_workloads(modes=(tiled,), grids=((2, 2),), batches=(4, 16, 64), **common)],
+            "confirm": [sweep_workloads(modes=(tiled,), grids=((1, 3), (3, 2)), text_tokens=(100, 1000), **common)],
+        }
+        chosen = ([sweep_workloads(modes=(tiled,), grids=((1, 1),), text_tokens=(10,), **common)] if quick
+                  else [g for name in groups for g in every[name]])
+    elif quick:
         chosen = [sweep_workloads(modes=("tiny", "small"), text_tokens=(10,), batches=(1,), **common)]
     else:
         every = {
             "grids": [sweep_workloads(modes=("gundam",), grids=[(1, 1)] + vendor_grids(), text_tokens=(10,),
                                       **common)],
-            "native": [sweep_workloads(modes=("tiny", "small", "base", "large"), text_tokens=(10,), **common)],
+            "native": [sweep_workloads(modes=native_modes(), text_tokens=(10,), **common)],
             "text": [sweep_workloads(modes=("gundam",), grids=((2, 2),), text_tokens=(500, 2000, 3300), **common)],
             "batch": [sweep_workloads(modes=("gundam",), grids=((2, 2),), batches=(4, 16, 64), **common),
                       sweep_workloads(modes=("base",), batches=(4, 16, 64), **common)],
@@ -159,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "(the four native modes), text (500/2000/3300 text tokens on a 2x2 page), batch (4/16/64 "
                          "pages), confirm (other grids, text lengths and batches: checked once the model is frozen; "
                          "use it with another --decode-steps, e.g. 48)")
+    ap.add_argument("--model", choices=list(FAMILIES), default=DEFAULT_MODEL, help="model family (default %(default)s)")
     ap.add_argument("--synthetic", help="weights preset: full (default) or tiny (default with --quick)")
     ap.add_argument("--dtype", help="bfloat16 (default) or float32 (default with --quick on a CPU)")
     ap.add_argument("--logits", default="last", help="last (default: serving) or all (the vendor's HF path)")
@@ -196,6 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(SESSION_MODES):
         ap.error(f"--modes: choose from {', '.join(SESSION_MODES)}, got {args.modes!r}")
+    if "fast" in modes and not get_family(args.model).fast_engine:
+        ap.error(f"the fast engine runs DeepSeek-OCR only; use --modes reference with --model {args.model}")
     t0 = time.perf_counter()
     if args.profile:
         profile = load_profile(args.profile)
@@ -211,20 +234,20 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         ap.error(f"unknown --groups {unknown}; choose from {', '.join(GROUPS)}")
-    workloads = held_out_workloads(quick, steps, dtype, args.logits, groups)
+    workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model)
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")
     if args.predict_only and not (args.store and Path(args.store).exists()):
         ap.error("--predict-only needs --store with the measured runs")
     store = RunStore(store_path)
     if args.predict_only:
-        from dsocr_core.spec import PRESETS
-
-        base, spec = None, PRESETS[synthetic]()
+        base, spec = None, get_family(args.model).preset(synthetic)
     else:
-        base = Session.load(synthetic=synthetic, device=args.device, dtype=dtype, session_mode="reference")
+        base = Session.load(synthetic=synthetic, device=args.device, dtype=dtype, session_mode="reference",
+                            model=args.model)
         spec = base.spec
     result = {"profile": profile.summary(), "environment": capture_environment(args.device),  # where this ran
-              "settings": {"quick": quick, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps,
+              "settings": {"model": args.model, "quick": quick, "synthetic": synthetic, "dtype": dtype,
+                           "decode_steps": steps,
                            "repeats": repeats, "logits": args.logits, "work": args.work, "overlap": args.overlap,
                            "routing": args.routing,
                            "device": args.device,
@@ -235,6 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
         session = None if base is None else (base if mode == "reference" else base.with_mode(mode))
         key = {"mode": mode, "synthetic": synthetic, "dtype": dtype, "decode_steps": steps, "logits": args.logits,
                "quick": quick, "device": args.device, "repeats": repeats}
+        if args.model != DEFAULT_MODEL:  # the other model's runs never resume DeepSeek-OCR's (keys kept as they were)
+            key["model"] = args.model
         run_id = next((r["id"] for r in store.list_runs("sweep") if (r.get("meta") or {}).get("accuracy_key") == key),
                       None)  # resume the same settings' run: finished points are skipped
         if session is None:

@@ -31,6 +31,7 @@ from dsocr_core.measure.environment import capture_environment  # noqa: E402
 from dsocr_core.measure.token_parity import compare  # noqa: E402
 from dsocr_core.hardware import PRESETS, calibrate, match_device_name  # noqa: E402
 from dsocr_core.model.checkpoint import synthetic_model  # noqa: E402
+from dsocr_core.registry import get_family  # noqa: E402
 from dsocr_core.model.kv_cache import KVCache  # noqa: E402
 from dsocr_core.runtime.inputs import PreparedInputs, synthetic_inputs  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
@@ -269,7 +270,7 @@ def parity_b1(out, ref, fast, page, args, ngram=20):
 
 
 def prefill_section(out, ref, fast, page, spec, cal, ds, device):
-    stages = ("sam", "clip", "projector", "prefill")
+    stages = PREFILL_STAGES
     pre = {}
     for mode, logits in (("reference", "all"), ("reference", "last"), ("fast", "last")):
         sess = ref if mode == "reference" else fast
@@ -502,7 +503,7 @@ VARIANTS = {  # each switches one optimisation off (or picks the other kernel), 
     "dense_sam_bias": {"sam_attention": "dense", "compile_vision": False},
 }
 PREFILL_ONLY = ("sam_flex", "clip_unpacked", "lm_prefill_eager", "no_vision_compile", "dense_sam_bias")
-PREFILL_STAGES = ("sam", "clip", "projector", "prefill")
+PREFILL_STAGES = (*get_family("deepseek-ocr").vision_stages, "prefill")  # the fast engine runs DeepSeek-OCR
 
 
 def ablation(ref: Session, page, spec, cal: Hardware, t_prompt: int, steps: int, device,

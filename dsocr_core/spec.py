@@ -6,13 +6,13 @@ One ModelSpec feeds both the torch model and the analytic model, so a tiny test 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import jsonfile
 
-Mode = Literal["tiny", "small", "base", "large", "gundam", "gundam-m"]
+Mode = str  # a mode name of any model family (dsocr_core/registry.py)
 Dtype = Literal["bfloat16", "float16", "float32"]
 AttnImpl = Literal["eager", "sdpa", "flash"]
 LogitsMode = Literal["all", "last"]
@@ -43,9 +43,12 @@ MAX_CONFIG_BYTES = 1 << 20  # a vendor config.json is about 3 KB
 MAX_CONFIG_DEPTH = 32  # and 4 levels deep
 
 
-class ModelSpec(_Frozen):
-    """Every dimension of DeepSeek-OCR. Defaults = the official checkpoint (its config.json plus the vision sizes
-    the vendor code hard-codes)."""
+class DecoderSpec(_Frozen):
+    """What every model of the family shares: the DeepseekV2 MoE decoder and the SAM ViT-B tokenizer (its last
+    conv's width differs). Subclasses add the second vision stage; `family` names the registry entry
+    (dsocr_core/registry.py) that describes the model's stages, modes and checkpoint layout."""
+
+    family: ClassVar[str] = ""
 
     # --- language model (DeepseekV2 without MLA) ---
     hidden_size: int = Field(1280, gt=0, le=MAX_WIDTH)
@@ -82,19 +85,8 @@ class ModelSpec(_Frozen):
     sam_neck_dim: int = Field(256, gt=0, le=MAX_WIDTH)
     sam_downsample: tuple[int, int] = (512, 1024)  # net_2, net_3 output channels
 
-    # --- CLIP-L/14 ---
-    clip_width: int = Field(1024, gt=0, le=MAX_WIDTH)
-    clip_layers: int = Field(24, gt=0, le=MAX_LAYERS)
-    clip_heads: int = Field(16, gt=0, le=MAX_HEADS)
-    clip_patch: int = Field(14, gt=0, le=MAX_IMAGE)
-    clip_image_size: int = Field(224, gt=0, le=MAX_IMAGE)  # 16x16 positions + CLS
-    clip_mlp_dim: int = Field(4096, gt=0, le=MAX_WIDTH)
-
-    # --- projector ---
-    projector_input_dim: int = Field(2048, gt=0, le=2 * MAX_WIDTH)
-
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelSpec":
+    def _consistent_shared(self) -> "DecoderSpec":
         problems = []
         if self.hidden_size % self.num_attention_heads:
             problems.append("hidden_size must be divisible by num_attention_heads")
@@ -110,18 +102,10 @@ class ModelSpec(_Frozen):
             problems.append("sam_width must be divisible by sam_heads")
         if any(b < 0 or b >= self.sam_layers for b in self.sam_global_blocks):
             problems.append(f"sam_global_blocks {self.sam_global_blocks} must lie in 0..{self.sam_layers - 1}")
-        if self.clip_width % self.clip_heads:
-            problems.append("clip_width must be divisible by clip_heads")
         if not all(0 < c <= MAX_WIDTH for c in self.sam_downsample):
             problems.append(f"sam_downsample {self.sam_downsample} must lie in 1..{MAX_WIDTH}")
-        if self.sam_downsample[1] != self.clip_width:
-            problems.append("SAM output channels (sam_downsample[1]) must equal clip_width: SAM features are CLIP's patch embeddings")
-        if self.projector_input_dim != self.clip_width + self.sam_downsample[1]:
-            problems.append("projector_input_dim must equal clip_width + sam_downsample[1] (CLIP and SAM features concatenated)")
         if self.sam_image_size % self.sam_patch:
             problems.append("sam_image_size must be a multiple of sam_patch")
-        if self.clip_image_size % self.clip_patch:
-            problems.append("clip_image_size must be a multiple of clip_patch")
         special = [self.bos_token_id, self.eos_token_id, self.pad_token_id, self.image_token_id]
         if max(special) >= self.vocab_size or min(special) < 0:
             problems.append(f"special token ids {special} must lie inside vocab_size {self.vocab_size}")
@@ -146,84 +130,102 @@ class ModelSpec(_Frozen):
     def sam_pos_grid(self) -> int:
         return self.sam_image_size // self.sam_patch
 
+    @classmethod
+    def from_config_json(cls, path: str | Path) -> "DecoderSpec":
+        """Read a checkpoint folder's (or file's) vendor-format config.json. Raises SpecError with every problem."""
+        path, raw = read_config_json(path)
+        return cls.from_config_dict(raw, source=str(path))
+
+    @classmethod
+    def _from_fields(cls, fields: dict, source: str, label: str) -> "DecoderSpec":
+        """The spec of fields read from a config; SpecError naming every invalid field otherwise."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+            raise SpecError(f"{source}: invalid {label} config: {msgs}") from None
+
+    @classmethod
+    def from_config_dict(cls, raw: object, source: str = "config") -> "DecoderSpec":
+        raise NotImplementedError  # each model reads its own vision keys
+
+    def replace(self, **changes) -> "DecoderSpec":
+        """A copy with some fields changed, validated again."""
+        try:
+            return type(self)(**{**self.model_dump(), **changes})
+        except ValidationError as exc:
+            raise SpecError(f"invalid spec change {changes}: {exc.errors()[0]['msg']}") from None
+
+
+def check_linear_projector(proj: dict, fields: dict, source: str) -> None:
+    """A config's projector_config must describe the one projector both models have: a Linear into hidden_size."""
+    if proj.get("projector_type", "linear") != "linear":
+        raise SpecError(f"{source}: projector_type {proj.get('projector_type')!r} is not supported (linear only)")
+    if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
+        raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
+
+
+class ModelSpec(DecoderSpec):
+    """Every dimension of DeepSeek-OCR. Defaults = the official checkpoint (its config.json plus the vision sizes
+    the vendor code hard-codes)."""
+
+    family: ClassVar[str] = "deepseek-ocr"
+
+    # --- CLIP-L/14 ---
+    clip_width: int = Field(1024, gt=0, le=MAX_WIDTH)
+    clip_layers: int = Field(24, gt=0, le=MAX_LAYERS)
+    clip_heads: int = Field(16, gt=0, le=MAX_HEADS)
+    clip_patch: int = Field(14, gt=0, le=MAX_IMAGE)
+    clip_image_size: int = Field(224, gt=0, le=MAX_IMAGE)  # 16x16 positions + CLS
+    clip_mlp_dim: int = Field(4096, gt=0, le=MAX_WIDTH)
+
+    # --- projector ---
+    projector_input_dim: int = Field(2048, gt=0, le=2 * MAX_WIDTH)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelSpec":
+        problems = []
+        if self.clip_width % self.clip_heads:
+            problems.append("clip_width must be divisible by clip_heads")
+        if self.sam_downsample[1] != self.clip_width:
+            problems.append("SAM output channels (sam_downsample[1]) must equal clip_width: SAM features are "
+                            "CLIP's patch embeddings")
+        if self.projector_input_dim != self.clip_width + self.sam_downsample[1]:
+            problems.append("projector_input_dim must equal clip_width + sam_downsample[1] (CLIP and SAM features "
+                            "concatenated)")
+        if self.clip_image_size % self.clip_patch:
+            problems.append("clip_image_size must be a multiple of clip_patch")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @property
     def clip_pos_grid(self) -> int:
         return self.clip_image_size // self.clip_patch
 
     # --- vendor config.json <-> spec ---
     @classmethod
-    def from_config_json(cls, path: str | Path) -> "ModelSpec":
-        """Read a checkpoint folder's (or file's) vendor-format config.json. Raises SpecError with every problem."""
-        path, raw = read_config_json(path)
-        return cls.from_config_dict(raw, source=str(path))
-
-    @classmethod
     def from_config_dict(cls, raw: object, source: str = "config") -> "ModelSpec":
-        if not isinstance(raw, dict):
-            raise SpecError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-        lm = raw.get("language_config") if isinstance(raw.get("language_config"), dict) else {}
-        # vendor code reads the top level; language_config repeats it
-        top = {**lm, **{k: v for k, v in raw.items() if not isinstance(v, dict)}}
-        known = ("deepseek_vl_v2", "deepseek_ocr", "deepseekocr")
-        looks_vendor = raw.get("model_type") in known or "vision_config" in raw or "projector_config" in raw
-        if not looks_vendor:
-            raise SpecError(
-                f"{source}: not a DeepSeek-OCR config (model_type={raw.get('model_type')!r}, "
-                "no vision_config or projector_config)"
-            )
-        if top.get("use_mla"):
-            raise SpecError(f"{source}: use_mla=true is not DeepSeek-OCR (its decoder uses plain MHA)")
-        if top.get("topk_method", "greedy") != "greedy" or top.get("scoring_func", "softmax") != "softmax":
-            raise SpecError(f"{source}: only greedy top-k routing with softmax scoring is supported")
-        fields = {}
-        for name in cls.model_fields:
-            if name in top and not name.startswith(("sam_", "clip_", "projector_")):
-                fields[name] = top[name]
-        if "moe_layer_freq" in top and top["moe_layer_freq"] != 1:
-            raise SpecError(f"{source}: moe_layer_freq must be 1")
+        fields = lm_fields_from_config(cls, raw, source)
         vision = raw.get("vision_config") or {}
         widths = vision.get("width") if isinstance(vision, dict) else None
         if isinstance(widths, dict):
             sam = widths.get("sam_vit_b") or {}
             clip = widths.get("clip-l-14-224") or {}
-            fields.update(_pick(sam, {"width": "sam_width", "layers": "sam_layers", "heads": "sam_heads",
-                                      "global_attn_indexes": "sam_global_blocks", "window_size": "sam_window",
-                                      "patch_size": "sam_patch", "image_size": "sam_image_size",
-                                      "mlp_dim": "sam_mlp_dim", "neck_dim": "sam_neck_dim",
-                                      "downsample_channels": "sam_downsample"}))
+            fields.update(_pick(sam, {**SAM_KEYS, "downsample_channels": "sam_downsample"}))
             fields.update(_pick(clip, {"width": "clip_width", "layers": "clip_layers", "heads": "clip_heads",
                                        "patch_size": "clip_patch", "image_size": "clip_image_size",
                                        "mlp_dim": "clip_mlp_dim"}))
         proj = raw.get("projector_config") or {}
         if isinstance(proj, dict):
-            if proj.get("projector_type", "linear") != "linear":
-                raise SpecError(f"{source}: projector_type {proj.get('projector_type')!r} is not supported (linear only)")
+            check_linear_projector(proj, fields, source)
             if "input_dim" in proj:
                 fields["projector_input_dim"] = proj["input_dim"]
-            if "n_embed" in proj and proj["n_embed"] != fields.get("hidden_size", 1280):
-                raise SpecError(f"{source}: projector n_embed {proj['n_embed']} differs from hidden_size")
-        try:
-            return cls(**fields)
-        except ValidationError as exc:
-            msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-            raise SpecError(f"{source}: invalid DeepSeek-OCR config: {msgs}") from None
+        return cls._from_fields(fields, source, "DeepSeek-OCR")
 
     def to_config_dict(self) -> dict:
         """Vendor-format config.json content (LM keys at the top level and under language_config)."""
-        lm = {
-            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "intermediate_size": self.intermediate_size, "moe_intermediate_size": self.moe_intermediate_size,
-            "n_routed_experts": self.n_routed_experts, "num_experts_per_tok": self.num_experts_per_tok,
-            "n_shared_experts": self.n_shared_experts, "first_k_dense_replace": self.first_k_dense_replace,
-            "vocab_size": self.vocab_size, "max_position_embeddings": self.max_position_embeddings,
-            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id, "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_norm_eps,
-            "norm_topk_prob": self.norm_topk_prob, "routed_scaling_factor": self.routed_scaling_factor,
-            "use_mla": False, "q_lora_rank": None, "kv_lora_rank": None, "topk_method": "greedy",
-            "n_group": 1, "topk_group": 1, "moe_layer_freq": 1, "scoring_func": "softmax",
-            "torch_dtype": "bfloat16", "model_type": "deepseek_v2",
-        }
+        lm = lm_config_dict(self)
         return {
             **{k: v for k, v in lm.items() if k != "model_type"},
             "architectures": ["DeepseekOCRForCausalLM"],
@@ -251,12 +253,59 @@ class ModelSpec(_Frozen):
                                  "n_embed": self.hidden_size, "model_type": "mlp_projector"},
         }
 
-    def replace(self, **changes) -> "ModelSpec":
-        """A copy with some fields changed, validated again."""
-        try:
-            return ModelSpec(**{**self.model_dump(), **changes})
-        except ValidationError as exc:
-            raise SpecError(f"invalid spec change {changes}: {exc.errors()[0]['msg']}") from None
+
+# vision_config.width.sam_vit_b keys -> spec fields, the same in every family
+SAM_KEYS = {"width": "sam_width", "layers": "sam_layers", "heads": "sam_heads",
+            "global_attn_indexes": "sam_global_blocks",
+            "window_size": "sam_window", "patch_size": "sam_patch", "image_size": "sam_image_size",
+            "mlp_dim": "sam_mlp_dim", "neck_dim": "sam_neck_dim"}
+
+
+def lm_fields_from_config(cls: type, raw: object, source: str) -> dict:
+    """The decoder's fields of a vendor config.json (top level, which the vendor code reads, over
+    language_config), after the checks every family shares. Raises SpecError naming the file and the field."""
+    from .registry import family_of_config
+
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+    lm = raw.get("language_config") if isinstance(raw.get("language_config"), dict) else {}
+    top = {**lm, **{k: v for k, v in raw.items() if not isinstance(v, dict)}}
+    known = ("deepseek_vl_v2", "deepseek_ocr", "deepseekocr")
+    looks_vendor = raw.get("model_type") in known or "vision_config" in raw or "projector_config" in raw
+    if not looks_vendor:
+        raise SpecError(
+            f"{source}: not a DeepSeek-OCR config (model_type={raw.get('model_type')!r}, "
+            "no vision_config or projector_config)"
+        )
+    found = family_of_config(raw)
+    if found.name != cls.family:
+        raise SpecError(f"{source}: this is a {found.label} config ({found.checkpoint.architecture}); "
+                        f"load it as model {found.name!r}")
+    if top.get("use_mla"):
+        raise SpecError(f"{source}: use_mla=true is not DeepSeek-OCR (its decoder uses plain MHA)")
+    if top.get("topk_method", "greedy") != "greedy" or top.get("scoring_func", "softmax") != "softmax":
+        raise SpecError(f"{source}: only greedy top-k routing with softmax scoring is supported")
+    if "moe_layer_freq" in top and top["moe_layer_freq"] != 1:
+        raise SpecError(f"{source}: moe_layer_freq must be 1")
+    return {name: top[name] for name in DecoderSpec.model_fields if name in top and not name.startswith("sam_")}
+
+
+def lm_config_dict(spec: DecoderSpec) -> dict:
+    """The decoder's keys of a vendor config.json (written at the top level and under language_config)."""
+    return {
+        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
+        "intermediate_size": spec.intermediate_size, "moe_intermediate_size": spec.moe_intermediate_size,
+        "n_routed_experts": spec.n_routed_experts, "num_experts_per_tok": spec.num_experts_per_tok,
+        "n_shared_experts": spec.n_shared_experts, "first_k_dense_replace": spec.first_k_dense_replace,
+        "vocab_size": spec.vocab_size, "max_position_embeddings": spec.max_position_embeddings,
+        "bos_token_id": spec.bos_token_id, "eos_token_id": spec.eos_token_id,
+        "pad_token_id": spec.pad_token_id, "rope_theta": spec.rope_theta, "rms_norm_eps": spec.rms_norm_eps,
+        "norm_topk_prob": spec.norm_topk_prob, "routed_scaling_factor": spec.routed_scaling_factor,
+        "use_mla": False, "q_lora_rank": None, "kv_lora_rank": None, "topk_method": "greedy",
+        "n_group": 1, "topk_group": 1, "moe_layer_freq": 1, "scoring_func": "softmax",
+        "torch_dtype": "bfloat16", "model_type": "deepseek_v2",
+    }
 
 
 def read_config_json(path: str | Path) -> tuple[Path, object]:
@@ -297,7 +346,8 @@ PRESETS = {"full": ModelSpec, "tiny": tiny_spec}
 
 
 class Workload(_Frozen):
-    """One inference request shape. Either `image_size` or `crops` (or neither for untiled modes)."""
+    """One inference request shape. Either `image_size` or `crops` (or neither for untiled modes). The mode says
+    which model family's tiling applies; the crop range defaults to the mode's (gundam 2..9, dynamic 2..6)."""
 
     mode: Mode = "gundam"
     image_size: tuple[int, int] | None = None  # (width, height) of the original page in pixels
@@ -311,16 +361,32 @@ class Workload(_Frozen):
     attn: AttnImpl = "sdpa"
     logits: LogitsMode = "all"  # "all": fp32 logits at every prefill position (vendor HF); "last": vLLM
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_defaults(cls, data):
+        """Crop range not given: the mode's own default range."""
+        from .registry import mode_info
+
+        if isinstance(data, dict):
+            try:
+                info = mode_info(data.get("mode", "gundam"))
+            except SpecError as exc:
+                raise ValueError(str(exc)) from None
+            data = {"min_crops": info.crop_range[0], "max_crops": info.crop_range[1], **data}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "Workload":
+        from .registry import mode_info
+
         if self.image_size is not None and min(self.image_size) <= 0:
             raise ValueError(f"image size must be positive, got {self.image_size[0]}x{self.image_size[1]}")
         if self.crops is not None and min(self.crops) <= 0:
             raise ValueError(f"crop grid must be positive, got {self.crops[0]}x{self.crops[1]}")
         if self.min_crops > self.max_crops:
             raise ValueError(f"min_crops {self.min_crops} > max_crops {self.max_crops}")
-        if self.crops is not None and self.mode not in ("gundam", "gundam-m") and self.crops != (1, 1):
-            raise ValueError(f"mode {self.mode} does not tile; crops apply to gundam modes only")
+        if self.crops is not None and not mode_info(self.mode).crop_mode and self.crops != (1, 1):
+            raise ValueError(f"mode {self.mode} does not tile; crops apply to crop modes only")
         return self
 
     @property

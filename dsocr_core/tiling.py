@@ -1,9 +1,10 @@
-"""Modes, the vendor tile-grid choice (the grid closest to the image's aspect, 2..9 tiles under HF, 2..6 under
-vLLM) and the token math.
+"""Tiling and token math of every model family (the modes live in dsocr_core/registry.py): the vendor tile-grid
+choice (the grid closest to the image's aspect; DeepSeek-OCR: 2..9 tiles under HF, 2..6 under vLLM; DeepSeek-OCR 2:
+2..6 of 768 px) and the slot counts.
 
 A view of S x S pixels goes through SAM (patch 16) and the 4x compressor, so it becomes an (S/64) x (S/64) grid
-of vision features; every feature row gets one `image_newline` slot, and each image ends with one
-`view_seperator` slot.
+of vision features (1024 -> 256, 640 -> 100, 768 -> 144). In DeepSeek-OCR every feature row gets one
+`image_newline` slot; DeepSeek-OCR 2 has none. Each image ends with one `view_seperator` slot.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .registry import ModeInfo, get_family, mode_info
 from .spec import Mode, SpecError, Workload
 
 HF_CROP_RANGE = (2, 9)  # vendor HF path
@@ -22,29 +24,7 @@ FEATURE_STRIDE = 64  # SAM patch 16 x compressor 4: pixels per vision feature al
 MAX_CROPS = 1000  # largest grid the image-shapes database and the analytic model accept
 
 
-@dataclass(frozen=True)
-class ModeInfo:
-    base_size: int  # global view side in pixels
-    tile_size: int  # local tile side in pixels (crop modes)
-    crop_mode: bool
-    pad: bool  # global view padded (aspect kept) rather than resized directly
-
-
-MODES: dict[str, ModeInfo] = {
-    "tiny": ModeInfo(512, 512, False, False),
-    "small": ModeInfo(640, 640, False, False),
-    "base": ModeInfo(1024, 1024, False, True),
-    "large": ModeInfo(1280, 1280, False, True),
-    "gundam": ModeInfo(1024, 640, True, True),
-    "gundam-m": ModeInfo(1280, 1024, True, True),
-}
-
-
-def mode_info(mode: Mode | str) -> ModeInfo:
-    try:
-        return MODES[mode]
-    except KeyError:
-        raise SpecError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}") from None
+MODES: dict[str, ModeInfo] = dict(get_family("deepseek-ocr").modes)  # DeepSeek-OCR's modes (image-shapes DB)
 
 
 def features_per_side(view_pixels: int) -> int:
@@ -52,9 +32,10 @@ def features_per_side(view_pixels: int) -> int:
     return view_pixels // FEATURE_STRIDE
 
 
-def view_slots(grid_w: int, grid_h: int) -> int:
-    """Slots of a feature grid grid_h rows by grid_w columns, with one newline after every row."""
-    return grid_h * (grid_w + 1)
+def view_slots(grid_w: int, grid_h: int, newlines: bool = True) -> int:
+    """Slots of a feature grid grid_h rows by grid_w columns, with one newline after every row (DeepSeek-OCR) or
+    none (DeepSeek-OCR 2)."""
+    return grid_h * (grid_w + 1) if newlines else grid_h * grid_w
 
 
 def candidate_grids(min_num: int, max_num: int) -> list[tuple[int, int]]:
@@ -83,9 +64,13 @@ def choose_grid(width: int, height: int, min_num: int = 2, max_num: int = 9, til
     return best
 
 
-def crop_grid(width: int, height: int, mode: Mode | str = "gundam", min_num: int = 2, max_num: int = 9) -> tuple[int, int]:
-    """Tile grid an image gets in a mode: (1, 1) means global view only (untiled modes, or a small page)."""
+def crop_grid(width: int, height: int, mode: Mode | str = "gundam", min_num: int | None = None,
+              max_num: int | None = None) -> tuple[int, int]:
+    """Tile grid an image gets in a mode: (1, 1) means global view only (untiled modes, or a small page).
+    The crop range defaults to the mode's (gundam: the vendor HF 2..9; DeepSeek-OCR 2: 2..6)."""
     info = mode_info(mode)
+    min_num = info.crop_range[0] if min_num is None else min_num
+    max_num = info.crop_range[1] if max_num is None else max_num
     if width <= 0 or height <= 0:
         raise SpecError(f"image size must be positive, got {width}x{height}")
     if not info.crop_mode:
@@ -130,8 +115,8 @@ def token_counts(mode: Mode | str = "gundam", grid: tuple[int, int] = (1, 1)) ->
     t = features_per_side(info.tile_size)
     tiled = (tw, th) != (1, 1)
     local_features = tw * th * t * t if tiled else 0
-    local_slots = view_slots(tw * t, th * t) if tiled else 0
-    global_slots = view_slots(g, g)
+    local_slots = view_slots(tw * t, th * t, info.newlines) if tiled else 0
+    global_slots = view_slots(g, g, info.newlines)
     return TokenCounts(str(mode), (tw, th), info.base_size, info.tile_size, g * g, local_features,
                        global_slots, local_slots, local_slots + global_slots + 1)
 
@@ -160,14 +145,19 @@ def images_seq_mask(tokens_before: int, image_slots: int, tokens_after: int) -> 
 
 
 def slot_layout(counts: TokenCounts) -> list[tuple[str, int]]:
-    """The order of an image's slots as (kind, count) runs: local rows, global rows, separator.
-    Each feature row of `n` features is ('features', n) followed by ('newline', 1)."""
+    """The order of an image's slots as (kind, count) runs: local, global, separator. With newlines (DeepSeek-OCR)
+    the tiles are stitched into one map and each feature row of `n` features is ('local'|'global', n) followed by
+    ('newline', 1); without (DeepSeek-OCR 2) each tile is one run in row-major tile order, then the global view."""
+    info = mode_info(counts.mode)
     runs: list[tuple[str, int]] = []
+    t = features_per_side(counts.tile_side)
+    g = features_per_side(counts.global_side)
+    if not info.newlines:
+        runs += [("local", t * t)] * counts.n_tiles
+        return runs + [("global", g * g), ("separator", 1)]
     if counts.n_tiles:
-        t = features_per_side(counts.tile_side)
         for _ in range(counts.grid[1] * t):
             runs += [("local", counts.grid[0] * t), ("newline", 1)]
-    g = features_per_side(counts.global_side)
     for _ in range(g):
         runs += [("global", g), ("newline", 1)]
     runs.append(("separator", 1))

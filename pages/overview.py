@@ -53,10 +53,11 @@ with left:
 with below:
     st.subheader("Parameters by group")
     kind = settings.spec_kind
-    spec = resources.spec_from(kind, settings.model.checkpoint)
-    total, groups = resources.param_frame(spec.model_dump_json())
-    names = {resources.OFFICIAL: "official DeepSeek-OCR dimensions", resources.TINY: "synthetic tiny dimensions",
-             "checkpoint": "the checkpoint's config.json"}
+    spec = resources.spec_from(kind, settings.model.checkpoint, settings.model.model)
+    total, groups = resources.param_frame(resources.spec_key(spec))
+    label = settings.model.family.label
+    names = {resources.OFFICIAL: f"official {label} dimensions", resources.TINY: f"synthetic tiny {label} dimensions",
+             "checkpoint": f"the checkpoint's config.json ({label})"}
     st.caption(f"{total:,} parameters ({total / 1e9:.3f} B) with {names[kind]}, counted from the spec.")
     st.altair_chart(charts.params_bar(groups), width="stretch")
 

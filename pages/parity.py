@@ -6,9 +6,9 @@ from pathlib import Path
 import streamlit as st
 
 import ui
-from dsocr_core import tiling
 from dsocr_core.grounding import samples
-from ui import inputs, parity_view, resources
+from dsocr_core.registry import DEFAULT_MODEL
+from ui import forms, inputs, parity_view, resources
 
 settings = ui.page_setup()
 st.title("Vendor parity")
@@ -64,8 +64,9 @@ with left:
         else:
             vendor[target] = (text, "vendor")
 with right:
-    modes = list(tiling.MODES)
-    mode = st.selectbox("Mode", modes, index=modes.index("tiny" if model.on_cpu else "gundam"), key="pa_mode")
+    modes = list(model.family.modes)  # the sidebar model's modes (registry)
+    mode = st.selectbox("Mode", modes, index=modes.index(forms.cheap_modes(model.family, model.on_cpu)[0]),
+                        key="pa_mode" if model.model == DEFAULT_MODEL else f"pa_mode_{model.model}")
     prompt_kind = st.selectbox("Prompt", [*inputs.PROMPTS, "custom"], key="pa_prompt")
     prompt = inputs.PROMPTS.get(prompt_kind) or st.text_area("Custom prompt (must contain <image> once)",
                                                                   "<image>\nFree OCR.", key="pa_custom")

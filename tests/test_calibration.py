@@ -343,3 +343,18 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
         again = summarize(accuracy_errors(saved, load_profile(quick_profile_path), mode))
         for stage, s in entry["summary"].items():
             assert again[stage]["median_abs"] == pytest.approx(s["median_abs"], rel=1e-9, abs=1e-12), (mode, stage)
+
+
+def test_prediction_accuracy_quick_cpu_for_deepseek_ocr2(quick_profile_path, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("prediction_accuracy", ROOT / "benchmarks" / "prediction_accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit):  # the fast engine runs DeepSeek-OCR only: refused before anything runs
+        mod.main(["--quick", "--device", "cpu", "--model", "deepseek-ocr2", "--profile", str(quick_profile_path)])
+    assert "use --modes reference" in capsys.readouterr().err
+    res = mod.main(["--quick", "--device", "cpu", "--model", "deepseek-ocr2", "--modes", "reference",
+                    "--profile", str(quick_profile_path), "--store", str(tmp_path / "runs.sqlite")])
+    summary = res["modes"]["reference"]["summary"]
+    assert {"sam", "encoder", "projector", "prefill", "decode", "ttft", "tpot"} <= set(summary)
+    assert "clip" not in summary and res["settings"]["model"] == "deepseek-ocr2"
+    assert all(math.isfinite(s["max_abs"]) for s in summary.values())

@@ -165,6 +165,20 @@ def test_a_config_whose_counts_differ_from_the_weights_names_both(folder, state)
         load_model(folder)
 
 
+def test_a_deepseek_ocr2_config_claiming_more_encoder_layers_is_refused(tmp_path):
+    from dsocr_core.registry import get_family
+
+    v2 = get_family("deepseek-ocr2").preset("tiny")
+    full = synthetic_state_dict(v2, dtype="float32")
+    save_checkpoint(full, v2, tmp_path / "v2", dtype="float32")
+    layer_1 = "model.qwen2_model.model.model.layers.1."
+    rewrite(tmp_path / "v2", {k: v for k, v in full.items() if not k.startswith(layer_1)})
+    with pytest.raises(CheckpointError, match="enc_layers=2 but the weights hold 1 encoder layers"):
+        load_model(tmp_path / "v2")
+    with pytest.raises(ValueError, match="enc_layers"):  # bounded like every other count
+        v2.replace(enc_layers=10 ** 5)
+
+
 def test_position_ids_is_an_allowed_extra(folder, state):
     rewrite(folder, {**state, "model.vision_model.embeddings.position_ids": torch.arange(257)[None]})
     model, _, info = load_model(folder, dtype="float32")

@@ -139,4 +139,4 @@ def test_failure_message_says_where():
 def test_measure_cli_rejects_unknown_mode(tmp_path, capsys):
     code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--modes", "foo",
                  "--store", str(tmp_path / "s.sqlite")])
-    assert code == 2 and "unknown mode(s) foo" in capsys.readouterr().err
+    assert code == 2 and "unknown DeepSeek-OCR mode(s) foo; choose from tiny" in capsys.readouterr().err

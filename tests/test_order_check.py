@@ -15,6 +15,7 @@ from dsocr_core.measure import order_check as checks
 from dsocr_core.measure.dataset_run import ProfileSettings, create_dataset_run, run_dataset
 from dsocr_core.measure.datasets import discover, sample
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads
+from dsocr_core.registry import get_family
 from dsocr_core.results.dataset_stats import run_summary
 from dsocr_core.results.store import RunStore
 from dsocr_core.results.engine_state import state_text
@@ -24,6 +25,10 @@ from dsocr_core.runtime.session import Session
 @pytest.fixture(scope="module")
 def session():
     return Session.load(synthetic="tiny", device="cpu", dtype="float32")
+
+
+# a DeepSeek-OCR run's checked stages: CHECKED_STAGES holds every family's, a run compares the ones it measured
+V1_CHECKED = {*get_family("deepseek-ocr").vision_stages, "prefill", "decode_step"}
 
 
 def two_points():
@@ -60,6 +65,12 @@ def test_summary_lines():
         checks.summary(passed)
 
 
+def test_the_checked_stages_are_every_familys():
+    assert V1_CHECKED | {"encoder"} == set(checks.CHECKED_STAGES)
+    check = checks.compare({"encoder": stats(5e-3)}, {"encoder": stats(5.01e-3)}, {})  # a DeepSeek-OCR 2 stage
+    assert list(check["stages"]) == ["encoder"] and not check["flagged"]
+
+
 # ------------------------------------------------------------------------------------------------ sweeps
 def test_every_point_records_its_engine_state_and_the_first_point_is_measured_again(session, tmp_path, monkeypatch):
     store = RunStore(tmp_path / "runs.sqlite")
@@ -71,7 +82,7 @@ def test_every_point_records_its_engine_state_and_the_first_point_is_measured_ag
     assert measured == [first, second, first] and seen == ["done", "done", "recheck"]
     check = store.get_run(run_id)["meta"]["order_check"]
     assert check["workload"] == json.loads(measure.point_key(first))
-    assert set(check["stages"]) == set(checks.CHECKED_STAGES) and "flagged" in check
+    assert set(check["stages"]) == V1_CHECKED and "flagged" in check
     assert check["engine_state_again"]["engine"] == "reference"
     extra = store.points(run_id).drop_duplicates("point_id")["extra"]
     assert all(e["engine_state"]["engine"] == "reference" for e in extra)
@@ -198,7 +209,7 @@ def test_order_independence_benchmark_quick_variant(tmp_path):
     assert "largest relative difference" in run.stdout and "target (median <= 2%" in run.stdout
     summary = json.loads((out / "summary.json").read_text())["modes"]["fast"]
     assert set(summary["points"]) == {"tiny-b1-t10", "tiny-b2-t30"}
-    assert set(summary["stages"]) == set(checks.CHECKED_STAGES)
+    assert set(summary["stages"]) == V1_CHECKED
     assert all(v["max_abs_us"] >= 0 and v["median"] >= 0 for v in summary["stages"].values())
     orders = json.loads((out / "orders-fast.json").read_text())["orders"]
     assert list(orders["reverse"]) == ["tiny-b2-t30", "tiny-b1-t10"]

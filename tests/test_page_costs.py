@@ -71,7 +71,9 @@ def test_each_page_beside_its_analytic_bound_and_prediction(two_runs, quick_pred
         assert done[f"analytic_{m}"].gt(0).all() and done[f"predicted_{m}"].gt(0).all(), m
     np.testing.assert_allclose(done["predicted_ttft_s"], done["predicted_vision_s"] + done["predicted_prefill_s"])
     long = pc.page_stage_long(pages)
-    assert set(long["stage"]) == set(pc.METRICS.values()) and len(long) == 6 * len(pc.METRICS)
+    metrics = pc.run_metrics(pages)  # a DeepSeek-OCR run: its own stages (CLIP), not the encoder
+    assert "clip_s" in metrics and "encoder_s" not in metrics
+    assert set(long["stage"]) == {pc.METRICS[m] for m in metrics} and len(long) == 6 * len(metrics)
     assert long[["measured_s", "analytic_s", "predicted_s"]].notna().all().all()
     assert set(long["crop_count"]) == {1.0} and long["prompt_tokens"].nunique() == 1  # tiny mode: one global view
     assert done["source"].str.endswith((".jpg", ".pdf")).all()
@@ -99,7 +101,7 @@ def test_spread_slowest_pages_and_page_means(two_runs):
     store, (run_id, _) = two_runs
     pages = stats.page_table(store, run_id, analytic=False)
     spread = pc.stage_spread(pages)
-    assert list(spread["stage"]) == list(pc.METRICS.values())
+    assert list(spread["stage"]) == [pc.METRICS[m] for m in pc.run_metrics(pages)]
     assert (spread["n"] == 6).all()
     assert (spread["min"] <= spread["p10"]).all() and (spread["p10"] <= spread["median"]).all()
     assert (spread["median"] <= spread["p90"]).all() and (spread["p90"] <= spread["max"]).all()
@@ -117,10 +119,11 @@ def test_two_runs_side_by_side_on_the_same_pages(two_runs):
     pa, pb = (stats.page_table(store, r, analytic=False) for r in (a, b))
     cmp = pc.compare_runs(pa, pb)
     assert (cmp.shared, cmp.only_a, cmp.only_b, cmp.joined_on) == (3, 0, 0, "file")
-    assert list(cmp.stages["stage"]) == list(pc.METRICS.values()) and (cmp.stages["n"] == 3).all()
+    metrics = pc.run_metrics(pa, pb)
+    assert list(cmp.stages["stage"]) == [pc.METRICS[m] for m in metrics] and (cmp.stages["n"] == 3).all()
     row = cmp.stages.set_index("metric").loc["ttft_s"]
     assert row["b_over_a"] == pytest.approx(row["median_b"] / row["median_a"])
-    assert len(cmp.pages) == 3 * len(pc.METRICS)
+    assert len(cmp.pages) == 3 * len(metrics)
     renamed = pb.assign(source=pb["source"].str.replace("/uploads/", "/elsewhere/"))  # another machine's paths
     again = pc.compare_runs(pa, renamed)
     assert again.joined_on == "name" and again.shared == 3

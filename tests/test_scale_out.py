@@ -284,7 +284,7 @@ def test_dashboard_sweep_on_ray_workers_reports_progress_per_worker(ray_instance
     from ui import sweeps
 
     model = types.SimpleNamespace(source="synthetic", preset="tiny", checkpoint=None, device="cpu", dtype="float32",
-                                  attn="sdpa", session_mode="reference")
+                                  attn="sdpa", session_mode="reference", model="deepseek-ocr")
     store = RunStore(tmp_path / "runs.sqlite")
     scale = {"workers": 2, "address": None, "allow_mixed_gpus": False}
     start = ui_scale_out.starter(scale, model)

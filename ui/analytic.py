@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from dsocr_core import analytic, tiling
+from dsocr_core.registry import LM_STAGES, get_family, stage_labels, vision_stage_names
 from dsocr_core.spec import Hardware, ModelSpec, Workload
 
 AXES = {
@@ -21,9 +22,8 @@ AXES = {
     "batch": "Batch size",
     "decode": "Decode steps",
 }
-STAGES = ("sam", "clip", "projector", "prefill", "decode")
-STAGE_NAMES = {"sam": "SAM", "clip": "CLIP", "projector": "projector", "prefill": "LM prefill",
-               "decode": "LM decode", "vision": "vision", "total": "total", "decode_step": "decode step"}
+STAGES = (*vision_stage_names(), *LM_STAGES)  # every family's (registry); a table has its own model's columns
+STAGE_NAMES = {**stage_labels(), "decode_step": "decode step"}
 MEMORY = {"total.weight_memory": "weights", "total.peak_activation_memory": "activations (peak)",
           "total.kv_cache_memory": "KV cache"}
 TRAFFIC = {"total.weight_bytes": "weight reads", "total.activation_bytes": "activation reads + writes",
@@ -35,7 +35,7 @@ X_FIELDS = {"crop_count": "crop count (1 = global view only)", "sequence": "sequ
 @dataclass(frozen=True)
 class SweepRequest:
     label: str = "A"
-    mode: str = "gundam"
+    mode: str = get_family().default_mode
     attn: str = "sdpa"
     dtype: str = "bfloat16"
     logits: str = "all"
@@ -156,7 +156,7 @@ def time_long(df: pd.DataFrame, x: str, stages=STAGES) -> pd.DataFrame:
     """stage_long of the roofline time, plus the time model's predicted time where the sweep has it (a profile
     was chosen), one `series` column telling them apart."""
     parts = [stage_long(df, metric, x, stages).assign(series=name) for metric, name in TIME_SERIES.items()
-             if f"{stages[0]}.{metric}" in df]
+             if f"total.{metric}" in df]
     return pd.concat(parts, ignore_index=True)
 
 

@@ -14,10 +14,11 @@ import streamlit as st
 from dsocr_core.spec import SpecError
 
 from . import analytic as an
-from . import charts, resources
+from . import charts, models_view, resources
 from .measured import md
 
-TABS = ["FLOPs", "Bytes", "Memory", "Time", "Roofline", "Per module", "Capacity", "Image shapes", "Download"]
+TABS = ["FLOPs", "Bytes", "Memory", "Time", "Roofline", "Per module", "Capacity", "Image shapes", "Models compared",
+        "Download"]
 
 
 @dataclass
@@ -33,6 +34,7 @@ class View:
     side: bool  # side by side (else overlaid)
     pkey: str | None = None  # the prediction's cache key (ui.prediction.key); None: roofline only
     pred_note: str = ""  # which profile predicts, or how to get a prediction (ui.prediction.note)
+    preset: str = "full"  # the dimensions the "Models compared" tab gives both models: full or tiny
 
     @property
     def both(self) -> pd.DataFrame:
@@ -90,7 +92,8 @@ def module_units(columns) -> dict[str, tuple[str, float]]:
 # ------------------------------------------------------------------------------------------- tabs
 def draw(tab: str, v: View) -> None:
     {"FLOPs": _flops, "Bytes": _bytes, "Memory": _memory, "Time": _time, "Roofline": _roofline,
-     "Per module": _modules, "Capacity": _capacity, "Image shapes": _shapes, "Download": _download}[tab](v)
+     "Per module": _modules, "Capacity": _capacity, "Image shapes": _shapes, "Models compared": models_view.draw,
+     "Download": _download}[tab](v)
 
 
 def _flops(v: View) -> None:

@@ -7,10 +7,16 @@ import os
 import altair as alt
 import pandas as pd
 
+from dsocr_core.registry import stage_labels
+
 VALIDATE_ENV = "DSOCR_VALIDATE_CHARTS"  # set (the app tests do): every chart is checked against the Vega-Lite schema
 
-STAGE_ORDER = ["SAM", "CLIP", "projector", "vision", "LM prefill", "LM decode", "decode step", "total"]
-STAGE_COLOURS = ["#4c78a8", "#72b7b2", "#54a24b", "#2f6b2b", "#f58518", "#e45756", "#b279a2", "#595959"]
+# display names of every family's stages (registry), in display order, then the per-step decode and the total
+STAGE_ORDER = [*(label for s, label in stage_labels().items() if s != "total"), "decode step", stage_labels()["total"]]
+# by display name; CLIP and DeepSeek-OCR 2's encoder, the second vision stage of each family, in neighbouring hues
+COLOURS = {"SAM": "#4c78a8", "CLIP": "#72b7b2", "encoder": "#17becf", "projector": "#54a24b", "vision": "#2f6b2b",
+           "LM prefill": "#f58518", "LM decode": "#e45756", "decode step": "#b279a2", "total": "#595959"}
+STAGE_COLOURS = [COLOURS.get(s, "#9d755d") for s in STAGE_ORDER]
 # whole-number x axes
 INTEGER_FIELDS = {"crop_count", "batch", "decode_steps", "sequence", "text_tokens", "prompt_tokens"}
 DASHES = {"datasheet roofline": [8, 4], "calibrated roofline": [2, 3],  # both roofline lines dashed, told apart

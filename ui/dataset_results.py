@@ -9,6 +9,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from dsocr_core.registry import LM_STAGES, get_family, vision_stage_names
+from dsocr_core.results.runs import run_model
 from dsocr_core.results import page_costs as pc
 
 from . import dataset_charts as charts
@@ -16,7 +18,7 @@ from . import measured as ms
 from .runs import run_title
 
 VIEWS = ["Per page", "Distribution", "Slowest pages", "Operators", "Compare runs", "Tables"]
-MODEL_STAGES = ("sam", "clip", "projector", "prefill", "decode")
+MODEL_STAGES = (*vision_stage_names(), *LM_STAGES)  # every family's (registry)
 SLOW_METRICS = {"wall_s": "page wall time", "ttft_s": "TTFT", "decode_s": "LM decode", "tpot_s": "TPOT",
                 "prefill_s": "LM prefill", "sam_s": "SAM"}
 
@@ -176,7 +178,8 @@ def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
 
     others = {r["id"]: r for r in runs if r["id"] != view.run["id"]}
     if not others:
-        st.info("Record a second dataset run over the same pages (another session mode, another GPU) to compare.")
+        st.info("Record a second dataset run over the same pages (another session mode, another GPU, the other "
+                "model) to compare.")
         return
     other_id = st.selectbox("Compare with", list(others), format_func=lambda i: run_title(others[i]),
                             key="ds_compare")
@@ -187,8 +190,11 @@ def compare(store, view, runs: list[dict], hardware, pkey: str | None) -> None:
     if not cmp.shared:
         st.warning("These two runs share no page (compared by file, then by page name).")
         return
+    models = [get_family(run_model(r)).label for r in (view.run, others[other_id])]
     st.caption(f"{cmp.shared} shared page(s) (matched by {'file' if cmp.joined_on == 'file' else 'page name'}); "
-               f"{cmp.only_a} only in A, {cmp.only_b} only in B. Per page: the mean over its epochs.")
+               f"{cmp.only_a} only in A, {cmp.only_b} only in B. Per page: the mean over its epochs."
+               + (f" A runs {models[0]}, B {models[1]}: each tiles the pages its own way, and a stage only one "
+                  "of them has (CLIP, the encoder) shows that run's median alone." if models[0] != models[1] else ""))
     st.altair_chart(charts.compare_stages(cmp.stages, names))
     st.altair_chart(charts.compare_pages(cmp.pages, names))
     table = cmp.stages.assign(median_a=cmp.stages["median_a"] * 1e3, median_b=cmp.stages["median_b"] * 1e3)

@@ -10,6 +10,7 @@ import streamlit as st
 
 from dsocr_core import tiling
 from dsocr_core.grounding import samples
+from dsocr_core.registry import DEFAULT_MODEL
 
 from . import dataset_results, inputs, resources, scale_out, sweeps, uploads_view
 from . import measured as ms
@@ -52,12 +53,15 @@ def new_run_form(settings, session) -> None:
             source = st.text_input("Pages: a folder, a list file, a PDF or an image on this machine",
                                    str(samples.DEFAULT_DIR), key="ds_source")
         c = st.columns(4)
-        modes = list(tiling.MODES)
-        mode = c[0].selectbox("Mode", modes, index=modes.index("gundam"), key="ds_mode",
-                              help="tiny / small / base / large: one global view; gundam modes add crop tiles "
-                                   "within the crop limits.")
-        min_crops = c[1].number_input("Min crops (gundam)", 1, tiling.MAX_CROPS, 2, key="ds_min_crops")
-        max_crops = c[2].number_input("Max crops (gundam)", 1, tiling.MAX_CROPS, 9, key="ds_max_crops")
+        family = session.family  # the session's model: its modes and crop range (registry)
+        modes, own = list(family.modes), "" if family.name == DEFAULT_MODEL else f"_{family.name}"
+        mode = c[0].selectbox("Mode", modes, index=modes.index(family.default_mode), key=f"ds_mode{own}",
+                              help="Untiled modes: one global view; tiling modes add crop tiles within the crop "
+                                   "limits.")
+        low, high = family.modes[family.default_mode].crop_range
+        min_crops = c[1].number_input("Min crops (tiling modes)", 1, tiling.MAX_CROPS, low, key=f"ds_min_crops{own}")
+        max_crops = c[2].number_input("Max crops (tiling modes)", 1, tiling.MAX_CROPS, high,
+                                      key=f"ds_max_crops{own}")
         dpi = c[3].number_input("PDF dpi", 18, 1200, 144, key="ds_dpi", help="PDF pages are rendered at this "
                                 "resolution (144, as the vendor does).")
         c = st.columns([2, 3])

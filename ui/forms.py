@@ -5,6 +5,7 @@ import streamlit as st
 
 from dsocr_core import tiling
 from dsocr_core.hardware import PRESETS
+from dsocr_core.registry import get_family, native_modes
 from dsocr_core.spec import Hardware
 
 from . import inputs
@@ -45,14 +46,15 @@ def axis_values(axis: str, problems: list[str]) -> tuple:
 
 
 def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardware, problems: list[str],
-           defaults: dict | None = None) -> tuple[SweepRequest, Hardware, dict]:
-    """One configuration's widgets. Returns the request, its hardware and the raw choices (for labels); typing
-    mistakes go to `problems`."""
-    d = {"mode": "gundam", "attn": "sdpa", "dtype": "bfloat16", "batch": 1, "decode_steps": 512,
+           defaults: dict | None = None, family=None) -> tuple[SweepRequest, Hardware, dict]:
+    """One configuration's widgets for a model family (registry; default DeepSeek-OCR). Returns the request, its
+    hardware and the raw choices (for labels); typing mistakes go to `problems`."""
+    family = family or get_family()
+    d = {"mode": family.default_mode, "attn": "sdpa", "dtype": "bfloat16", "batch": 1, "decode_steps": 512,
          "text_tokens": 10, "crops": "2x2", "hardware": SIDEBAR, "logits": "all", **(defaults or {})}
-    modes = list(tiling.MODES)
+    modes = list(family.modes)
     c = st.columns(2)
-    mode = c[0].selectbox("Mode", modes, index=modes.index(d["mode"]), key=f"{prefix}_mode")
+    mode = c[0].selectbox("Mode", modes, index=modes.index(d["mode"]), key=f"{prefix}_mode_{family.name}")
     attn = c[1].selectbox("Attention", ATTN, index=ATTN.index(d["attn"]), key=f"{prefix}_attn",
                           help="LM attention: eager materialises the score matrix; sdpa/flash do not.")
     c = st.columns(2)
@@ -65,7 +67,7 @@ def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardwa
     fields = [f for f in ("batch", "decode_steps", "text_tokens", "crops")
               if not (f == "batch" and axis == "batch") and not (f == "decode_steps" and axis == "decode")
               and not (f == "text_tokens" and axis == "text")
-              and not (f == "crops" and (axis in ("crops", "image") or not tiling.MODES[mode].crop_mode))]
+              and not (f == "crops" and (axis in ("crops", "image") or not family.modes[mode].crop_mode))]
     fixed = {"batch": d["batch"], "decode_steps": d["decode_steps"], "text_tokens": d["text_tokens"]}
     crops = None
     for i, f in enumerate(fields):
@@ -90,12 +92,20 @@ def config(prefix: str, axis: str, values: tuple, label: str, sidebar_hw: Hardwa
                       index=["all", "last"].index(d["logits"]),
                       help="all: fp32 logits at every prompt position (vendor HF); last: only the last (vLLM)")
     hardware = sidebar_hw if hw_key == SIDEBAR else PRESETS[hw_key]
+    low, high = family.modes[mode].crop_range  # the vendor's crop range of the mode (page-size sweeps)
     request = SweepRequest(label=label, mode=mode, attn=attn, dtype=dtype, logits=logits, axis=axis,
                            values=values, text_tokens=int(text), batch=int(batch), decode_steps=int(steps),
-                           crops=crops)
+                           crops=crops, min_crops=low, max_crops=high)
     raw = {"mode": mode, "attn": attn, "dtype": dtype, "batch": int(batch), "decode_steps": int(steps),
            "text_tokens": int(text), "crops": crops, "hardware": hardware.name, "logits": logits}
     return request, hardware, raw
+
+
+def cheap_modes(family, cpu: bool) -> list[str]:
+    """The modes a page preselects for a session's model: on the CPU its smallest untiled modes (DeepSeek-OCR: tiny,
+    small), on a GPU (or for a model with one mode) its default mode (gundam, dynamic)."""
+    native = list(native_modes(family.name))
+    return native[:2] if cpu and native else [family.default_mode]
 
 
 def axis_choice() -> str:

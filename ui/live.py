@@ -7,8 +7,9 @@ import pandas as pd
 import streamlit as st
 
 from dsocr_core import tiling
+from dsocr_core.registry import DEFAULT_MODEL
 
-from . import inputs, measured, resources, scale_out, sweeps
+from . import forms, inputs, measured, resources, scale_out, sweeps
 
 MAX_POINTS = 500  # per sweep started from the page
 # Warm-up runs and timed repeats per point, by device. CPU: the first run of a shape pays one-off costs (allocator
@@ -34,9 +35,10 @@ def sweep_form(settings, session) -> None:
         st.markdown(f"Model: **{settings.model.label}** · dtype {session.dtype} · {session.attn_impl} attention · "
                     f"**{mode}**")
         c = st.columns(3)
-        modes = c[0].multiselect("Modes", list(tiling.MODES), default=["tiny", "small"] if cpu else ["gundam"],
-                                 key="ms_modes")
-        grids = c[1].text_input("Crop grids (gundam modes)", "1x1, 2x1, 2x2" if not cpu else "1x1, 2x1",
+        family = session.family  # the session's model: its modes (registry)
+        modes = c[0].multiselect("Modes", list(family.modes), default=forms.cheap_modes(family, cpu),
+                                 key=f"ms_modes{'' if family.name == DEFAULT_MODEL else '_' + family.name}")
+        grids = c[1].text_input("Crop grids (tiling modes)", "1x1, 2x1, 2x2" if not cpu else "1x1, 2x1",
                                 key="ms_grids")
         texts = c[2].text_input("Text tokens", "10", key="ms_text")
         c = st.columns(4)

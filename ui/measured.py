@@ -10,11 +10,12 @@ import pandas as pd
 # run_ceilings: the pages read a run's ceilings from here
 from dsocr_core.hardware import match_device_name, run_ceilings  # noqa: F401
 from dsocr_core.results.engine_state import state_text
+from dsocr_core.results.schema import STAGES as STORED_STAGES
 from dsocr_core.spec import Hardware
 
 from .analytic import STAGE_NAMES
 
-TIME_STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "decode_step")
+TIME_STAGES = STORED_STAGES  # every family's stages (registry), as the run store keeps them
 X_CHOICES = {"sequence": "sequence length (prompt tokens)", "crop_count": "crop count (1 = global view only)",
              "batch": "batch size", "decode_steps": "decode steps", "text_tokens": "text tokens"}
 

@@ -12,6 +12,7 @@ from PIL import Image
 
 from dsocr_core.measure import parity_run as parity
 from dsocr_core.measure.sweep import is_oom
+from dsocr_core.registry import stage_labels, vision_stage_names
 
 from . import resources
 from .inputs import Page
@@ -72,8 +73,8 @@ def run_pages(session, pages: list[Page], vendor: dict[str, tuple[str, str]], *,
     return results
 
 
-TIMING_ROWS = [  # (timings key, row name)
-    ("sam", "SAM"), ("clip", "CLIP"), ("projector", "projector"), ("prefill", "LM prefill"),
+TIMING_ROWS = [  # (timings key, row name): every family's vision stages (registry); a result has its model's
+    *((s, stage_labels()[s]) for s in vision_stage_names()), ("prefill", stage_labels()["prefill"]),
     ("decode", "decode, all steps"), ("ttft_s", "time to first token"), ("tpot_s", "time per output token (median)"),
     ("total_s", "total"),
 ]
@@ -85,10 +86,12 @@ def timing_table(timings: dict) -> pd.DataFrame:
     stages, which run inside its prefill call, say so instead of showing 0."""
     rows = []
     for key, name in TIMING_ROWS:
+        if key in vision_stage_names() and not any(key in t for t in timings.values()):
+            continue  # a stage of the other model family
         row = {"": name}
         for path, t in timings.items():
             v = t.get(key)
-            if path == "one-shot" and key in ("sam", "clip", "projector") and not v:
+            if path == "one-shot" and key in vision_stage_names() and not v:
                 row[f"{path} (ms)"] = NOT_APART
             elif key == "prefill" and path == "one-shot":
                 row[""] = "LM prefill (one-shot: with vision)"

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 from contextlib import contextmanager
@@ -25,7 +26,8 @@ import streamlit as st
 from dsocr_core import analytic, tiling
 from dsocr_core.engines import ENGINES
 from dsocr_core.hardware import calibrate, cpu_ceilings, match_device_name
-from dsocr_core.spec import Hardware, ModelSpec, Workload, tiny_spec
+from dsocr_core.registry import get_family, read_spec
+from dsocr_core.spec import DecoderSpec, Hardware, Workload
 from dsocr_core.results.store import RunImportError, RunStore, StoreError, default_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,13 +189,13 @@ class LoadedModel:
 
 @st.cache_resource(max_entries=1, show_spinner="Loading the model ...")
 def _loaded(source: str, preset: str | None, checkpoint: str | None, device: str, dtype: str,
-            attn: str) -> LoadedModel:
+            attn: str, model: str | None = None) -> LoadedModel:
     from dsocr_core.runtime.session import Session
 
-    if source == "checkpoint":
+    if source == "checkpoint":  # the folder's config.json names the model
         session = Session.load(checkpoint=checkpoint, device=device, dtype=dtype, attn=attn)
     else:
-        session = Session.load(synthetic=preset, device=device, dtype=dtype, attn=attn)
+        session = Session.load(synthetic=preset, device=device, dtype=dtype, attn=attn, model=model)
     return LoadedModel(session)
 
 
@@ -312,18 +314,28 @@ OFFICIAL = "official"
 TINY = "tiny"
 
 
-def spec_from(kind: str, checkpoint: str | None = None) -> ModelSpec:
-    """The ModelSpec the analytic model uses: the official dimensions, the synthetic tiny ones, or a
-    checkpoint's config.json (raises SpecError)."""
+def spec_from(kind: str, checkpoint: str | None = None, model: str | None = None) -> DecoderSpec:
+    """The spec the analytic model uses: a model's official dimensions, its synthetic tiny ones, or a
+    checkpoint's config.json (in the family it names; raises SpecError)."""
     if kind == OFFICIAL:
-        return ModelSpec()
+        return get_family(model).preset("full")
     if kind == TINY:
-        return tiny_spec()
-    return ModelSpec.from_config_json(checkpoint)
+        return get_family(model).preset("tiny")
+    return read_spec(checkpoint)
 
 
-def _spec(spec_json: str) -> ModelSpec:
-    return ModelSpec.model_validate_json(spec_json)
+def family_of_spec(spec: DecoderSpec):
+    return get_family(type(spec).family)
+
+
+def spec_key(spec: DecoderSpec) -> str:
+    """A spec as the text the cached functions take: its model family and its dimensions."""
+    return json.dumps({"model": type(spec).family, "spec": spec.model_dump(mode="json")}, sort_keys=True)
+
+
+def _spec(key: str) -> DecoderSpec:
+    data = json.loads(key)
+    return get_family(data["model"]).spec_class.model_validate(data["spec"])
 
 
 def _hw(hw_json: str | None, pkey: str | None = None) -> Hardware | None:
@@ -384,6 +396,17 @@ def roof_frame(hw_json: str, low: float, high: float, n: int = 64) -> pd.DataFra
 @st.cache_data(max_entries=8, show_spinner=False)
 def image_shapes(min_crops: int, max_crops: int, vendor_only: bool) -> pd.DataFrame:
     return pd.DataFrame(tiling.query_image_shapes(SHAPES_DB, min_crops, max_crops, vendor_only))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def models_frame(hw_json: str, pages_json: str, preset: str, text_tokens: int, decode_steps: int, batch: int,
+                 dtype: str, attn: str, logits: str, pkey: str | None = None) -> pd.DataFrame:
+    """analytic.models.models_on_pages: the pages under every model family (with `pkey`, predicted too)."""
+    from dsocr_core.analytic.models import models_on_pages
+
+    return models_on_pages([tuple(p) for p in json.loads(pages_json)], _hw(hw_json, pkey), preset=preset,
+                           text_tokens=text_tokens, decode_steps=decode_steps, batch=batch, dtype=dtype, attn=attn,
+                           logits=logits)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from dsocr_core.registry import FAMILIES
+
 from . import charts, prediction, resources, sweeps
 from . import measured as ms
 from .runs import engine_note, run_mode, run_session_mode, run_title, show_order_check
@@ -47,12 +49,14 @@ def _with_new_sweep(chosen: list[str], by_id: dict) -> list[str]:
 
 
 def filter_defaults(frames: list[pd.DataFrame]) -> dict[str, list]:
-    """What each filter shows by default: per run its Gundam points (all its modes where it has none), its smallest
-    batch and its shortest text; the union over the chosen runs, so every chosen run has points on the chart."""
+    """What each filter shows by default: per run the points of its model's default mode (gundam, dynamic; all its
+    modes where it has none), its smallest batch and its shortest text; the union over the chosen runs, so every
+    chosen run has points on the chart."""
     modes, batches, texts = set(), set(), set()
+    defaults = {f.default_mode for f in FAMILIES.values()}
     for cmp in frames:
         present = set(cmp["mode"])
-        modes |= {"gundam"} if "gundam" in present else present
+        modes |= (present & defaults) or present
         batches.add(int(cmp["batch"].min()))
         texts.add(int(cmp["text_tokens"].min()))
     return {"ms_f_modes": sorted(modes), "ms_f_batch": sorted(batches), "ms_f_text": sorted(texts)}

@@ -43,7 +43,7 @@ def load_args(model) -> dict:
     args = dict(device=model.device, dtype=model.dtype, attn=model.attn, session_mode=model.session_mode)
     if model.source == "checkpoint":
         return {**args, "checkpoint": model.checkpoint}
-    return {**args, "synthetic": model.preset, "seed": 0}
+    return {**args, "synthetic": model.preset, "seed": 0, "model": model.model}
 
 
 def _start_pool(job, scale: dict, model):

@@ -13,7 +13,8 @@ import streamlit as st
 
 from dsocr_core.engines import ENGINES
 from dsocr_core.hardware import PRESETS
-from dsocr_core.spec import Hardware, ModelSpec, SpecError
+from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, fast_engine_models, get_family, read_spec
+from dsocr_core.spec import Hardware, SpecError
 
 from . import prediction, resources
 from .measured import sig
@@ -44,11 +45,16 @@ class ModelChoice:
     attn: str  # "sdpa" | "eager"
     gpu_name: str | None = None
     session_mode: str = "reference"  # the mode the pages use: "fast" only where the sidebar allowed it
+    model: str = DEFAULT_MODEL  # model family (registry): picked for synthetic weights, read from a checkpoint
 
     @property
     def key(self) -> tuple:
         """What the loaded weights depend on (not the session mode: both modes share one loaded model)."""
-        return (self.source, self.preset, self.checkpoint, self.device, self.dtype, self.attn)
+        return (self.source, self.preset, self.checkpoint, self.device, self.dtype, self.attn, self.model)
+
+    @property
+    def family(self):
+        return get_family(self.model)
 
     @property
     def synthetic(self) -> bool:
@@ -67,8 +73,13 @@ class ModelChoice:
         """How results of this model are labelled wherever they are shown or exported."""
         if self.synthetic:
             size = "tiny" if self.preset == "tiny" else "full-size"
-            return f"synthetic {size} model on {self.where} (random weights)"
-        return f"checkpoint {Path(self.checkpoint or '').name or self.checkpoint} on {self.where}"
+            return f"synthetic {size}{self._model_name} model on {self.where} (random weights)"
+        return f"checkpoint {Path(self.checkpoint or '').name or self.checkpoint}{self._model_name} on {self.where}"
+
+    @property
+    def _model_name(self) -> str:
+        """' DeepSeek-OCR 2' in the labels of another model than the default (whose labels stay as they were)."""
+        return "" if self.model == DEFAULT_MODEL else f" {self.family.label}"
 
 
 @dataclass(frozen=True)
@@ -94,24 +105,27 @@ def _default_source() -> str:
     return "checkpoint" if ckpt and Path(ckpt).is_dir() else "synthetic-tiny"
 
 
-def _checkpoint_problem(folder: str) -> str | None:
+def _checkpoint_problem(folder: str) -> tuple[str | None, str]:
+    """(why the folder cannot be used or None, the model family its config.json names)."""
     if not folder.strip():
-        return "enter the path of a local checkpoint folder (with config.json and *.safetensors)"
+        return "enter the path of a local checkpoint folder (with config.json and *.safetensors)", DEFAULT_MODEL
     path = Path(folder).expanduser()
     if not path.exists():
-        return f"checkpoint folder {path} does not exist"
+        return f"checkpoint folder {path} does not exist", DEFAULT_MODEL
     if not path.is_dir():
-        return f"{path} is not a folder; give the checkpoint folder"
+        return f"{path} is not a folder; give the checkpoint folder", DEFAULT_MODEL
     try:
-        ModelSpec.from_config_json(path)
+        return None, type(read_spec(path)).family
     except SpecError as exc:
-        return str(exc)
-    return None
+        return str(exc), DEFAULT_MODEL
 
 
-def _mode_refusal(mode: str, device: str, gpu: GpuInfo) -> str | None:
-    """Why the session mode cannot be used with this device (its engine needs CUDA), or None."""
-    engine = ENGINES[mode]
+def _mode_refusal(mode: str, device: str, gpu: GpuInfo, model: str = DEFAULT_MODEL) -> str | None:
+    """Why the session mode cannot be used with this device (its engine needs CUDA) or model, or None."""
+    engine, family = ENGINES[mode], get_family(model)
+    if mode == "fast" and not family.fast_engine:
+        return (f"{engine.title} mode runs {', '.join(fast_engine_models())} only; {family.label} runs in the "
+                "reference mode (the plain PyTorch model) — using the reference mode.")
     if device == "cuda" or not engine.needs_cuda:
         return None
     if not gpu.available:
@@ -139,10 +153,16 @@ def render() -> Settings:
     if source == "checkpoint":
         checkpoint = side.text_input("Checkpoint folder", key="sb_checkpoint",
                                      value=os.environ.get(CHECKPOINT_ENV, "checkpoints/DeepSeek-OCR"))
-        error = _checkpoint_problem(checkpoint)
+        error, model_name = _checkpoint_problem(checkpoint)
         if error:
             side.error(error)
+        else:
+            side.caption(f"The folder's config.json names **{get_family(model_name).label}**.")
         checkpoint = str(Path(checkpoint).expanduser())
+    else:
+        model_name = side.selectbox("Model", list(FAMILIES), format_func=lambda m: FAMILIES[m].label,
+                                    key="sb_model", help="The model family the synthetic weights and every page "
+                                    "use: its stages, modes and dimensions come from the model registry.")
     devices = ["cuda", "cpu"] if gpu.available else ["cpu"]
     device = side.selectbox("Device", devices, key="sb_device",
                             help=None if gpu.available else "No CUDA GPU detected: the model runs on the CPU.")
@@ -150,12 +170,15 @@ def render() -> Settings:
     attn = side.selectbox("LM attention", ["sdpa", "eager"], key="sb_attn")
     requested = side.radio("Session mode", list(SESSION_MODES), format_func=MODE_NAMES.get, key="sb_session_mode",
                            horizontal=True, help=MODE_HELP)
-    mode_note = _mode_refusal(requested, device, gpu)
+    if not get_family(model_name).fast_engine:
+        side.caption(f"The fast session mode is {' / '.join(fast_engine_models())}-only; "
+                     f"{get_family(model_name).label} runs in the reference mode.")
+    mode_note = _mode_refusal(requested, device, gpu, model_name)
     if mode_note:
         side.warning(mode_note)
     model = ModelChoice("checkpoint" if source == "checkpoint" else "synthetic",
                         None if source == "checkpoint" else source.split("-")[1], checkpoint, device, dtype, attn,
-                        gpu.name if device == "cuda" else None, "reference" if mode_note else requested)
+                        gpu.name if device == "cuda" else None, "reference" if mode_note else requested, model_name)
     if model.synthetic:
         side.caption(f"Results are labelled **{model.label}**.")
         if model.preset == "full" and model.on_cpu:

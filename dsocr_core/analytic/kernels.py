@@ -194,7 +194,7 @@ def common_vision(c: Call) -> Plan | None:
         c_in = s.sam_neck_dim if which == 0 else s.sam_downsample[0]
         o = conv_out(n_in)
         return whole("gemm", dict(m=v * o * o, n=s.sam_downsample[which], k=9 * c_in), c, calls)
-    if kind == "projector":
+    if kind == "projector":  # both families: one Linear per feature (v1: CLIP+SAM concatenated, v2: queries)
         f, h, din, dt = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim, c.dt
         return Plan([Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
                             v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)],

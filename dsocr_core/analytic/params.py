@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..spec import ModelSpec
+from ..registry import family_of
+from ..spec import DecoderSpec as ModelSpec
 
 
 def _linear(n_in: int, n_out: int, bias: bool) -> int:
@@ -55,19 +56,8 @@ def _param_counts(spec: ModelSpec) -> tuple[tuple[str, int], ...]:
     out["model.sam_model.neck"] = s.sam_width * nd + 2 * nd + nd * nd * 9 + 2 * nd  # 1x1 conv, LN2d, 3x3 conv, LN2d
     out["model.sam_model.net_2"] = s.sam_downsample[0] * nd * 9  # 3x3 conv, no bias
     out["model.sam_model.net_3"] = s.sam_downsample[1] * s.sam_downsample[0] * 9
-    # --- CLIP ---
-    c = s.clip_width
-    out["model.vision_model.embeddings"] = (c  # class_embedding
-                                            + c * 3 * s.clip_patch ** 2  # patch_embedding conv (loaded, never run)
-                                            + (s.clip_pos_grid ** 2 + 1) * c)  # position_embedding incl. CLS
-    out["model.vision_model.pre_layrnorm"] = 2 * c
-    for i in range(s.clip_layers):
-        for name, n in clip_layer_params(s).items():
-            out[f"model.vision_model.transformer.layers.{i}.{name}"] = n
-    # --- projector and the two layout vectors ---
-    out["model.projector"] = _linear(s.projector_input_dim, s.hidden_size, True)
-    out["model.image_newline"] = s.hidden_size
-    out["model.view_seperator"] = s.hidden_size
+    # --- the family's vision stages after SAM (CLIP or the encoder), projector, layout vectors ---
+    out.update(family_of(s).load("analytic").head_params(s))
     # --- language model ---
     h = s.hidden_size
     out["model.embed_tokens"] = s.vocab_size * h
@@ -93,22 +83,29 @@ def param_counts(spec: ModelSpec) -> dict[str, int]:
     return dict(_param_counts(spec))
 
 
-def stage_of(path: str) -> str:
+def stage_of(path: str, spec: ModelSpec | None = None) -> str:
     """The stage whose modules own a parameter path (weights of the LM serve prefill and decode)."""
     if path.startswith("model.sam_model"):
         return "sam"
-    if path.startswith("model.vision_model"):
-        return "clip"
-    if path.startswith(("model.projector", "model.image_newline", "model.view_seperator")):
-        return "projector"
+    for prefix, stage in family_of_path(path, spec).items():
+        if path.startswith(prefix):
+            return stage
     return "lm"
 
 
+def family_of_path(path: str, spec: ModelSpec | None) -> dict[str, str]:
+    """Module-path prefixes of the vision stages after SAM, of the spec's family (default: every family's)."""
+    from ..registry import FAMILIES
+
+    fams = [family_of(spec)] if spec is not None else list(FAMILIES.values())
+    return {k: v for fam in fams for k, v in fam.load("analytic").STAGE_PREFIXES.items()}
+
+
 def stage_params(spec: ModelSpec) -> dict[str, int]:
-    """Parameters per stage: sam, clip, projector (incl. newline/separator), lm."""
-    out = {"sam": 0, "clip": 0, "projector": 0, "lm": 0}
+    """Parameters per stage: the family's vision stages (projector incl. newline/separator), lm."""
+    out = dict.fromkeys((*family_of(spec).vision_stages, "lm"), 0)
     for path, n in _param_counts(spec):
-        out[stage_of(path)] += n
+        out[stage_of(path, spec)] += n
     return out
 
 
@@ -131,12 +128,14 @@ def activated_params(spec: ModelSpec) -> int:
 
 def param_breakdown(spec: ModelSpec) -> dict[str, int]:
     """Parameters per group, the groups the official checkpoint's 3,336,106,240 are counted in: embed, lm_head,
-    attention, dense_mlp, routed_experts, shared_experts, gates, norms, sam, clip, projector, layout."""
+    attention, dense_mlp, routed_experts, shared_experts, gates, norms, the vision stages (sam, clip or encoder,
+    projector), layout."""
+    vision = family_of(spec).vision_stages
     groups = dict.fromkeys(["embed", "lm_head", "attention", "dense_mlp", "routed_experts", "shared_experts",
-                            "gates", "norms", "sam", "clip", "projector", "layout"], 0)
+                            "gates", "norms", *vision, "layout"], 0)
     for path, n in _param_counts(spec):
-        stage = stage_of(path)
-        if stage in ("sam", "clip"):
+        stage = stage_of(path, spec)
+        if stage in vision and stage != "projector":
             key = stage
         elif path == "model.projector":
             key = "projector"

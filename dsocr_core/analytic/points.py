@@ -80,11 +80,14 @@ class Points:
 
     @classmethod
     def build(cls, *, mode: str = "gundam", crops=None, image=None, text_tokens=10, batch=1, decode_steps=0,
-              min_crops: int = 2, max_crops: int = 9, dtype: str = "bfloat16", attn: str = "sdpa",
-              logits: str = "all") -> "Points":
+              min_crops: int | None = None, max_crops: int | None = None, dtype: str = "bfloat16",
+              attn: str = "sdpa", logits: str = "all") -> "Points":
         """Points from broadcastable arrays. `crops` and `image` are (..., 2) arrays of (width, height) pairs;
-        `crops` wins; neither means global view only. Raises SpecError on impossible input."""
+        `crops` wins; neither means global view only; the crop range defaults to the mode's. Raises SpecError on
+        impossible input."""
         info = mode_info(mode)
+        min_crops = info.crop_range[0] if min_crops is None else min_crops
+        max_crops = info.crop_range[1] if max_crops is None else max_crops
         if dtype not in DTYPE_BYTES:
             raise SpecError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
         if attn not in ATTN_IMPLS:
@@ -116,7 +119,7 @@ class Points:
         else:
             cw = ch = np.ones((), np.int64)
         if not info.crop_mode and (np.any(cw != 1) or np.any(ch != 1)):
-            raise SpecError(f"mode {mode} does not tile; crops apply to gundam modes only")
+            raise SpecError(f"mode {mode} does not tile; crops apply to crop modes only")
         shape = np.broadcast_shapes(cw.shape, ch.shape, text.shape, bat.shape, steps.shape)
         size = int(np.prod(shape, dtype=np.int64))
         if size > MAX_POINTS:

@@ -1,8 +1,9 @@
 """Rows for every stage of a sweep, and stage totals (the numbers the CLI JSON and the sweep export carry).
 
-Stages: sam, clip, projector (vision encoders, once per image: a global view, plus n tiles in gundam modes),
+Stages (dsocr_core/registry.py): the family's vision stages (DeepSeek-OCR: sam, clip, projector; DeepSeek-OCR 2:
+sam, encoder, projector; once per image: a global view, plus n tiles in crop modes),
 prefill (the LM over the whole prompt), decode (summed over the workload's decode steps; step i attends to
-prompt + i cached tokens). Derived: vision = sam + clip + projector; total = vision + prefill + decode.
+prompt + i cached tokens). Derived: vision = the sum of the vision stages; total = vision + prefill + decode.
 
 Calls: all global views of a batch go through SAM/CLIP/projector as one call, all tiles as another (weights read
 once per call). Stage time = sum over its modules and calls of max(compute, memory) (each kernel bound on its own);
@@ -17,7 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..spec import ModelSpec
+from ..registry import ModelFamily, family_of, get_family
+from ..spec import DecoderSpec as ModelSpec
 from ..tiling import features_per_side, mode_info
 from .cost import ADDITIVE, Cost, Row, affine_sum
 from .lm import lm_rows
@@ -25,10 +27,9 @@ from .params import param_counts
 from .points import Points
 from .predict import PREDICTED, predictor_for
 from .roofline import bound_of
-from .vision import clip_tokens, view_rows
+from .vision import clip_tokens
 
-STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "total")
-BASE_STAGES = ("sam", "clip", "projector", "prefill", "decode")
+STAGES = get_family().all_stages  # the default model's; a model's own: registry.get_family(name).all_stages
 METRICS = ("flops", "tensor_flops", "tensor_flops_causal", "other_flops", "bytes", "weight_bytes",
            "activation_bytes", "activation_read_bytes", "activation_write_bytes", "kv_bytes", "kv_read_bytes",
            "kv_write_bytes", "weight_memory", "peak_activation_memory", "kv_cache_memory", "intensity")
@@ -37,11 +38,22 @@ TIME_METRICS = ("compute_s", "memory_s", "time_s", "bound")
 
 @lru_cache(maxsize=256)
 def _view_rows(spec: ModelSpec, side: int, dt: int):
-    return view_rows(spec, side, dt, param_counts(spec))
+    return family_of(spec).load("analytic").view_rows(spec, side, dt, param_counts(spec))
+
+
+def _check_mode(spec: ModelSpec, mode: str) -> None:
+    fam = family_of(spec)
+    if mode not in fam.modes:
+        from ..spec import SpecError
+
+        raise SpecError(f"mode {mode!r} is not a {fam.label} mode; choose one of {', '.join(fam.modes)}")
 
 
 def vision_rows(spec: ModelSpec, pts: Points) -> list[Row]:
-    """SAM, CLIP and projector rows: the global view of every image, then all tiles, as two calls."""
+    """The vision stages' rows (SAM, then CLIP or the encoder, then the projector): the global view of every image,
+    then all tiles, as two calls. A row that only one view size has (DeepSeek-OCR 2's query table of that size)
+    gets a zero cost for the other call."""
+    _check_mode(spec, pts.mode)
     info, dt = mode_info(pts.mode), pts.dtype_bytes
     b = pts.batch.astype(float)
     tiles = b * pts.n_tiles  # tile views in the batch
@@ -55,7 +67,15 @@ def vision_rows(spec: ModelSpec, pts: Points) -> list[Row]:
     base = dict(spec=spec, phase="vision", dt=dt, dtype=pts.dtype, batch=b, packed_rows=packed)
     ctx = (dict(base, side=info.base_size, views=b, calls=1.0),
            dict(base, side=tile_side, views=tiles, calls=calls_t))
-    for (stage, kind, paths, g), (_, _, _, t) in zip(glob, tile):
+    merged: dict[str, list] = {}  # kind -> [stage, paths, global-view cost, tile-view cost]
+    for which, view in ((2, glob), (3, tile)):
+        for stage, kind, paths, cost in view:
+            merged.setdefault(kind, [stage, paths, None, None])[which] = cost
+    stage_pos = family_of(spec).stage_names.index
+    for kind in sorted(merged, key=lambda k: stage_pos(merged[k][0])):  # stable: view order within a stage
+        stage, paths, g, t = merged[kind]
+        held = (g or t).weight_memory  # the module exists whichever view runs it
+        g, t = g or Cost(weight_memory=held), t or Cost(weight_memory=held)
         part_g = g.scaled(b, 1.0)  # one call over the batch's global views
         part_t = t.scaled(tiles, calls_t)  # one call over all tiles, if any
         rows.append(Row(stage, kind, paths, part_g.then(part_t), parts=(part_g, part_t), ctx=ctx))
@@ -64,17 +84,20 @@ def vision_rows(spec: ModelSpec, pts: Points) -> list[Row]:
 
 
 def layout_row(spec: ModelSpec, pts: Points) -> Row:
-    """Per image, the projected features are laid out with `image_newline` after every row and `view_seperator`
-    at the end. No FLOPs; the row carries both layout vectors (keyed by model.image_newline)."""
+    """Per image, the projected features are laid out (DeepSeek-OCR: `image_newline` after every row) with
+    `view_seperator` at the end. No FLOPs; the row carries the layout vectors (keyed by model.image_newline, or by
+    model.view_seperator where there is no newline)."""
     info, dt, h = mode_info(pts.mode), pts.dtype_bytes, spec.hidden_size
     b = pts.batch.astype(float)
     feats = features_per_side(info.base_size) ** 2 + pts.n_tiles * features_per_side(info.tile_size) ** 2
-    cost = Cost(weight_bytes=2 * h * dt,  # newline and separator vectors
+    vectors = 2 if info.newlines else 1  # newline and separator, or the separator alone
+    cost = Cost(weight_bytes=vectors * h * dt,
                 act_read=b * feats * h * dt,  # projected features
                 act_write=b * pts.image_slots * h * dt,  # laid-out slots
                 peak_activation=b * (feats + pts.image_slots) * h * dt,
-                weight_memory=2 * h * dt)
-    return Row("projector", "projector.layout", ("model.image_newline",), cost,
+                weight_memory=vectors * h * dt)
+    key = "model.image_newline" if info.newlines else "model.view_seperator"
+    return Row("projector", "projector.layout", (key,), cost,
                ctx=(dict(spec=spec, phase="layout", images=b, dt=dt, dtype=pts.dtype),))
 
 
@@ -171,15 +194,26 @@ def _accumulate(rows: list[Row], stages: tuple[str, ...], shape: tuple, hw=None)
     return acc
 
 
-def _complete(acc: dict, hw) -> dict[str, dict[str, np.ndarray]]:
-    acc["vision"] = _combine([acc["sam"], acc["clip"], acc["projector"]], shared_weights=False)
+def _complete(acc: dict, hw, fam: ModelFamily) -> dict[str, dict[str, np.ndarray]]:
+    acc["vision"] = _combine([acc[s] for s in fam.vision_stages], shared_weights=False)
     acc["total"] = _combine([acc["vision"], acc["prefill"], acc["decode"]], shared_weights=True)
-    return {s: _finish(acc[s], hw) for s in STAGES}
+    return {s: _finish(acc[s], hw) for s in fam.all_stages}
+
+
+def rows_family(rows: list[Row]) -> ModelFamily:
+    """The family of the spec the rows were computed for (every row's kernel context names it)."""
+    for row in rows:
+        for ctx in row.ctx:
+            if "spec" in ctx:
+                return family_of(ctx["spec"])
+    return get_family()
 
 
 def aggregate(rows: list[Row], shape: tuple, hw=None) -> dict[str, dict[str, np.ndarray]]:
-    """Stage totals ({stage: {metric: array}}) of any list of rows over points of `shape`."""
-    return _complete(_accumulate(rows, BASE_STAGES, shape, hw), hw)
+    """Stage totals ({stage: {metric: array}}) of any list of rows over points of `shape`, in the stages of the
+    rows' model family."""
+    fam = rows_family(rows)
+    return _complete(_accumulate(rows, fam.stage_names, shape, hw), hw, fam)
 
 
 def _combine(parts: list[dict], shared_weights: bool) -> dict:
@@ -204,15 +238,16 @@ def evaluate(spec: ModelSpec, pts: Points, hardware=None) -> dict[str, dict[str,
     memory_s, time_s and bound. Vision depends only on (batch, crop grid) and prefill only on (batch, prompt),
     so each is evaluated once per distinct input and spread back (same formulas, fewer array elements)."""
     shape = (pts.size,)
+    fam = family_of(spec)
     acc = {}
     first, inv = _distinct([pts.batch, pts.crops_w, pts.crops_h])
-    sub = _accumulate(vision_rows(spec, pts.take(first)), ("sam", "clip", "projector"), first.shape, hardware)
+    sub = _accumulate(vision_rows(spec, pts.take(first)), fam.vision_stages, first.shape, hardware)
     acc |= {s: {k: v[inv] for k, v in d.items()} for s, d in sub.items()}
     first, inv = _distinct([pts.batch, pts.text_tokens, pts.crops_w, pts.crops_h])
     sub = _accumulate(prefill_rows(spec, pts.take(first)), ("prefill",), first.shape, hardware)
     acc |= {s: {k: v[inv] for k, v in d.items()} for s, d in sub.items()}
     acc |= _accumulate(decode_rows(spec, pts), ("decode",), shape, hardware)
-    return _complete(acc, hardware)
+    return _complete(acc, hardware, fam)
 
 
 def flat(stages: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

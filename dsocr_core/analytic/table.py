@@ -6,11 +6,11 @@ import re
 import numpy as np
 import pandas as pd
 
+from ..registry import stage_rank
 from ..spec import Hardware
 from .cost import Row
 from .roofline import bound_of
 
-STAGE_ORDER = {"sam": 0, "clip": 1, "projector": 2, "prefill": 3, "decode": 4}
 _BLOCK = re.compile(r"\.(?:blocks|layers)\.(\d+)(?:\.|$)")
 _AFTER = ("neck", "net_2", "net_3", "model.norm", "lm_head")  # modules that run after the blocks
 
@@ -52,6 +52,6 @@ def rows_table(rows: list[Row], hw: Hardware | None = None, point: int = 0) -> p
             rec.update({k: val(v) for k, v in pred.row(row).items()})
         for path in row.paths:
             records.append({"stage": row.stage, "module": path, "kind": row.kind,
-                            "_key": (STAGE_ORDER[row.stage], _order(path), rank), **rec})
+                            "_key": (stage_rank(row.stage), _order(path), rank), **rec})
     df = pd.DataFrame.from_records(records)
     return df.sort_values("_key", kind="stable").drop(columns="_key").reset_index(drop=True)

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from ..spec import ModelSpec
 from .cost import Cost
-from .params import clip_layer_params, sam_block_params
+from .params import _linear, clip_layer_params, sam_block_params
+
+# module-path prefixes of the stages after SAM (params.stage_of)
+STAGE_PREFIXES = {"model.vision_model": "clip", "model.projector": "projector", "model.image_newline": "projector",
+                  "model.view_seperator": "projector"}
 
 LN_FLOPS = 7  # LayerNorm per element: mean, centre, square, variance, normalise, scale, shift
 LN2D_FLOPS = 8  # LayerNorm2d as written: mean, centre, square, mean, centre again, divide, scale, shift
@@ -227,8 +231,8 @@ def projector(spec: ModelSpec, side: int, dt: int, params_n: int) -> Cost:
                 weight_memory=params_n * dt)
 
 
-def view_rows(spec: ModelSpec, side: int, dt: int, params: dict) -> list[tuple[str, str, tuple[str, ...], Cost]]:
-    """Every vision row for one view of `side` pixels: (stage, kind, module paths, per-view cost)."""
+def sam_rows(spec: ModelSpec, side: int, dt: int, params: dict) -> list[tuple[str, str, tuple[str, ...], Cost]]:
+    """The SAM tokenizer's rows for one view of `side` pixels (the same in every family)."""
     rows = []
     sam = "model.sam_model"
     rows.append(("sam", "sam.patch_embed", (f"{sam}.patch_embed",), sam_patch_embed(spec, side, dt, params)))
@@ -249,7 +253,12 @@ def view_rows(spec: ModelSpec, side: int, dt: int, params: dict) -> list[tuple[s
     rows.append(("sam", "sam.neck", (f"{sam}.neck",), sam_neck(spec, side, dt, params[f"{sam}.neck"])))
     rows.append(("sam", "sam.net_2", (f"{sam}.net_2",), sam_downsample(spec, side, dt, 0, params[f"{sam}.net_2"])))
     rows.append(("sam", "sam.net_3", (f"{sam}.net_3",), sam_downsample(spec, side, dt, 1, params[f"{sam}.net_3"])))
+    return rows
 
+
+def view_rows(spec: ModelSpec, side: int, dt: int, params: dict) -> list[tuple[str, str, tuple[str, ...], Cost]]:
+    """Every vision row for one view of `side` pixels: (stage, kind, module paths, per-view cost)."""
+    rows = sam_rows(spec, side, dt, params)
     vm = "model.vision_model"
     n_tok = clip_tokens(spec, side)
     rows.append(("clip", "clip.embeddings", (f"{vm}.embeddings",),
@@ -265,3 +274,20 @@ def view_rows(spec: ModelSpec, side: int, dt: int, params: dict) -> list[tuple[s
 
     rows.append(("projector", "projector", ("model.projector",), projector(spec, side, dt, params["model.projector"])))
     return rows
+
+
+def head_params(spec: ModelSpec) -> dict[str, int]:
+    """Parameters of the stages after SAM: CLIP, the projector and the two layout vectors (params._param_counts)."""
+    out: dict[str, int] = {}
+    c = spec.clip_width
+    out["model.vision_model.embeddings"] = (c  # class_embedding
+                                            + c * 3 * spec.clip_patch ** 2  # patch_embedding conv (loaded, never run)
+                                            + (spec.clip_pos_grid ** 2 + 1) * c)  # position_embedding incl. CLS
+    out["model.vision_model.pre_layrnorm"] = 2 * c
+    for i in range(spec.clip_layers):
+        for name, n in clip_layer_params(spec).items():
+            out[f"model.vision_model.transformer.layers.{i}.{name}"] = n
+    out["model.projector"] = _linear(spec.projector_input_dim, spec.hidden_size, True)
+    out["model.image_newline"] = spec.hidden_size
+    out["model.view_seperator"] = spec.hidden_size
+    return out

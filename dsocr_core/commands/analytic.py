@@ -10,20 +10,23 @@ import numpy as np
 from pydantic import ValidationError
 
 from ..engines import ENGINES, EngineSpec, options_help, parse_options
-from ..spec import PRESETS, ModelSpec, SpecError, Workload
-
-MODES = ("tiny", "small", "base", "large", "gundam", "gundam-m")
+from ..registry import DEFAULT_MODEL, FAMILIES, get_family
+from ..spec import DecoderSpec, SpecError, Workload
 
 
 def register(sub) -> None:
     p = sub.add_parser("analytic", help="analytic FLOPs, bytes, memory and roofline time per stage",
                        description="Closed-form cost of DeepSeek-OCR inference. List-valued options (a,b,c) "
                                    "need --sweep, which writes the whole grid.")
-    p.add_argument("--mode", default="gundam", help=f"one of {', '.join(MODES)} (default gundam)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model family: {', '.join(FAMILIES)} (default {DEFAULT_MODEL})")
+    p.add_argument("--mode", help="tiling mode of the model: " + "; ".join(
+        f"{f.name}: {', '.join(f.modes)} (default {f.default_mode})" for f in FAMILIES.values()))
     p.add_argument("--image", help="page size WxH in pixels (tiles chosen as the vendor does); list allowed")
     p.add_argument("--crops", help="tile grid WxH (width tiles x height tiles; 1x1 = global view only); list allowed")
-    p.add_argument("--min-crops", default="2", help="smallest tile count the grid choice considers (default 2)")
-    p.add_argument("--max-crops", default="9", help="largest tile count (default 9, vendor HF; vLLM uses 6)")
+    p.add_argument("--min-crops", help="smallest tile count the grid choice considers (default: the mode's, 2)")
+    p.add_argument("--max-crops", help="largest tile count (default: the mode's; gundam 9 as vendor HF, vLLM uses 6; "
+                                       "DeepSeek-OCR 2: 6)")
     p.add_argument("--text-tokens", default="10", help="non-image prompt tokens incl. BOS (default 10); list allowed")
     p.add_argument("--batch", default="1", help="pages per forward call (default 1); list allowed")
     p.add_argument("--decode-steps", default="0", help="generated tokens per page (default 0); list allowed")
@@ -32,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
     p.add_argument("--hardware", default="h200",
                    help="GPU preset or device name (default h200); 'calibrate' measures the present CUDA GPU")
-    p.add_argument("--spec", default="full", help="model preset: full (official) or tiny")
+    p.add_argument("--spec", default="full", help="model preset: full (official sizes) or tiny")
     p.add_argument("--config", help="a checkpoint folder or config.json to read the model dimensions from")
     p.add_argument("--ttft-target", help="seconds: also report the TFLOP/s and TB/s a GPU needs for this TTFT")
     p.add_argument("--tpot-target", help="seconds: also report what a GPU needs for this time per output token")
@@ -97,12 +100,13 @@ def _choice(value: str, allowed: tuple[str, ...], name: str) -> str:
     return value
 
 
-def _spec(args) -> ModelSpec:
+def _spec(args) -> DecoderSpec:
+    fam = get_family(args.model)
     if args.config:
-        return ModelSpec.from_config_json(args.config)
-    if args.spec not in PRESETS:
-        raise SpecError(f"--spec: unknown model preset {args.spec!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[args.spec]()
+        return fam.spec_class.from_config_json(args.config)
+    if args.spec not in fam.presets:
+        raise SpecError(f"--spec: unknown model preset {args.spec!r}; choose one of {', '.join(fam.presets)}")
+    return fam.preset(args.spec)
 
 
 def _hardware(name: str):
@@ -196,7 +200,9 @@ def _print_tables(result: dict, per_module: bool) -> None:
 def run(args) -> int:
     from ..analytic import Points, analyze, required_hardware
 
-    mode = _choice(args.mode, MODES, "mode")
+    fam = get_family(_choice(args.model, tuple(FAMILIES), "model"))
+    mode = _choice(args.mode or fam.default_mode, tuple(fam.modes), "mode")
+    info = fam.modes[mode]
     attn = _choice(args.attn, ("eager", "sdpa", "flash"), "attn")
     logits = _choice(args.logits, ("all", "last"), "logits")
     dtype = _choice(args.dtype, ("bfloat16", "float16", "float32"), "dtype")
@@ -206,7 +212,8 @@ def run(args) -> int:
     images = _pairs(args.image, "image") if args.image else None
     text, batch, steps = (_ints(args.text_tokens, "text-tokens"), _ints(args.batch, "batch"),
                           _ints(args.decode_steps, "decode-steps"))
-    (min_crops,), (max_crops,) = _ints(args.min_crops, "min-crops")[:1], _ints(args.max_crops, "max-crops")[:1]
+    min_crops = _ints(args.min_crops, "min-crops")[0] if args.min_crops else info.crop_range[0]
+    max_crops = _ints(args.max_crops, "max-crops")[0] if args.max_crops else info.crop_range[1]
     ttft, tpot = _number(args.ttft_target, "ttft-target"), _number(args.tpot_target, "tpot-target")
     spec = _spec(args)
     hw = _with_profile(_hardware(args.hardware), args)

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import UserError, add_model_options, session_from_args
+from ..cli import UserError, add_mode_options, add_model_options, family_from_args, resolve_mode, session_from_args
 
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 
@@ -16,9 +16,7 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one page with per-stage times, FLOPs and verification")
     add_model_options(p)
     p.add_argument("--image", type=Path, help="page image (default: the first bundled sample page)")
-    p.add_argument("--mode", default="gundam", choices=["tiny", "small", "base", "large", "gundam", "gundam-m"])
-    p.add_argument("--min-crops", type=int, default=2)
-    p.add_argument("--max-crops", type=int, default=9)
+    add_mode_options(p)
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--no-repeat-ngram-size", type=int, default=20)
@@ -50,10 +48,10 @@ def run(args) -> int:
     image = args.image or default_image()
     if not Path(image).is_file():
         raise UserError(f"image not found: {image}")
+    mode, min_crops, max_crops = resolve_mode(args, family_from_args(args))
     session = session_from_args(args)
     try:
-        inputs = session.prepare(image, args.prompt, mode=args.mode, min_crops=args.min_crops,
-                                 max_crops=args.max_crops)
+        inputs = session.prepare(image, args.prompt, mode=mode, min_crops=min_crops, max_crops=max_crops)
     except ImageError as exc:
         raise UserError(str(exc)) from None
     gen = dict(max_new_tokens=args.max_new_tokens, no_repeat_ngram_size=args.no_repeat_ngram_size,
@@ -83,7 +81,9 @@ def run(args) -> int:
     report = {
         "session": session.describe(),
         "image": str(image),
-        "mode": args.mode,
+        "model": session.family.name,
+        "vision_stages": list(session.vision_stages),
+        "mode": mode,
         "grid": inputs.images_spatial_crop[0].tolist(),
         "prompt_tokens": int(inputs.input_ids.shape[1]),
         "input_ids": inputs.input_ids.tolist(),
@@ -129,7 +129,7 @@ def nsys_command(args) -> str:
 
 def print_report(report: dict) -> None:
     s = report["session"]
-    print(f"model: {s['detail']}  ({'SYNTHETIC WEIGHTS' if s['synthetic'] else 'checkpoint'}), "
+    print(f"model: {report['model']} {s['detail']}  ({'SYNTHETIC WEIGHTS' if s['synthetic'] else 'checkpoint'}), "
           f"{s['parameters']:,} parameters, {s['dtype']}, {s['device']}, {s['session_mode']} session mode"
           + ("  [CPU]" if s["cpu_fallback"] else "") + ("  [fallback tokenizer]" if s["fallback_tokenizer"] else ""))
     print(f"page: {report['image']}  mode {report['mode']}  grid {report['grid']}  prompt {report['prompt_tokens']} tokens")
@@ -138,7 +138,8 @@ def print_report(report: dict) -> None:
         n = len(r["generated_ids"][0])
         print(f"\n== {name}: {n} tokens  TTFT {t['ttft_s'] * 1e3:.1f} ms  "
               f"TPOT {(t['tpot_s'] or 0) * 1e3:.2f} ms  total {t['total_s']:.3f} s")
-        print("   " + "  ".join(f"{k} {t[k] * 1e3:.1f} ms" for k in ("sam", "clip", "projector", "prefill", "decode")))
+        stages = (*report["vision_stages"], "prefill", "decode")
+        print("   " + "  ".join(f"{k} {t[k] * 1e3:.1f} ms" for k in stages))
         print("   text: " + (r["texts"][0][:300].replace("\n", "\\n") or "(empty)"))
         if r.get("verification"):
             print("   verification: " + json.dumps(r["verification"]))

@@ -6,13 +6,16 @@ import json
 import time
 from pathlib import Path
 
-from ..spec import PRESETS, SpecError
+from ..registry import DEFAULT_MODEL, FAMILIES, get_family
+from ..spec import SpecError
 
 
 def register(sub) -> None:
     p = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint (official format) for a spec")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--model", choices=list(FAMILIES), default=DEFAULT_MODEL, help="model family")
+    p.add_argument("--preset", choices=sorted({p for f in FAMILIES.values() for p in f.presets}), default="tiny",
+                   help="full (the official sizes) or tiny")
     p.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec field (JSON value, e.g. num_hidden_layers=2 or sam_global_blocks=[1,3])")
     p.add_argument("--seed", type=int, default=0)
@@ -38,7 +41,8 @@ def parse_changes(items: list[str]) -> dict:
 def run(args) -> int:
     from ..model.checkpoint import save_checkpoint, synthetic_state_dict  # torch import only when used
 
-    spec = PRESETS[args.preset]()
+    family = get_family(args.model)
+    spec = family.preset(args.preset)
     if args.changes:
         spec = spec.replace(**parse_changes(args.changes))
     t0 = time.perf_counter()
@@ -47,6 +51,6 @@ def run(args) -> int:
     files = save_checkpoint(state, spec, args.out, dtype=args.dtype, max_shard_bytes=max_bytes, overwrite=args.force)
     n = sum(t.numel() for t in state.values())
     size = sum(f.stat().st_size for f in files)
-    print(f"wrote {args.out}: {n:,} parameters in {len(state)} tensors, {len(files)} file(s), "
+    print(f"wrote {args.out}: {family.label}, {n:,} parameters in {len(state)} tensors, {len(files)} file(s), "
           f"{size / 1e9:.2f} GB ({args.dtype}, seed {args.seed}) in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cli import UserError, add_model_options, session_from_args
+from ..cli import UserError, add_model_options, family_from_args, session_from_args
 from ..measure.scale_out import add_scale_out_options, lost_to_dead_workers, scale_out_requested
+from ..registry import FAMILIES
 
 
 def _ints(text: str) -> list[int]:
@@ -17,14 +18,15 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _grids(text: str) -> list[tuple[int, int]]:
+def _grids(text: str, crop_range: tuple[int, int] = (2, 9)) -> list[tuple[int, int]]:
+    """Crop grids of --grids; 'vendor' stands for every grid the vendor's rule can choose in `crop_range`."""
     from ..measure.sweep import vendor_grids
 
     out = []
     for part in text.split(","):
         part = part.strip().lower()
         if part == "vendor":
-            out += vendor_grids()
+            out += vendor_grids(*crop_range)
         elif part:
             try:
                 w, h = (int(v) for v in part.split("x"))
@@ -37,8 +39,11 @@ def _grids(text: str) -> list[tuple[int, int]]:
 def register(sub) -> None:
     p = sub.add_parser("measure", help="measured sweep over modes, crop grids, text lengths, batches, decode steps")
     add_model_options(p)  # --seed seeds the weights and the synthetic inputs
-    p.add_argument("--modes", default="gundam", help="comma-separated: tiny,small,base,large,gundam,gundam-m")
-    p.add_argument("--grids", default="1x1,2x2", help="crop grids for gundam modes: 2x2,3x2 or 'vendor' (2..9 tiles)")
+    listing = "; ".join(f"{f.name}: {','.join(f.modes)}" for f in FAMILIES.values())
+    p.add_argument("--modes", default=None, help=f"comma-separated modes of --model (default: its default mode; "
+                                                 f"{listing})")
+    p.add_argument("--grids", default="1x1,2x2", help="crop grids of the tiling modes: 2x2,3x2 or 'vendor' (every "
+                                                      "grid the vendor's crop range allows)")
     p.add_argument("--text-tokens", default="10", help="non-image prompt tokens incl. BOS, e.g. 10,500")
     p.add_argument("--batch", default="1", help="e.g. 1,4,8")
     p.add_argument("--decode-steps", default="32", help="decode steps K, e.g. 32")
@@ -64,12 +69,13 @@ def run(args) -> int:
     from ..measure.sweep import sweep_workloads
     from ..results.schema import MAX_NAME_CHARS
     from ..results.store import RunStore
-    from ..tiling import MODES
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
+    family = family_from_args(args)
+    modes = [m.strip() for m in (args.modes or family.default_mode).split(",") if m.strip()]
+    unknown = [m for m in modes if m not in family.modes]
     if not modes or unknown:
-        raise UserError(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODES)}")
+        raise UserError(f"unknown {family.label} mode(s) {', '.join(unknown) or '(none given)'}; "
+                        f"choose from {', '.join(family.modes)}")
     if any(b < 1 for b in _ints(args.batch)) or any(t < 1 for t in _ints(args.text_tokens)):
         raise UserError("batch and text tokens must be at least 1")
     if args.repeats < 1 or args.warmup < 0:
@@ -78,7 +84,9 @@ def run(args) -> int:
     name = args.name or f"{kind} {args.synthetic or args.checkpoint} {args.dtype} {args.attn}"
     if len(name) > MAX_NAME_CHARS:
         raise UserError(f"--name has {len(name)} characters, more than the limit of {MAX_NAME_CHARS}")
-    workloads = sweep_workloads(modes, _grids(args.grids), _ints(args.text_tokens), _ints(args.batch),
+    tiled = [family.modes[m].crop_range for m in modes if family.modes[m].crop_mode] or [(2, 9)]
+    crop_range = (min(r[0] for r in tiled), max(r[1] for r in tiled))
+    workloads = sweep_workloads(modes, _grids(args.grids, crop_range), _ints(args.text_tokens), _ints(args.batch),
                                 _ints(args.decode_steps), dtype=args.dtype, attn=args.attn, logits=args.logits)
     # the store and the run to resume are checked before the model loads: a corrupt store, an unknown id or a
     # resume with other settings ends here, in one line, with nothing measured
@@ -209,6 +217,9 @@ def _check_resume_session(store, run_id: str, session) -> None:
     from ..results.runs import settings_problems
 
     wanted = {"weights_detail": session.weights.get("detail"), "device_type": session.device.type}
+    family = getattr(session, "family", None)  # a Session or the scale-out lead's RemoteSession
+    if family is not None:
+        wanted["model"] = family.name
     problems = settings_problems(store.get_run(run_id), wanted)
     if problems:
         raise UserError(f"cannot resume run {run_id[:12]} with different settings ({'; '.join(problems)}); start a "

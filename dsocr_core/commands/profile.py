@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import UserError, add_model_options, session_from_args
+from ..cli import UserError, add_mode_options, add_model_options, family_from_args, resolve_mode, session_from_args
 from ..measure.scale_out import add_scale_out_options, scale_out_requested
 
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
@@ -26,9 +26,7 @@ def register(sub) -> None:
     p.add_argument("--order", choices=["random", "fixed"], default="random",
                    help="random: a seeded shuffle per epoch; fixed: the listed order")
     p.add_argument("--dpi", type=int, default=144, help="PDF rendering resolution (vendor: 144)")
-    p.add_argument("--mode", default="gundam", choices=["tiny", "small", "base", "large", "gundam", "gundam-m"])
-    p.add_argument("--min-crops", type=int, default=2)
-    p.add_argument("--max-crops", type=int, default=9)
+    add_mode_options(p)
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--no-repeat-ngram-size", type=int, default=20)
@@ -80,7 +78,8 @@ def run(args) -> int:
     from ..measure.dataset_run import ProfileSettings
     from ..results.store import RunStore
 
-    settings = ProfileSettings(mode=args.mode, prompt=args.prompt, min_crops=args.min_crops, max_crops=args.max_crops,
+    mode, min_crops, max_crops = resolve_mode(args, family_from_args(args))
+    settings = ProfileSettings(mode=mode, prompt=args.prompt, min_crops=min_crops, max_crops=max_crops,
                                max_new_tokens=args.max_new_tokens, no_repeat_ngram_size=args.no_repeat_ngram_size,
                                logits=args.logits, dpi=args.dpi, flops=args.flops, warmup=args.warmup)
     try:

@@ -25,6 +25,8 @@ from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_m
                                 lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, swiglu,
                                 whole)
 from ..analytic.vision import SOFTMAX_FLOPS, clip_tokens
+from ..registry import family_of, fast_engine_models
+from ..spec import SpecError
 from .options import ResolvedFast
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
@@ -53,6 +55,9 @@ class FastPlan:
         self.notes = tuple(notes)
 
     def plan(self, c: Call) -> Plan:
+        if not family_of(c.spec).fast_engine:
+            raise SpecError(f"the fast engine runs {', '.join(fast_engine_models())} only; predict "
+                            f"{family_of(c.spec).label} in the reference session mode")
         if c.phase == "vision":
             return self._vision(c)
         if c.phase == "layout":

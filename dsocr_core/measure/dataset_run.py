@@ -45,10 +45,11 @@ from typing import Callable, Literal, Sequence
 from ..results.store import RunStore, point_key
 from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
+from ..results.runs import run_model
 from ..runtime.session import Session
 from ..runtime.timing import synchronize
 from .datasets import Dataset, Sample, load_page
-from .stage_stats import TIMED_STAGES, assemble_stages, counted_flops, timed_generation
+from .stage_stats import assemble_stages, counted_flops, timed_generation
 
 DEFAULT_MAX_NEW_TOKENS = 512
 FlopsPolicy = Literal["shape", "page", "none"]
@@ -188,7 +189,7 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     eos_id = session.spec.eos_token_id
     text = session.tokenizer.decode([t for t in generated if t != eos_id])
     steps = run.steps
-    ttft = sum(run.totals.get(s, 0.0) for s in TIMED_STAGES)
+    ttft = sum(run.totals.get(s, 0.0) for s in run.timed_stages)
     grid = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
     resolved = {"mode": inputs.mode, "grid": grid, "image_size": inputs.image_size, "image_slots": inputs.image_slots,
                 "sequence": inputs.seq_len, "text_tokens": inputs.text_tokens, "batch": inputs.batch,
@@ -239,6 +240,8 @@ def check_resume(store: RunStore, run_id: str, session: Session, dataset: Datase
     old_source = (meta.get("dataset") or {}).get("source")
     if old_source is not None and str(dataset.source) != old_source:
         problems.append(f"data set {old_source} -> {dataset.source}")
+    if run_model(run) != session.family.name:
+        problems.append(f"model {run_model(run)} -> {session.family.name}")
     if run["weights"].get("detail") != session.weights.get("detail"):
         problems.append(f"weights {run['weights'].get('detail')!r} -> {session.weights.get('detail')!r}")
     if run["dtype"] != session.dtype:

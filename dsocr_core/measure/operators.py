@@ -31,11 +31,12 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function
 
+from ..registry import LM_STAGES, vision_stage_names
 from ..runtime.timing import StageTimer
 
 RANGE_PREFIX = "dsocr::"
 PAGE_PREFIX = "dsocr.page::"
-STAGES = ("preprocess", "sam", "clip", "projector", "prefill", "decode")
+STAGES = ("preprocess", *vision_stage_names(), *LM_STAGES)  # every family's stages (registry)
 OUTSIDE = "outside"
 STAGE_ORDER = (*STAGES, OUTSIDE)
 UNTRACED = "(untraced: Python and non-torch work)"

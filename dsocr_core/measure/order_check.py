@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-CHECKED_STAGES = ("sam", "clip", "projector", "prefill", "decode_step")
+from ..registry import vision_stage_names
+
+# every family's (registry); a run compares the stages its model has (the others are missing, so not compared)
+CHECKED_STAGES = (*vision_stage_names(), "prefill", "decode_step")
 # Differences under these are noise on any device: 2% of the stage (the order-independence target's median)
 # or 20 us (launch jitter of the smallest stages), whichever is larger.
 RELATIVE_FLOOR = 0.02

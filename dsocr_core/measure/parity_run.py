@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..grounding import DetectionComparison, build_result, compare_outputs
+from ..registry import LM_STAGES, vision_stage_names
 from ..runtime.inputs import load_image
 from ..runtime.session import GenerationResult, Session
 
@@ -42,8 +43,8 @@ class ParityReport:
 
     def timings(self) -> dict:
         """TTFT, TPOT, totals and stage times of both paths."""
-        keys = ("sam", "clip", "projector", "prefill", "decode", "ttft_s", "tpot_s", "total_s")
-        return {r.path: {k: r.timings.get(k) for k in keys} | {"tokens": len(r.generated_ids[0])}
+        keys = (*vision_stage_names(), *LM_STAGES, "ttft_s", "tpot_s", "total_s")  # the model's own stages kept
+        return {r.path: {k: r.timings.get(k) for k in keys if k in r.timings} | {"tokens": len(r.generated_ids[0])}
                 for r in (self.one_shot, self.separated)}
 
     def to_dict(self) -> dict:
@@ -72,15 +73,16 @@ class ParityReport:
 WARMUP_ROUNDS = 2  # untimed runs of both paths before the timed ones (see run_parity)
 
 
-def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str = "gundam",
+def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str | None = None,
                max_new_tokens: int = 512, no_repeat_ngram_size: int = 20, first_token: str = "prefill",
-               vendor_text: str | None = None, image_name: str = "page", min_crops: int = 2,
-               max_crops: int = 9, warmup: bool = True) -> ParityReport:
+               vendor_text: str | None = None, image_name: str = "page", min_crops: int | None = None,
+               max_crops: int | None = None, warmup: bool = True) -> ParityReport:
     """Run both generation paths on one page (under the session's lock) and compare them. Short untimed runs of
     both paths first (WARMUP_ROUNDS of them) keep one-off costs (allocator growth, kernel selection) out of the
     timings: after one round the first timed path still paid about twice its later prefill on a CPU (one-shot
     TTFT 487 ms against 206 and 201 ms on its next runs; separated 306 ms), so the one-shot path, timed first,
-    looked twice as slow as the separated one."""
+    looked twice as slow as the separated one. The mode and crop range default to the session's model's
+    (registry)."""
     picture = load_image(image)
     with session.lock:
         inputs = session.prepare(picture, prompt, mode=mode, min_crops=min_crops, max_crops=max_crops)
@@ -105,7 +107,7 @@ def run_parity(session: Session, image, prompt: str = DEFAULT_PROMPT, mode: str 
     if evidence is not None:
         notes.append(evidence["summary"])
     grid = tuple(int(v) for v in inputs.images_spatial_crop[0].tolist())
-    return ParityReport(image_name, picture.size, mode, prompt, grid, inputs.seq_len, one, sep, detections, d,
+    return ParityReport(image_name, picture.size, inputs.mode, prompt, grid, inputs.seq_len, one, sep, detections, d,
                         vendor_text, notes, evidence)
 
 

@@ -202,6 +202,17 @@ class RemoteSession:
     def describe(self) -> dict:
         return dict(self.info["describe"])
 
+    @property
+    def family(self):
+        """The model family's registry entry (as Session.family)."""
+        from ..registry import family_of
+
+        return family_of(self.spec)
+
+    @property
+    def vision_stages(self) -> tuple[str, ...]:
+        return self.family.vision_stages
+
 
 @dataclass
 class WorkerState:
@@ -621,6 +632,7 @@ def pool_from_args(args, log: Callable[[str], None] | None = None, load: bool = 
 
         load_args = dict(checkpoint=args.checkpoint, synthetic=args.synthetic, seed=args.weights_seed,
                          session_mode=args.session_mode, device=args.device, dtype=args.dtype, attn=args.attn,
+                         model=getattr(args, "model", None),
                          engine_options=parse_options(getattr(args, "engine_options", None)))
     else:
         load_args = dict(device=args.device)

@@ -14,8 +14,6 @@ from ..runtime.generate import Greedy, MemoryTracking
 from ..runtime.timing import StageTimer
 from .routing_record import record_routing, routing_records
 
-TIMED_STAGES = (*VISION_STAGES, "prefill")
-
 
 @dataclass
 class TimedRun:
@@ -29,6 +27,11 @@ class TimedRun:
     kv_bytes: int
     kv_length: int
     extra: dict = field(default_factory=dict)
+    vision: tuple[str, ...] = VISION_STAGES  # the model's vision stages (registry), in running order
+
+    @property
+    def timed_stages(self) -> tuple[str, ...]:
+        return (*self.vision, "prefill")
 
 
 @torch.no_grad()
@@ -41,20 +44,21 @@ def timed_generation(session, inputs, max_new_tokens: int, no_repeat_ngram_size:
                  stop_at_eos=stop_at_eos, memory=memory)
     tokens = gen.run()
     out = TimedRun(timer.totals(), timer.per_item("decode"), dict(timer.peak_memory), torch.stack(tokens, 1),
-                   int(gen.cache.bytes_used), int(gen.cache.length))
+                   int(gen.cache.bytes_used), int(gen.cache.length), vision=session.vision_stages)
     del gen
     return out
 
 
 def counted_flops(session, inputs, logits: str) -> dict[str, int]:
-    """{sam, clip, projector, prefill, decode_first, decode_second}: the model's FLOPs in a separate counting
-    pass (two decode steps; longer decodes follow exactly from them, see flops.decode_flops_total), and "routing":
-    the experts each MoE layer touched in that pass (routing_record.py; None without MoE layers)."""
+    """{vision stages (sam, clip or encoder, projector), prefill, decode_first, decode_second}: the model's FLOPs in
+    a separate counting pass (two decode steps; longer decodes follow exactly from them, see
+    flops.decode_flops_total), and "routing": the experts each MoE layer touched in that pass (routing_record.py;
+    None without MoE layers)."""
     with record_routing(session.model) as calls:  # the experts each layer touches, recorded on the way
         out = session.count_stage_flops(inputs, logits=logits, decode_steps=2)
     first, second = (int(x) for x in out["decode"]["per_step"])
-    return {**{s: int(out[s]["flops"]) for s in TIMED_STAGES}, "decode_first": first, "decode_second": second,
-            "routing": routing_records(calls, len(session.spec.moe_layers))}
+    return {**{s: int(out[s]["flops"]) for s in (*session.vision_stages, "prefill")}, "decode_first": first,
+            "decode_second": second, "routing": routing_records(calls, len(session.spec.moe_layers))}
 
 
 def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,
@@ -64,9 +68,10 @@ def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,
     (a dataset page). Peak memory: the largest over runs; FLOPs: per stage, decode summed over its steps and
     decode_step the mean step."""
     stages: dict[str, dict] = {}
-    for s in TIMED_STAGES:
+    vision, timed = runs[0].vision, runs[0].timed_stages
+    for s in timed:
         stages[s] = stage_stats([r.totals.get(s, 0.0) for r in runs])
-    stages["vision"] = stage_stats([sum(r.totals.get(s, 0.0) for s in VISION_STAGES) for r in runs])
+    stages["vision"] = stage_stats([sum(r.totals.get(s, 0.0) for s in vision) for r in runs])
     k = len(runs[0].steps)
     if k:
         stages["decode"] = stage_stats([r.totals.get("decode", 0.0) for r in runs])
@@ -82,12 +87,12 @@ def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,
     for s, v in peaks.items():
         if s in stages:
             stages[s]["peak_memory_bytes"] = v
-    if any(s in peaks for s in VISION_STAGES):
-        stages["vision"]["peak_memory_bytes"] = max(peaks.get(s, 0) for s in VISION_STAGES)
+    if any(s in peaks for s in vision):
+        stages["vision"]["peak_memory_bytes"] = max(peaks.get(s, 0) for s in vision)
     if flops is not None:
-        for s in TIMED_STAGES:
+        for s in timed:
             stages[s]["flops"] = flops[s]
-        stages["vision"]["flops"] = sum(flops[s] for s in VISION_STAGES)
+        stages["vision"]["flops"] = sum(flops[s] for s in vision)
         if k:
             total = decode_flops_total(flops["decode_first"], flops["decode_second"], k)
             stages["decode"]["flops"] = total

@@ -24,7 +24,7 @@ from ..results.store import RunStore, point_key
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.session import Session
 from ..spec import Workload
-from ..tiling import HF_CROP_RANGE, MODES, candidate_grids
+from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info
 from . import order_check as checks
 from .stage_stats import assemble_stages, counted_flops, timed_generation
 
@@ -32,7 +32,8 @@ Progress = Callable[[int, int, Workload, str], None]  # (points handled, total, 
 
 
 def vendor_grids(min_crops: int = HF_CROP_RANGE[0], max_crops: int = HF_CROP_RANGE[1]) -> list[tuple[int, int]]:
-    """Every tile grid the vendor HF path can choose (2..9 tiles: 1x2, 2x1, ..., 3x3, 1x9, 9x1)."""
+    """Every tile grid the vendor's rule can choose in a crop range (DeepSeek-OCR HF: 2..9 tiles, 1x2, 2x1, ...,
+    3x3, 1x9, 9x1; DeepSeek-OCR 2: 2..6)."""
     return candidate_grids(min_crops, max_crops)
 
 
@@ -43,7 +44,7 @@ def sweep_workloads(modes: Iterable[str] = ("gundam",), grids: Iterable[tuple[in
     """The grid as Workloads. Crop grids apply to the tiling modes; other modes get one point per setting."""
     out, seen = [], set()
     for mode, grid, text, batch, steps in itertools.product(modes, grids, text_tokens, batches, decode_steps):
-        crops = tuple(grid) if MODES[mode].crop_mode else None
+        crops = tuple(grid) if mode_info(mode).crop_mode else None
         w = Workload(mode=mode, crops=crops, text_tokens=text, batch=batch, decode_steps=steps, dtype=dtype,
                      attn=attn, logits=logits)
         if point_key(w) not in seen:
@@ -107,6 +108,8 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     stages = assemble_stages(runs, flops, decode_step_over="repeats")
     resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
                 "text_tokens": inputs.text_tokens}
+    if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
+        resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
     return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state)
 
 

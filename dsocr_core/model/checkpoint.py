@@ -1,7 +1,9 @@
 """Checkpoints in the official format: vendor config.json + safetensors (one file, or shards with an index).
 
 Loading is strict: every tensor the spec needs must be present with its exact shape, and nothing else may be
-(except `model.vision_model.embeddings.position_ids`, a buffer some re-saved checkpoints carry). The model is
+(except the buffers the model family's registry entry allows, e.g. DeepSeek-OCR's
+`model.vision_model.embeddings.position_ids`, which some re-saved checkpoints carry). The config.json says which
+family the folder holds (registry.family_of_config); a folder of the other family is an error naming it. The model is
 built on the meta device and the loaded tensors are assigned into it, so loading never holds two copies.
 Synthetic weights are seeded per tensor name, so a tensor's values do not depend on the order of generation.
 """
@@ -20,15 +22,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .. import jsonfile
-from ..spec import MAX_CONFIG_DEPTH, ModelSpec, SpecError, read_config_json
+from .. import jsonfile, registry
+from ..registry import family_of
+from ..spec import MAX_CONFIG_DEPTH, DecoderSpec, SpecError, read_config_json
 from .decoder import RMSNorm
-from .deepseek_ocr import DeepseekOCRForCausalLM
+from .deepseek_ocr import CausalLM
 from .sam import LayerNorm2d
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-ALLOWED_EXTRA = frozenset({"model.vision_model.embeddings.position_ids"})
 LIST_LIMIT = 20  # names shown per kind of problem
 # LM sizes a config.json must state: without one the spec takes DeepSeek-OCR's default, and the error that follows
 # would speak of a consequence (the projector width, mis-shaped tensors) instead of the missing key
@@ -43,7 +45,8 @@ _COUNTS = (
     ("n_routed_experts", re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\."), "experts"),
     ("sam_layers", re.compile(r"model\.sam_model\.blocks\.(\d+)\."), "SAM blocks"),
     ("clip_layers", re.compile(r"model\.vision_model\.transformer\.layers\.(\d+)\."), "CLIP layers"),
-)
+    ("enc_layers", re.compile(r"model\.qwen2_model\.model\.model\.layers\.(\d+)\."), "encoder layers"),
+)  # a count the spec's family lacks (CLIP layers of DeepSeek-OCR 2, encoder layers of DeepSeek-OCR) is skipped
 CHUNK_ELEMENTS = 1 << 28  # tensors read per opening of a safetensors file while loading
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
@@ -64,13 +67,18 @@ def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16, float16 or float32") from None
 
 
-def meta_model(spec: ModelSpec, attn_impl: str = "sdpa") -> DeepseekOCRForCausalLM:
+def model_class(spec: DecoderSpec) -> type[CausalLM]:
+    """Our PyTorch model of the spec's family (the registry names it)."""
+    return family_of(spec).load("torch_model")
+
+
+def meta_model(spec: DecoderSpec, attn_impl: str = "sdpa") -> CausalLM:
     """The model with shapes only (no memory): for parameter listings, FLOP counts and loading."""
     with torch.device("meta"):
-        return DeepseekOCRForCausalLM(spec, attn_impl)
+        return model_class(spec)(spec, attn_impl)
 
 
-def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor name of `spec` with its shape."""
     return {name: tuple(t.shape) for name, t in meta_model(spec).state_dict().items()}
 
@@ -95,7 +103,7 @@ def synthetic_tensor(name: str, shape: tuple[int, ...], seed: int, fill: float |
     return torch.randn(shape, generator=gen, dtype=torch.float32) * INIT_STD
 
 
-def synthetic_state_dict(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
+def synthetic_state_dict(spec: DecoderSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
                          device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Seeded random weights for every checkpoint tensor: small N(0, 0.02), norms at weight 1 / bias 0.
     Generated one tensor at a time (float32 scratch, then cast), so the peak is the result plus one tensor."""
@@ -106,8 +114,8 @@ def synthetic_state_dict(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtyp
             for name, t in model.state_dict().items()}
 
 
-def synthetic_model(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
-                    device: str | torch.device = "cpu", attn_impl: str = "sdpa") -> DeepseekOCRForCausalLM:
+def synthetic_model(spec: DecoderSpec, seed: int = 0, dtype: str | torch.dtype = "bfloat16",
+                    device: str | torch.device = "cpu", attn_impl: str = "sdpa") -> CausalLM:
     """A model with synthetic weights (identical to what make-checkpoint writes for the same spec and seed)."""
     model = meta_model(spec, attn_impl)
     model.load_state_dict(synthetic_state_dict(spec, seed, dtype, device), strict=True, assign=True)
@@ -115,7 +123,7 @@ def synthetic_model(spec: ModelSpec, seed: int = 0, dtype: str | torch.dtype = "
 
 
 # --- saving ---
-def save_checkpoint(model_or_state: nn.Module | Mapping[str, torch.Tensor], spec: ModelSpec, folder: str | Path,
+def save_checkpoint(model_or_state: nn.Module | Mapping[str, torch.Tensor], spec: DecoderSpec, folder: str | Path,
                     dtype: str | torch.dtype = "bfloat16", max_shard_bytes: int | None = None,
                     overwrite: bool = False) -> list[Path]:
     """Write config.json (spec.to_config_dict()) and the weights as model.safetensors, or, with
@@ -168,8 +176,11 @@ def _split_shards(state: Mapping[str, torch.Tensor], max_bytes: int) -> list[lis
 
 
 # --- loading ---
+read_spec = registry.read_spec  # the spec of a checkpoint folder's config.json, in the family it names
+
+
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
-               attn_impl: str = "sdpa") -> tuple[DeepseekOCRForCausalLM, ModelSpec, dict]:
+               attn_impl: str = "sdpa") -> tuple[CausalLM, DecoderSpec, dict]:
     """Load a checkpoint folder strictly. Returns (model in eval mode, spec, info). Raises SpecError for a
     broken config.json and CheckpointError for missing files, unreadable safetensors or tensor mismatches."""
     t0 = time.perf_counter()
@@ -182,7 +193,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} has no config.json; is it a DeepSeek-OCR checkpoint folder?")
     try:
-        spec = ModelSpec.from_config_json(folder)  # SpecError with every problem
+        spec = read_spec(folder)  # SpecError with every problem
     except SpecError as exc:
         _raise_with_missing_keys(folder, exc)
         raise
@@ -194,7 +205,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
         _check_counts(spec, listing, folder / "config.json")
         model = meta_model(spec, attn_impl)
         expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        _check_names(listing, expected, str(folder))
+        _check_names(listing, expected, str(folder), family_of(spec).checkpoint.allowed_extra)
     except CheckpointError as exc:
         _raise_with_missing_keys(folder, exc)
         raise
@@ -292,14 +303,14 @@ def _read_listing(files: Iterable[Path]) -> dict[str, tuple[tuple[int, ...], str
     return listing
 
 
-def _check_counts(spec: ModelSpec, listing: Mapping[str, tuple], config: Path) -> None:
+def _check_counts(spec: DecoderSpec, listing: Mapping[str, tuple], config: Path) -> None:
     """Refuse a config claiming more layers or experts than the tensors hold, from the headers alone. (Fewer is
     cheap to build, and then every unexpected tensor is listed by _check_names.)"""
     wrong = []
     for field, pattern, what in _COUNTS:
         held = {int(m.group(1)) for name in listing if (m := pattern.match(name))}
-        if field == "n_routed_experts" and not spec.moe_layers:
-            continue  # an all-dense LM has no experts to count
+        if not hasattr(spec, field) or (field == "n_routed_experts" and not spec.moe_layers):
+            continue  # the other family's stage, or an all-dense LM (no experts to count)
         claimed = getattr(spec, field)
         if claimed > len(held):
             wrong.append(f"{field}={claimed} but the weights hold {len(held)} {what}")
@@ -320,11 +331,12 @@ def _names(names: list[str]) -> str:
     return shown + (f", ... and {len(names) - LIST_LIMIT} more" if len(names) > LIST_LIMIT else "")
 
 
-def _check_names(found: Mapping[str, tuple], expected: Mapping[str, tuple[int, ...]], where: str) -> None:
-    """found: name -> (shape, dtype, ...). Raise one CheckpointError listing missing, unexpected, mis-shaped
-    and non-floating tensors (first LIST_LIMIT of each, with counts)."""
+def _check_names(found: Mapping[str, tuple], expected: Mapping[str, tuple[int, ...]], where: str,
+                 allowed_extra: frozenset[str] = frozenset()) -> None:
+    """found: name -> (shape, dtype, ...). Raise one CheckpointError listing missing, unexpected (beyond
+    `allowed_extra`), mis-shaped and non-floating tensors (first LIST_LIMIT of each, with counts)."""
     missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected) - ALLOWED_EXTRA)
+    unexpected = sorted(set(found) - set(expected) - allowed_extra)
     misshaped = [f"{n} {list(found[n][0])} (expected {list(expected[n])})"
                  for n in sorted(set(found) & set(expected)) if tuple(found[n][0]) != tuple(expected[n])]
     not_float = [f"{n} ({found[n][1]})" for n in sorted(set(found) & set(expected))
@@ -357,6 +369,6 @@ def _raise_with_missing_keys(folder: Path, exc: Exception) -> None:
     missing = [k for k in SIZE_KEYS if k not in raw and k not in lm]
     if not missing:
         return
-    defaults = ", ".join(f"{k}={ModelSpec.model_fields[k].default}" for k in missing)
+    defaults = ", ".join(f"{k}={DecoderSpec.model_fields[k].default}" for k in missing)
     raise type(exc)(f"{folder / 'config.json'} has no {', '.join(missing)} (top level or language_config), so "
                     f"the default {defaults} was assumed and the checkpoint does not fit it: {exc}") from None

@@ -1,4 +1,5 @@
-"""DeepSeek-OCR top level: vision stages, projector, vision-token layout, token embedding and the LM.
+"""DeepSeek-OCR top level: vision stages, projector, vision-token layout, token embedding and the LM; the
+family-independent parts (VisionLM, CausalLM) that DeepSeek-OCR 2 (deepseek_ocr2.py) shares.
 
 Module paths equal the official checkpoint's tensor prefixes (docs/model-contract.md). Inputs follow the vendor
 HF path: `images` is one (crops, global) pair per batch row, `images_spatial_crop` one
@@ -13,6 +14,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 from torch import nn
 
+from ..registry import get_family
 from ..spec import ModelSpec
 from .clip import ClipEncoder
 from .decoder import DecoderLayer, RMSNorm, check_attn_impl, rope_cos_sin
@@ -28,7 +30,8 @@ def no_stage(name: str) -> ContextManager:
 
 
 class Projector(nn.Module):
-    """`model.projector`: one Linear(projector_input_dim -> hidden) named `layers`, as in the checkpoint."""
+    """`model.projector`: one Linear(projector_input_dim -> hidden) named `layers`, as in the checkpoint (both
+    families)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -38,83 +41,51 @@ class Projector(nn.Module):
         return self.layers(x)
 
 
-class DeepseekOCRModel(nn.Module):
-    """`model`: everything but lm_head."""
+class VisionLM(nn.Module):
+    """What every family's `model` shares: the decoder (embed_tokens, layers, norm), the grouping of views into
+    batches per size, and the per-row slot layout. A family adds its vision modules, `VISION_STAGES` (the registry's
+    names, in running order), `vision_step` (one stage on one batch of views) and `layout_image`."""
 
-    def __init__(self, spec: ModelSpec, attn_impl: str = "sdpa"):
-        super().__init__()
-        self.spec = spec
+    VISION_STAGES: tuple[str, ...] = ()
+
+    def _init_lm(self, spec, attn_impl: str) -> None:
+        """The decoder's modules, registered after the family's vision modules (the checkpoint's order)."""
         h = spec.hidden_size
-        self.sam_model = SamEncoder(spec)
-        self.vision_model = ClipEncoder(spec)
-        self.projector = Projector(spec)
-        self.image_newline = nn.Parameter(torch.zeros(h))
-        self.view_seperator = nn.Parameter(torch.zeros(h))  # (sic) the checkpoint's spelling
         self.embed_tokens = nn.Embedding(spec.vocab_size, h)
         self.layers = nn.ModuleList(DecoderLayer(spec, i, attn_impl) for i in range(spec.num_hidden_layers))
         self.norm = RMSNorm(h, spec.rms_norm_eps)
 
-    # --- vision ---
-    def project(self, clip: torch.Tensor, sam: torch.Tensor) -> torch.Tensor:
-        """CLIP [N, 1+g*g, C] and SAM [N, C_sam, g, g] -> [N, g*g, hidden]: CLIP (CLS dropped) first, then SAM."""
-        sam_tokens = sam.flatten(2).transpose(1, 2)
-        return self.projector(torch.cat([clip[:, 1:], sam_tokens], dim=-1))
+    def vision_modules(self) -> tuple[nn.Module, ...]:
+        """The modules one call of which is one vision stage's work (the verification counts their calls)."""
+        raise NotImplementedError
 
-    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Views [N, 3, S, S] -> features [N, (S/64)^2, hidden] through SAM, CLIP and the projector."""
-        sam = self.sam_model(pixels)
-        return self.project(self.vision_model(sam), sam)
-
-    def encode_views(self, views: Sequence[torch.Tensor], stage: StageFn = no_stage) -> list[torch.Tensor]:
-        """Encode several view batches, running the encoders once per distinct view size. `stage(name)` wraps
-        all SAM calls, then all CLIP calls, then all projector calls, so a caller can time the three stages
-        while one-shot generation runs exactly the same code."""
-        groups: dict[tuple, list[int]] = {}
-        for i, v in enumerate(views):
-            groups.setdefault(tuple(v.shape[1:]), []).append(i)
-        batches = [torch.cat([views[i] for i in idxs]) if len(idxs) > 1 else views[idxs[0]]
-                   for idxs in groups.values()]
-        with stage("sam"):
-            sams = [self.sam_model(b) for b in batches]
-        with stage("clip"):
-            clips = [self.vision_model(s) for s in sams]
-        with stage("projector"):
-            feats = [self.project(c, s) for c, s in zip(clips, sams)]
-        out: list[torch.Tensor | None] = [None] * len(views)
-        for idxs, f in zip(groups.values(), feats):
-            for i, part in zip(idxs, f.split([views[i].shape[0] for i in idxs])):
-                out[i] = part
-        return out
-
-    def _rows_with_newline(self, grid: torch.Tensor) -> torch.Tensor:
-        """[rows, cols, H] -> [rows * (cols + 1), H]: image_newline after every row."""
-        rows, _, h = grid.shape
-        newline = self.image_newline.to(grid.dtype).expand(rows, 1, h)
-        return torch.cat([grid, newline], dim=1).reshape(-1, h)
+    def vision_step(self, name: str, state: dict) -> None:
+        """Run stage `name` on one batch of views; `state` starts as {"pixels": [N,3,S,S]} and must end with
+        "features" [N, tokens, hidden] after the last stage."""
+        raise NotImplementedError
 
     def layout_image(self, global_feats: torch.Tensor, local_feats: torch.Tensor | None,
                      grid: tuple[int, int]) -> torch.Tensor:
-        """One image's slots [slots, H]: stitched local tiles with newlines, global grid with newlines,
-        view_seperator. global_feats [g*g, H]; local_feats [tw*th, t*t, H] in row-major tile order or None."""
-        tw, th = grid
-        h = global_feats.shape[-1]
-        parts = []
-        if (tw, th) != (1, 1):
-            if local_feats is None:
-                raise ValueError(f"grid {tw}x{th} needs local tile features")
-            n, tt, _ = local_feats.shape
-            t = math.isqrt(tt)
-            if n != tw * th or t * t != tt:
-                raise ValueError(f"local features {tuple(local_feats.shape)} do not fit a {tw}x{th} grid of square tiles")
-            # tile (r, c) is local_feats[r*tw + c]; stitch into one (th*t) x (tw*t) map
-            stitched = local_feats.view(th, tw, t, t, h).permute(0, 2, 1, 3, 4).reshape(th * t, tw * t, h)
-            parts.append(self._rows_with_newline(stitched))
-        g = math.isqrt(global_feats.shape[0])
-        if g * g != global_feats.shape[0]:
-            raise ValueError(f"global features {tuple(global_feats.shape)} are not a square grid")
-        parts.append(self._rows_with_newline(global_feats.reshape(g, g, h)))
-        parts.append(self.view_seperator.to(global_feats.dtype)[None])
-        return torch.cat(parts)
+        raise NotImplementedError
+
+    def encode_views(self, views: Sequence[torch.Tensor], stage: StageFn = no_stage) -> list[torch.Tensor]:
+        """Encode several view batches, running the encoders once per distinct view size. `stage(name)` wraps
+        all calls of each vision stage in turn (e.g. all SAM calls, then all CLIP calls, then all projector
+        calls), so a caller can time the stages while one-shot generation runs exactly the same code."""
+        groups: dict[tuple, list[int]] = {}
+        for i, v in enumerate(views):
+            groups.setdefault(tuple(v.shape[1:]), []).append(i)
+        states = [{"pixels": torch.cat([views[i] for i in idxs]) if len(idxs) > 1 else views[idxs[0]]}
+                  for idxs in groups.values()]
+        for name in self.VISION_STAGES:
+            with stage(name):
+                for state in states:
+                    self.vision_step(name, state)
+        out: list[torch.Tensor | None] = [None] * len(views)
+        for idxs, state in zip(groups.values(), states):
+            for i, part in zip(idxs, state["features"].split([views[i].shape[0] for i in idxs])):
+                out[i] = part
+        return out
 
     def vision_embeddings(self, images: Sequence[ImagePair], images_spatial_crop,
                           stage: StageFn = no_stage) -> list[torch.Tensor]:
@@ -162,13 +133,86 @@ class DeepseekOCRModel(nn.Module):
         return self.norm(x)
 
 
-class DeepseekOCRForCausalLM(nn.Module):
-    """`model` + untied `lm_head`. attn_impl picks the LM attention ('eager' or 'sdpa'); SAM/CLIP use SDPA."""
+class DeepseekOCRModel(VisionLM):
+    """`model`: everything but lm_head."""
+
+    VISION_STAGES = get_family("deepseek-ocr").vision_stages  # the order forward() runs them in
 
     def __init__(self, spec: ModelSpec, attn_impl: str = "sdpa"):
         super().__init__()
         self.spec = spec
-        self.model = DeepseekOCRModel(spec, check_attn_impl(attn_impl))
+        h = spec.hidden_size
+        self.sam_model = SamEncoder(spec)
+        self.vision_model = ClipEncoder(spec)
+        self.projector = Projector(spec)
+        self.image_newline = nn.Parameter(torch.zeros(h))
+        self.view_seperator = nn.Parameter(torch.zeros(h))  # (sic) the checkpoint's spelling
+        self._init_lm(spec, attn_impl)
+
+    # --- vision ---
+    def vision_modules(self) -> tuple[nn.Module, ...]:
+        return (self.sam_model, self.vision_model, self.projector)
+
+    def vision_step(self, name: str, state: dict) -> None:
+        if name == "sam":
+            state["sam"] = self.sam_model(state["pixels"])
+        elif name == "clip":
+            state["clip"] = self.vision_model(state["sam"])
+        else:
+            state["features"] = self.project(state["clip"], state["sam"])
+
+    def project(self, clip: torch.Tensor, sam: torch.Tensor) -> torch.Tensor:
+        """CLIP [N, 1+g*g, C] and SAM [N, C_sam, g, g] -> [N, g*g, hidden]: CLIP (CLS dropped) first, then SAM."""
+        sam_tokens = sam.flatten(2).transpose(1, 2)
+        return self.projector(torch.cat([clip[:, 1:], sam_tokens], dim=-1))
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Views [N, 3, S, S] -> features [N, (S/64)^2, hidden] through SAM, CLIP and the projector."""
+        sam = self.sam_model(pixels)
+        return self.project(self.vision_model(sam), sam)
+
+    def _rows_with_newline(self, grid: torch.Tensor) -> torch.Tensor:
+        """[rows, cols, H] -> [rows * (cols + 1), H]: image_newline after every row."""
+        rows, _, h = grid.shape
+        newline = self.image_newline.to(grid.dtype).expand(rows, 1, h)
+        return torch.cat([grid, newline], dim=1).reshape(-1, h)
+
+    def layout_image(self, global_feats: torch.Tensor, local_feats: torch.Tensor | None,
+                     grid: tuple[int, int]) -> torch.Tensor:
+        """One image's slots [slots, H]: stitched local tiles with newlines, global grid with newlines,
+        view_seperator. global_feats [g*g, H]; local_feats [tw*th, t*t, H] in row-major tile order or None."""
+        tw, th = grid
+        h = global_feats.shape[-1]
+        parts = []
+        if (tw, th) != (1, 1):
+            if local_feats is None:
+                raise ValueError(f"grid {tw}x{th} needs local tile features")
+            n, tt, _ = local_feats.shape
+            t = math.isqrt(tt)
+            if n != tw * th or t * t != tt:
+                raise ValueError(f"local features {tuple(local_feats.shape)} do not fit a {tw}x{th} grid of "
+                                 "square tiles")
+            # tile (r, c) is local_feats[r*tw + c]; stitch into one (th*t) x (tw*t) map
+            stitched = local_feats.view(th, tw, t, t, h).permute(0, 2, 1, 3, 4).reshape(th * t, tw * t, h)
+            parts.append(self._rows_with_newline(stitched))
+        g = math.isqrt(global_feats.shape[0])
+        if g * g != global_feats.shape[0]:
+            raise ValueError(f"global features {tuple(global_feats.shape)} are not a square grid")
+        parts.append(self._rows_with_newline(global_feats.reshape(g, g, h)))
+        parts.append(self.view_seperator.to(global_feats.dtype)[None])
+        return torch.cat(parts)
+
+
+class CausalLM(nn.Module):
+    """`model` + untied `lm_head`, for any family: MODEL is the family's `model` class. attn_impl picks the LM
+    attention ('eager' or 'sdpa'); the vision stages use SDPA."""
+
+    MODEL: type = VisionLM
+
+    def __init__(self, spec, attn_impl: str = "sdpa"):
+        super().__init__()
+        self.spec = spec
+        self.model = self.MODEL(spec, check_attn_impl(attn_impl))
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
 
     @property
@@ -203,6 +247,12 @@ class DeepseekOCRForCausalLM(nn.Module):
             image_embeds = self.model.vision_embeddings(images, images_spatial_crop)
         x = self.model.embed(input_ids, images_seq_mask, image_embeds)
         return self.forward_lm(x, cache=cache, logits=logits)
+
+
+class DeepseekOCRForCausalLM(CausalLM):
+    """DeepSeek-OCR: SAM + CLIP + projector + the MoE decoder."""
+
+    MODEL = DeepseekOCRModel
 
 
 def view_list(images: Sequence[ImagePair], grids: list[tuple[int, int]]) -> list[torch.Tensor]:

@@ -19,18 +19,20 @@ from ..analytic import Points, evaluate
 from ..analytic.routing import Routing, calls_of_record, routing_from_calls
 from ..engines import run_engine
 from ..hardware import run_ceilings
+from ..registry import mode_info
 from ..spec import Hardware, ModelSpec, Workload
 from .runs import run_spec
+from .schema import STAGES
 from .store import RunStore
 
 FLAG_THRESHOLD = 0.10  # differences above 10% are flagged
-COMPARED_STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "decode_step")
+COMPARED_STAGES = STAGES  # every model family's stages (registry), decode_step included
 
 
 def point_workload(row: pd.Series) -> Workload:
     """The Workload a stored point measured (its key columns)."""
     mode = row["mode"]  # item access: Series.mode / Series.dtype are methods/attributes of pandas itself
-    crops = (int(row["grid_w"]), int(row["grid_h"])) if mode in ("gundam", "gundam-m") else None
+    crops = (int(row["grid_w"]), int(row["grid_h"])) if mode_info(mode).crop_mode else None
     return Workload(mode=mode, crops=crops, text_tokens=int(row["text_tokens"]), batch=int(row["batch"]),
                     decode_steps=int(row["decode_steps"]), dtype=row["dtype"], attn=row["attn"],
                     logits=row["logits"])

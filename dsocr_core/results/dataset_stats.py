@@ -16,8 +16,11 @@ Entry points (all read the run store; none imports streamlit):
     operator_stages(store, run_id)                the stage totals of that breakdown
     load_dataset_run(store, run_id, hardware)     all of the above in one DatasetRunView
 
+Stage columns exist for every model family's stages (registry): a DeepSeek-OCR run has NaN encoder_* columns, a
+DeepSeek-OCR 2 run NaN clip_* columns, so two runs of either model line up column for column.
+
 Conventions: statistics are over samples with status `done`; std is the population standard deviation (as
-store.stage_stats); p90 is numpy's linear-interpolated 90th percentile. TTFT = sam + clip + projector + prefill
+store.stage_stats); p90 is numpy's linear-interpolated 90th percentile. TTFT = the vision stages + prefill
 (preprocessing excluded, as Session does); TPOT = the page's median decode step. pages/s = done samples / summed
 wall time (preprocess + generation, one page at a time, warm-ups and FLOP passes excluded).
 
@@ -41,12 +44,13 @@ import pandas as pd
 
 from ..hardware import run_ceilings
 from ..measure.order_check import summary as order_summary
+from ..registry import stage_names, vision_stage_names
 from ..spec import Hardware, ModelSpec
 from .analytic_join import run_prediction
-from .runs import run_spec
+from .runs import run_model, run_spec
 from .store import RunStore
 
-STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode")
+STAGES = stage_names()  # every family's (registry): a run has NaN in the columns of the other family's stages
 ANALYTIC_STAGES = (*STAGES, "total")
 PAGE_COLUMNS = (
     "point_id", "key", "label", "page", "pdf_page", "epoch", "source", "status", "message", "mode", "grid", "grid_w", "grid_h",
@@ -57,8 +61,7 @@ PAGE_COLUMNS = (
 )
 # (metric column, stage label, unit) rows of stage_summary, in display order
 SUMMARY_METRICS = (
-    ("preprocess_s", "preprocess", "s"), ("sam_s", "sam", "s"), ("clip_s", "clip", "s"),
-    ("projector_s", "projector", "s"), ("vision_s", "vision", "s"), ("prefill_s", "prefill", "s"),
+    ("preprocess_s", "preprocess", "s"), *((f"{s}_s", s, "s") for s in (*vision_stage_names(), "vision", "prefill")),
     ("ttft_s", "time to first token", "s"), ("decode_s", "decode", "s"), ("tpot_s", "time per output token", "s"),
     ("generation_s", "generation", "s"), ("wall_s", "page wall time", "s"),
     ("generated_tokens", "tokens per page", "tokens"), ("prompt_tokens", "prompt tokens", "tokens"),
@@ -127,6 +130,7 @@ def page_table(store: RunStore, run_id: str, hardware: Hardware | None = None, a
             parts.append(predicted_columns(frame, spec, run_prediction(run, pts, prediction, spec), **how))
         frame = pd.concat(parts, axis=1)
     frame.attrs["run_id"] = run_id
+    frame.attrs["model"] = run_model(run)
     frame.attrs["label"] = run.get("label")
     return frame
 
@@ -140,7 +144,7 @@ def analytic_columns(pages: pd.DataFrame, spec: ModelSpec, hardware: Hardware | 
         cols += [f"analytic_{s}_s" for s in ANALYTIC_STAGES] + ["analytic_ttft_s", "analytic_tpot_s"]
     out = pd.DataFrame(np.nan, index=pages.index, columns=cols, dtype="float64")
     for group, steps, ev in _evaluated(pages, spec, hardware, dtype, attn, logits):
-        for s in ANALYTIC_STAGES:
+        for s in (s for s in ANALYTIC_STAGES if s in ev):  # the run's model's stages
             out.loc[group.index, f"analytic_{s}_tensor_flops"] = ev[s]["tensor_flops"].astype("float64")
             if hardware is not None:
                 out.loc[group.index, f"analytic_{s}_s"] = ev[s]["time_s"].astype("float64")
@@ -161,7 +165,7 @@ def predicted_columns(pages: pd.DataFrame, spec: ModelSpec, prediction: Hardware
     if getattr(prediction, "prediction", None) is None:
         raise ValueError("predicted_columns needs a Hardware carrying a prediction (analytic.predict.with_profile)")
     for group, steps, ev in _evaluated(pages, spec, prediction, dtype, attn, logits):
-        for s in ANALYTIC_STAGES:
+        for s in (s for s in ANALYTIC_STAGES if s in ev):
             out.loc[group.index, f"predicted_{s}_s"] = ev[s]["predicted_s"].astype("float64")
         out.loc[group.index, "predicted_ttft_s"] = (ev["vision"]["predicted_s"]
                                                     + ev["prefill"]["predicted_s"]).astype(float)
@@ -197,13 +201,24 @@ def _describe(values: pd.Series) -> dict[str, float]:
             "p90": float(np.percentile(v, 90)), "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
 
 
+def run_stages(pages: pd.DataFrame) -> tuple[str, ...]:
+    """The stage columns of a page table that belong to its run's model (page_table records the model in
+    `attrs`; without it, every stage)."""
+    from ..registry import get_family
+
+    model = pages.attrs.get("model")
+    return tuple(s for s in STAGES if s in get_family(model).all_stages) if model else STAGES
+
+
 def stage_summary(pages: pd.DataFrame) -> pd.DataFrame:
     """SUMMARY_COLUMNS: one row per metric of SUMMARY_METRICS over the done samples, with the analytic mean
-    (where the page table has the matching analytic column) and measured mean / analytic mean."""
+    (where the page table has the matching analytic column) and measured mean / analytic mean. Stages of the
+    other model family are left out."""
     done = _done(pages)
+    other = set(STAGES) - set(run_stages(pages))
     rows = []
     for metric, stage, unit in SUMMARY_METRICS:
-        if metric not in done:
+        if metric not in done or stage in other:
             continue
         row = {"metric": metric, "stage": stage, "unit": unit, **_describe(done[metric])}
         acol = f"analytic_{metric}"
@@ -213,7 +228,7 @@ def stage_summary(pages: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     flops = [(f"{s}_flops", s) for s in STAGES] + [("total_flops", "total")]
     for metric, stage in flops:
-        if metric not in done:
+        if metric not in done or stage in other:
             continue
         row = {"metric": metric, "stage": stage, "unit": "FLOP", **_describe(done[metric].astype("float64"))}
         acol = f"analytic_{stage}_tensor_flops"

@@ -20,10 +20,22 @@ import numpy as np
 import pandas as pd
 
 from ..measure.kernel_names import short_name
+from ..registry import stage_labels, vision_stage_names
 
 # (page-table column, what the dashboard calls it), in the order a page runs
-METRICS = {"sam_s": "SAM", "clip_s": "CLIP", "projector_s": "projector", "prefill_s": "LM prefill",
-           "ttft_s": "TTFT", "decode_s": "LM decode", "tpot_s": "TPOT"}
+METRICS = {**{f"{s}_s": label for s, label in stage_labels().items() if s not in ("vision", "decode", "total")},
+           "ttft_s": "TTFT", "decode_s": stage_labels()["decode"], "tpot_s": "TPOT"}  # every family's stages
+
+
+def run_metrics(*pages: pd.DataFrame) -> tuple[str, ...]:
+    """The METRICS of the runs' models (page tables record their model; dataset_stats.run_stages), in order: a
+    DeepSeek-OCR run has no encoder_s, a DeepSeek-OCR 2 run no clip_s, two runs of the two models both."""
+    from .dataset_stats import run_stages
+
+    stages = {s for p in pages for s in run_stages(p)}
+    return tuple(m for m in METRICS if m[:-2] not in vision_stage_names() or m[:-2] in stages)
+
+
 X_AXES = {"crop_count": "crop tiles (number)", "prompt_tokens": "prompt length (tokens)"}
 LONG_COLUMNS = ("label", "page", "pdf_page", "epoch", "source", "mode", "grid", "crop_count", "prompt_tokens",
                 "image_w", "image_h", "metric", "stage", "measured_s", "analytic_s", "predicted_s", "beats_bound")
@@ -42,10 +54,12 @@ def _num(frame: pd.DataFrame, col: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- per page
-def page_stage_long(pages: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
+def page_stage_long(pages: pd.DataFrame, metrics=None) -> pd.DataFrame:
     """LONG_COLUMNS: one row per done sample and metric, its measured time beside the analytic (roofline) time
     and the predicted time of the same page's workload (NaN where the page table has no such column: no
-    hardware, or no prediction). `crop_count` = grid width x height (1 for the modes without tiles)."""
+    hardware, or no prediction). `crop_count` = grid width x height (1 for the modes without tiles). `metrics`
+    defaults to the run's (run_metrics)."""
+    metrics = run_metrics(pages) if metrics is None else metrics
     done = _done(pages)
     parts = []
     for metric in metrics:
@@ -86,8 +100,9 @@ def bound_defects(long: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def stage_spread(pages: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
-    """SPREAD_COLUMNS: the distribution of each metric over the done samples (seconds)."""
+def stage_spread(pages: pd.DataFrame, metrics=None) -> pd.DataFrame:
+    """SPREAD_COLUMNS: the distribution of each metric (default: the run's) over the done samples (seconds)."""
+    metrics = run_metrics(pages) if metrics is None else metrics
     done = _done(pages)
     rows = []
     for metric in metrics:
@@ -102,9 +117,10 @@ def stage_spread(pages: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SPREAD_COLUMNS))
 
 
-def page_means(pages: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
+def page_means(pages: pd.DataFrame, metrics=None) -> pd.DataFrame:
     """One row per page (file and PDF page) over its done epochs: label, source, pdf_page, epochs, mode, grid,
     prompt_tokens, image_w, image_h, the mean of each metric and of wall_s and generated_tokens."""
+    metrics = run_metrics(pages) if metrics is None else metrics
     done = _done(pages).copy()
     cols = [m for m in (*metrics, "wall_s", "generated_tokens") if m in done]
     for c in cols:
@@ -139,8 +155,11 @@ class RunComparison:
     joined_on: str  # "file" | "name"
 
 
-def compare_runs(a: pd.DataFrame, b: pd.DataFrame, metrics=tuple(METRICS)) -> RunComparison:
-    """Two dataset runs (page tables) on the pages they share (see the module docstring for the join)."""
+def compare_runs(a: pd.DataFrame, b: pd.DataFrame, metrics=None) -> RunComparison:
+    """Two dataset runs (page tables) on the pages they share (see the module docstring for the join). The runs
+    may be of two models (DeepSeek-OCR vs DeepSeek-OCR 2): a stage only one of them has (CLIP, the encoder) gets a
+    row with that run's median over the shared pages, n = 0 and no ratio."""
+    metrics = run_metrics(a, b) if metrics is None else metrics
     ma, mb = page_means(a, metrics), page_means(b, metrics)
     joined_on = "file"
     key = ["source", "pdf_page"]
@@ -165,6 +184,10 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame, metrics=tuple(METRICS)) -> Ru
             med_a, med_b = float(np.median(va[ok])), float(np.median(vb[ok]))
             stages.append({"stage": METRICS.get(metric, metric), "metric": metric, "n": int(ok.sum()),
                            "median_a": med_a, "median_b": med_b, "b_over_a": med_b / med_a if med_a > 0 else np.nan})
+        elif np.isfinite(va).any() or np.isfinite(vb).any():  # a stage of one model only
+            med = [float(np.median(v[np.isfinite(v)])) if np.isfinite(v).any() else np.nan for v in (va, vb)]
+            stages.append({"stage": METRICS.get(metric, metric), "metric": metric, "n": 0,
+                           "median_a": med[0], "median_b": med[1], "b_over_a": np.nan})
     per_page = (pd.concat(rows, ignore_index=True) if rows else
                 pd.DataFrame(columns=["label", "metric", "stage", "a_s", "b_s", "b_over_a"]))
     return RunComparison(pd.DataFrame(stages, columns=["stage", "metric", "n", "median_a", "median_b", "b_over_a"]),

@@ -3,8 +3,9 @@ stage (median / p90 / max absolute relative error and the median signed error). 
 benchmarks/prediction_accuracy.py and the regression test that re-predicts every GPU measurement the project
 ships (tests/test_prediction_regression.py).
 
-Stages: sam, clip, projector, vision, prefill (the LM prefill), decode (the K steps), ttft (vision + prefill),
-tpot (decode / K); a stored run's comparison (run_errors) has decode_step in place of ttft and tpot.
+Stages (the registry's, of the prediction's model): sam, clip or encoder, projector, vision, prefill (the LM
+prefill), decode (the K steps), ttft (vision + prefill), tpot (decode / K); a stored run's comparison (run_errors)
+has decode_step in place of ttft and tpot.
 
 Two kinds of shipped measurement are re-predicted: the accuracy benchmark's results (its --out JSON: every point's
 workload and measured stage times, the profile and the prediction settings; accuracy_errors) and stored runs (e.g.
@@ -18,20 +19,21 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..analytic.routing import routing_from_dict
-from ..spec import PRESETS, Hardware, ModelSpec, SpecError, Workload
+from ..registry import family_of, get_family, stage_names
+from ..spec import Hardware, ModelSpec, SpecError, Workload
 from .analytic_join import compare_run, workload_stage_totals
 from .store import RunStore
 
-STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "ttft", "tpot")
-_BASE = ("sam", "clip", "projector", "vision", "prefill", "decode")
+STAGES = (*stage_names(), "ttft", "tpot")  # every family's; a prediction has its own model's
 
 
 def predicted_stages(spec: ModelSpec, workloads: list[Workload], hw: Hardware) -> list[dict[str, float]]:
     """Predicted seconds per stage of each workload under `hw` (a ProfiledHardware), vectorised per group of
     workloads; plus roofline_ttft (the roofline part of the predicted TTFT)."""
     out = []
+    base = [s for s in family_of(spec).all_stages if s != "total"]
     for w, st in zip(workloads, workload_stage_totals(spec, workloads, hw)):
-        d = {s: st[s]["predicted_s"] for s in _BASE}
+        d = {s: st[s]["predicted_s"] for s in base}
         d["ttft"] = d["vision"] + d["prefill"]
         d["tpot"] = d["decode"] / max(w.decode_steps, 1)
         d["roofline_ttft"] = st["vision"]["predicted_roofline_s"] + st["prefill"]["predicted_roofline_s"]
@@ -74,14 +76,15 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None)
         raise SpecError(f"the accuracy result has no {mode!r} session mode (it has {have})")
     if routing is None and entry.get("routing"):
         routing = routing_from_dict(entry["routing"], f"the {mode} mode's recorded routing")
-    preset = settings.get("synthetic") or "full"
-    if preset not in PRESETS:
-        raise SpecError(f"settings.synthetic must be one of {', '.join(PRESETS)}, got {preset!r}")
+    fam, preset = get_family(settings.get("model")), settings.get("synthetic") or "full"  # results name their model
+    if preset not in fam.presets:
+        raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
+    spec = fam.preset(preset)
     hw = with_profile(profile_hardware(profile), profile, mode, settings.get("work", "engine"),
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
-    preds = predicted_stages(PRESETS[preset](), workloads, hw)
+    preds = predicted_stages(spec, workloads, hw)
     return [{"workload": w, "measured_s": p["measured_s"], "predicted_s": pr,
              "error": relative_errors(pr, p["measured_s"])} for w, p, pr in zip(workloads, done, preds)]
 

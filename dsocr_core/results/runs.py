@@ -1,18 +1,17 @@
-"""Runs as the command line shows them: the listing table, one run's details, and the settings a resumed
-measured sweep must share with the run it continues (so no run mixes dtypes, attentions, seeds or weights)."""
+"""Runs as the command line shows them: the listing table, one run's details, its model and spec, and the settings
+a resumed measured sweep must share with the run it continues (so no run mixes dtypes, attentions, seeds or weights)."""
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable, Mapping
 
 from ..engines import run_engine
-from ..spec import ModelSpec
 from .tables import format_table
 
 # What a resumed sweep must share with its run, and how each is named in a refusal.
 RESUME_SETTINGS = {"dtype": "dtype", "attn": "attention", "session_mode": "session mode", "seed": "seed",
                    "repeats": "repeats", "warmup": "warm-up runs", "logits": "logits", "weights_source": "weights",
-                   "weights_detail": "weights", "device_type": "device"}
+                   "weights_detail": "weights", "device_type": "device", "model": "model"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 
@@ -23,6 +22,23 @@ def plain_text(text: Any, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
 
 
+def run_model(run: Mapping[str, Any]) -> str:
+    """The model family a run measured (its session description; runs from before the registry are DeepSeek-OCR)."""
+    from ..registry import DEFAULT_MODEL
+
+    meta = run.get("meta") or {}
+    return (meta.get("session") or {}).get("model") or meta.get("model") or DEFAULT_MODEL
+
+
+def run_spec(run: Mapping[str, Any]):
+    """The model spec a run was measured with (from its meta; the model's full spec when absent)."""
+    from ..registry import get_family
+
+    family = get_family(run_model(run))
+    data = (run.get("meta") or {}).get("spec")
+    return family.spec_class(**data) if data else family.preset("full")
+
+
 def recorded_settings(run: Mapping[str, Any]) -> dict[str, Any]:
     """The settings a measured sweep recorded (get_run's dict): the RESUME_SETTINGS keys, None when unknown."""
     meta, weights = run.get("meta") or {}, run.get("weights") or {}
@@ -30,7 +46,8 @@ def recorded_settings(run: Mapping[str, Any]) -> dict[str, Any]:
     return {"dtype": run.get("dtype"), "attn": run.get("attn"), "session_mode": run.get("session_mode"),
             "seed": meta.get("seed"), "repeats": meta.get("repeats"), "warmup": meta.get("warmup"),
             "logits": meta.get("logits"), "weights_source": weights.get("source"),
-            "weights_detail": weights.get("detail"), "device_type": device.split(":")[0] or None}
+            "weights_detail": weights.get("detail"), "device_type": device.split(":")[0] or None,
+            "model": run_model(run)}
 
 
 def settings_problems(run: Mapping[str, Any], wanted: Mapping[str, Any],
@@ -68,12 +85,14 @@ def engine_note(run: Mapping[str, Any]) -> str:
 
 
 def run_details(run: Mapping[str, Any]) -> str:
-    """One run in a few lines: label, settings, counts, how to resume it."""
+    """One run in a few lines: label, settings, model and weights, counts, how to resume it."""
+    from ..registry import get_family
+
     s = recorded_settings(run)
     lines = [f"run {run['id']}  ({run['kind']})", f"  {plain_text(run.get('label') or run.get('name') or '', 200)}",
              f"  created {run.get('created_at')}  device {s['device_type'] or '?'}  dtype {s['dtype']}  "
              f"attention {s['attn']}  session {s['session_mode']}",
-             f"  {engine_note(run)}",
+             f"  model {get_family(run_model(run)).label}; {engine_note(run)}",
              f"  weights {s['weights_source']}: {plain_text(s['weights_detail'] or '', 120)}",
              f"  points {run.get('n_points', 0)}: {run.get('n_done', 0)} done, {run.get('n_oom', 0)} oom, "
              f"{run.get('n_error', 0)} error"]
@@ -84,9 +103,3 @@ def run_details(run: Mapping[str, Any]) -> str:
     elif run["kind"] == "dataset":
         lines.append(f"  resume with: python -m dsocr_core profile ... --resume {run['id'][:12]}")
     return "\n".join(lines)
-
-
-def run_spec(run: Mapping[str, Any]) -> ModelSpec:
-    """The model spec a run was measured with (from its meta; the full DeepSeek-OCR spec when absent)."""
-    data = (run.get("meta") or {}).get("spec")
-    return ModelSpec(**data) if data else ModelSpec()

@@ -36,6 +36,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from pydantic import BaseModel
 
+from ..registry import stage_names
+
 SCHEMA_VERSION = 1
 FORMAT = "dsocr-run"
 FORMAT_VERSION = 1
@@ -46,7 +48,8 @@ KINDS = ("sweep", "dataset", "parity", "reference")
 STATUSES = ("done", "oom", "error")
 FINISHED = ("done", "oom")  # a resumed sweep skips these; an error point is retried
 WEIGHT_SOURCES = ("checkpoint", "synthetic", "none")
-STAGES = ("sam", "clip", "projector", "vision", "prefill", "decode", "decode_step")  # known, in display order
+# known stage names, every model family's (registry), in display order
+STAGES = (*stage_names(), "decode_step")
 STAGE_NUMBERS = ("median_s", "min_s", "max_s", "p10_s", "p90_s", "std_s", "repeats", "flops", "tensor_flops",
                  "peak_memory_bytes")
 _STAGE_INTS = {"repeats", "flops", "tensor_flops", "peak_memory_bytes"}

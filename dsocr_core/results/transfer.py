@@ -349,11 +349,12 @@ def _check_measured_point(prow: dict) -> None:
     """A finished point of a measured sweep must name a workload the analytic model can evaluate (the pages
     join every such point to it, through Points.build and its limits); raise ValueError otherwise."""
     from ..analytic.points import Points
+    from ..registry import all_modes, mode_info
     from ..spec import SpecError, Workload
 
     needed = ("mode", "text_tokens", "batch", "decode_steps", "dtype", "attn", "logits")
     absent = [k for k in needed if prow.get(k) is None]
-    gundam = prow.get("mode") in ("gundam", "gundam-m")
+    gundam = prow.get("mode") in all_modes() and mode_info(prow["mode"]).crop_mode  # a tiling mode (registry)
     if gundam and (prow.get("grid_w") is None or prow.get("grid_h") is None):
         absent.append("crops")
     if absent:

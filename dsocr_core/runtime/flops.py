@@ -10,6 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..model.flop_formulas import flop_counter
+from ..registry import get_family
 
 
 def model_counter(model: torch.nn.Module | None = None) -> FlopCounterMode:
@@ -59,12 +60,13 @@ def flops_at(per_module: dict[str, int], path: str) -> int:
     return sum(v for k, v in per_module.items() if k.startswith(prefix) and "." not in k[len(prefix):])
 
 
-VISION_STAGES = ("sam", "clip", "projector")
+VISION_STAGES = get_family().vision_stages  # the default model's; a model's own: model.model.VISION_STAGES
 
 
 @torch.no_grad()
 def count_stage_flops(model: torch.nn.Module, inputs, logits: str = "all", decode_steps: int = 1) -> dict:
-    """FLOPs of sam, clip, projector, prefill and `decode_steps` decode steps of the reference model, each counted
+    """FLOPs of the vision stages (sam, clip or encoder, projector), prefill and `decode_steps` decode steps of the
+    reference model, each counted
     by FlopCounterMode in its own pass (never while timing). FLOPs are the model's work whatever engine is timed:
     a fast engine's extra work (padding, fused recomputation) is not model work. Returns {stage: {"flops",
     "modules"}}, and for decode also "per_step"."""
@@ -78,7 +80,7 @@ def count_stage_flops(model: torch.nn.Module, inputs, logits: str = "all", decod
         return counters[name][-1]
 
     embeds = m.vision_embeddings(inputs.images, inputs.images_spatial_crop, stage=stage)
-    for name in VISION_STAGES:
+    for name in m.VISION_STAGES:
         total, mods = module_flops(counters.get(name, []), model)
         out[name] = {"flops": total, "modules": mods}
     x = m.embed(inputs.input_ids, inputs.images_seq_mask, embeds)

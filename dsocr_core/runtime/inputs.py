@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from ..tiling import HF_CROP_RANGE, TokenCounts, crop_grid, mode_info, token_counts
+from ..tiling import TokenCounts, crop_grid, mode_info, token_counts
 from .image_limits import MAX_FILE_BYTES, MAX_PIXELS, pixel_limit_message  # noqa: F401 - re-exported
 from .image_modes import to_rgb
 from .tokenizer import BOS_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, Tokenizer, load_tokenizer
@@ -176,8 +176,8 @@ class ImageViews:
     size: tuple[int, int]  # original (width, height) after the EXIF transpose
 
 
-def image_views(image: Image.Image, mode: str = "gundam", min_crops: int = HF_CROP_RANGE[0],
-                max_crops: int = HF_CROP_RANGE[1], dtype: torch.dtype = torch.float32) -> ImageViews:
+def image_views(image: Image.Image, mode: str = "gundam", min_crops: int | None = None,
+                max_crops: int | None = None, dtype: torch.dtype = torch.float32) -> ImageViews:
     """Crops and global view of an already loaded RGB image."""
     info = mode_info(mode)
     w, h = image.size
@@ -286,8 +286,8 @@ def _as_list(x, name: str) -> list:
 
 
 def prepare_inputs(images: ImageSource | Sequence[ImageSource] | None, prompts: str | Sequence[str] = DEFAULT_PROMPT,
-                   tokenizer: Tokenizer | None = None, mode: str = "gundam", min_crops: int = HF_CROP_RANGE[0],
-                   max_crops: int = HF_CROP_RANGE[1], dtype: torch.dtype = torch.float32, batch: int = 1,
+                   tokenizer: Tokenizer | None = None, mode: str = "gundam", min_crops: int | None = None,
+                   max_crops: int | None = None, dtype: torch.dtype = torch.float32, batch: int = 1,
                    max_pixels: int = MAX_PIXELS) -> PreparedInputs:
     """Images and prompts -> PreparedInputs, one row per (image, prompt) pair.
 
@@ -355,8 +355,8 @@ def repeat_rows(inputs: PreparedInputs, times: int) -> PreparedInputs:
 # ----------------------------------------------------------------------------------------------------- synthetic
 def synthetic_inputs(mode: str = "gundam", grid: tuple[int, int] = (1, 1), text_tokens: int = 10, batch: int = 1,
                      seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                     image_size: tuple[int, int] | None = None, min_crops: int = HF_CROP_RANGE[0],
-                     max_crops: int = HF_CROP_RANGE[1]) -> PreparedInputs:
+                     image_size: tuple[int, int] | None = None, min_crops: int | None = None,
+                     max_crops: int | None = None) -> PreparedInputs:
     """Inputs of a target shape without any image file, for measured sweeps.
 
     Pixels are uniform in [-1, 1] and text ids uniform over the ordinary vocabulary (3 .. 128814: no BOS, EOS, pad

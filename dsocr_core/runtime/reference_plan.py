@@ -62,6 +62,10 @@ class ReferencePlan:
 
 def _vision(c: Call) -> Plan:
     s, calls, kind = c.spec, c.calls, c.kind
+    if kind.startswith("encoder."):  # DeepSeek-OCR 2's encoder (its SAM and projector rows are planned below)
+        from ..analytic.kernels_v2 import plan_encoder
+
+        return plan_encoder(c)
     shared = common_vision(c)
     if shared is not None:
         return shared

@@ -47,7 +47,7 @@ class PrefillResult:
     logits: torch.Tensor  # float32 [B, T_logits, V] (a copy: the engine's buffer is reused)
     cache: object  # the engine's cache: length, history, bytes_used, bytes_allocated
     prompt_length: int
-    timings: dict[str, float]  # sam, clip, projector, prefill (seconds)
+    timings: dict[str, float]  # the vision stages (sam, clip or encoder, projector), prefill (seconds)
     peak_memory: dict[str, int] = field(default_factory=dict)
 
 
@@ -74,6 +74,11 @@ class Session:
                  engine_options: dict | None = None, lock: threading.Lock | None = None):
         # the engine's one validated description (a SpecError, a ValueError, names a bad mode or option)
         self.engine_spec = EngineSpec.of(session_mode, engine_options)
+        from ..registry import family_of, fast_engine_models
+
+        if session_mode == "fast" and not family_of(spec).fast_engine:
+            raise ValueError(f"the fast engine runs {', '.join(fast_engine_models())} only; run "
+                             f"{family_of(spec).label} in the reference session mode")
         self.model = model.eval()
         self.spec = spec
         self.tokenizer = tokenizer
@@ -91,10 +96,11 @@ class Session:
     def load(cls, checkpoint: str | Path | None = None, synthetic: str | None = None, seed: int = 0,
              device: str = "auto", dtype: str = "bfloat16", attn: str = "sdpa",
              spec_overrides: dict | None = None, session_mode: str = "reference",
-             engine_options: dict | None = None) -> "Session":
-        """A session over a local checkpoint folder, or over seeded random weights of a preset ('tiny'|'full')."""
+             engine_options: dict | None = None, model: str | None = None) -> "Session":
+        """A session over a local checkpoint folder (its config.json names the model family; `model`, when given,
+        must agree), or over seeded random weights of a preset ('tiny'|'full') of `model` (default DeepSeek-OCR)."""
         from ..model.checkpoint import load_model, synthetic_model
-        from ..spec import PRESETS
+        from ..registry import DEFAULT_MODEL, get_family
         from .tokenizer import load_tokenizer
 
         if dtype not in TORCH_DTYPES:
@@ -103,25 +109,30 @@ class Session:
         dev = resolve_device(device)
         if dev.type == "cpu" and dtype == "float16":
             raise ValueError("float16 on the CPU is not supported; use bfloat16 or float32")
+        family = get_family(model)
         if checkpoint is not None:
-            model, spec, info = load_model(checkpoint, dtype=TORCH_DTYPES[dtype], device=dev, attn_impl=attn)
+            net, spec, info = load_model(checkpoint, dtype=TORCH_DTYPES[dtype], device=dev, attn_impl=attn)
+            if model is not None and spec.family != family.name:
+                raise ValueError(f"{checkpoint} holds a {get_family(spec.family).label} checkpoint, not {family.label}")
             weights = {"source": "checkpoint", "detail": str(Path(checkpoint).resolve()), "synthetic": False}
             tokenizer = load_tokenizer(checkpoint)
         elif synthetic is not None:
-            if synthetic not in PRESETS:
-                raise ValueError(f"unknown preset {synthetic!r}; choose one of {', '.join(PRESETS)}")
-            spec = PRESETS[synthetic]()
+            if synthetic not in family.presets:
+                raise ValueError(f"unknown preset {synthetic!r}; choose one of {', '.join(family.presets)}")
+            spec = family.preset(synthetic)
             if spec_overrides:
                 spec = spec.replace(**spec_overrides)
-            model = synthetic_model(spec, seed=seed, dtype=TORCH_DTYPES[dtype], device=dev, attn_impl=attn)
-            weights = {"source": "synthetic", "detail": f"preset {synthetic}, seed {seed} (random weights)",
+            net = synthetic_model(spec, seed=seed, dtype=TORCH_DTYPES[dtype], device=dev, attn_impl=attn)
+            # the default model's detail stays as it was, so its stored runs resume; another model is named
+            named = "" if family.name == DEFAULT_MODEL else f"{family.label} "
+            weights = {"source": "synthetic", "detail": f"{named}preset {synthetic}, seed {seed} (random weights)",
                        "synthetic": True}
             tokenizer = load_tokenizer(None)
         else:
             raise ValueError("give a checkpoint folder or a synthetic preset")
         weights["tokenizer"] = tokenizer.label
         weights["fallback_tokenizer"] = tokenizer.is_fallback
-        return cls(model, spec, tokenizer, dev, dtype, weights, attn, session_mode, engine_options)
+        return cls(net, spec, tokenizer, dev, dtype, weights, attn, session_mode, engine_options)
 
     def with_mode(self, session_mode: str, **engine_options) -> "Session":
         """A session of `session_mode` over this session's model, tokenizer and lock (no copy of the model)."""
@@ -136,6 +147,17 @@ class Session:
         return self._engine
 
     @property
+    def family(self):
+        """The model family's registry entry (stages, modes, presets)."""
+        from ..registry import family_of
+
+        return family_of(self.spec)
+
+    @property
+    def vision_stages(self) -> tuple[str, ...]:
+        return self.family.vision_stages
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.dtype]
 
@@ -143,17 +165,21 @@ class Session:
         """What runs where, for the UI and every exported result."""
         n_params = sum(p.numel() for p in self.model.parameters())
         engine = self._engine.describe() if self._engine is not None else {"options": self.engine_options}
-        return {"device": str(self.device), "dtype": self.dtype, "attn": self.attn_impl,
+        return {"model": self.family.name, "device": str(self.device), "dtype": self.dtype, "attn": self.attn_impl,
                 "session_mode": self.session_mode, "parameters": n_params, **self.weights,
                 "cpu_fallback": self.device.type == "cpu", "engine": engine,
                 "engine_spec": self.engine_spec.to_dict()}  # what the time model predicts this run's engine with
 
     # ------------------------------------------------------------------ inputs
-    def prepare(self, image=None, prompt: str = DEFAULT_PROMPT, mode: str = "gundam", min_crops: int = 2,
-                max_crops: int = 9, batch: int = 1):
-        """Page image (path, bytes or PIL image) and prompt -> model inputs on this session's device."""
+    def prepare(self, image=None, prompt: str = DEFAULT_PROMPT, mode: str | None = None,
+                min_crops: int | None = None, max_crops: int | None = None, batch: int = 1):
+        """Page image (path, bytes or PIL image) and prompt -> model inputs on this session's device. The mode
+        defaults to the model's default (gundam, dynamic) and must be one of the model's; the crop range to the
+        mode's."""
         from .inputs import prepare_inputs
 
+        mode = self.family.default_mode if mode is None else mode
+        self.family.mode(mode)  # a mode of the other model is an error naming this model's modes
         inputs = prepare_inputs(image, prompt, self.tokenizer, mode=mode, min_crops=min_crops,
                                 max_crops=max_crops, dtype=self.torch_dtype, batch=batch)
         return self.to_device(inputs)
@@ -171,7 +197,8 @@ class Session:
         out, cache = self.engine.prefill(inputs, logits=logits, upto=upto, timer=timer, room=room)
         times = timer.totals()
         return PrefillResult(out.clone(), cache, cache.length,
-                             {k: times.get(k, 0.0) for k in (*VISION_STAGES, "prefill")}, dict(timer.peak_memory))
+                             {k: times.get(k, 0.0) for k in (*self.vision_stages, "prefill")},
+                             dict(timer.peak_memory))
 
     @torch.no_grad()
     def decode_step(self, token: torch.Tensor, cache) -> torch.Tensor:
@@ -231,12 +258,12 @@ class Session:
                 decode_steps: int) -> GenerationResult:
         totals = timer.totals()
         steps = timer.per_item("decode")  # one time per decode step, also where one launch holds several
-        ttft = sum(totals.get(s, 0.0) for s in (*VISION_STAGES, "prefill"))
+        ttft = sum(totals.get(s, 0.0) for s in (*self.vision_stages, "prefill"))
         gen = torch.stack(generated, 1).tolist() if generated else [[] for _ in range(inputs.input_ids.shape[0])]
         eos = self.spec.eos_token_id
         rows = [trim_at_eos(row, eos) for row in gen]
         texts = [self.tokenizer.decode([t for t in row if t != eos]) for row in rows]
-        timings = {**{k: totals.get(k, 0.0) for k in (*VISION_STAGES, "prefill")},
+        timings = {**{k: totals.get(k, 0.0) for k in (*self.vision_stages, "prefill")},
                    "decode": totals.get("decode", 0.0), "decode_steps": steps, "decode_steps_run": decode_steps,
                    "ttft_s": ttft, "tpot_s": median(steps) if steps else None, "total_s": sum(totals.values()),
                    "peak_memory": dict(timer.peak_memory)}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..registry import vision_stage_names
 from .tokens import first_divergence
 
-PREFILL_STAGES = ("sam", "clip", "projector", "prefill")
+PREFILL_STAGES = (*vision_stage_names(), "prefill")  # the vision stages of every model family, then the LM prefill
 
 
 class CallRecorder:
@@ -18,8 +19,7 @@ class CallRecorder:
         self.vision_calls: dict[str, int] = {}
         self.image_args: dict[str, int] = {}
         m = model.model
-        self._handles = [mod.register_forward_pre_hook(self._on_vision)
-                         for mod in (m.sam_model, m.vision_model, m.projector)]
+        self._handles = [mod.register_forward_pre_hook(self._on_vision) for mod in m.vision_modules()]
         self._handles.append(model.register_forward_pre_hook(self._on_model, with_kwargs=True))
 
     @property

@@ -181,6 +181,33 @@ def test_analytic_predicted_series_from_a_chosen_profile(page, server, shots):
     snap(page, shots, "analytic_predicted", 1400)
 
 
+def test_models_compared_overlays_both_models(page, server, shots):
+    """The analytic page's v1-vs-v2 tab: both models' stages of the same page in one chart and the summary table;
+    then DeepSeek-OCR 2 picked in the sidebar drives the sweep (its encoder stage)."""
+    open_page(page, server, "Analytic sweep")
+    page.get_by_role("tab", name="Models compared").click()
+    settle(page)
+    page.wait_for_function(  # the legend names both models
+        """() => [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stVegaLiteChart']")].some(
+             c => c.innerHTML.includes('DeepSeek-OCR 2') && c.innerHTML.includes('encoder'))""")
+    text = main_text(page)
+    assert "545 image slots" in text and "Every page, both models" in text
+    snap(page, shots, "models_compared", 1600)
+    side = page.locator("[data-testid='stSidebar']")
+    side.get_by_role("combobox", name="Model").click()
+    page.get_by_role("option", name="DeepSeek-OCR 2").click()
+    settle(page)
+    assert "DeepSeek-OCR 2 runs in the reference mode" in side.inner_text()
+    page.get_by_role("tab", name="FLOPs").click()
+    settle(page)
+    page.wait_for_function(
+        "() => document.querySelector(\"[data-testid='stMain'] [data-testid='stVegaLiteChart']\").innerHTML"
+        ".includes('encoder')")
+    side.get_by_role("combobox", name="Model").click()  # back to the default model for the tests after this one
+    page.get_by_role("option", name="DeepSeek-OCR", exact=True).click()
+    settle(page)
+
+
 def test_measured(page, server, shots):
     open_page(page, server, "Measured sweep")
     text = main_text(page)
