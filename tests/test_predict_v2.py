@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from dsocr_core.analytic import Points, evaluate
-from dsocr_core.analytic.kernels import Call, plan
+from dsocr_core.analytic.kernels import Call
 from dsocr_core.analytic.predict import PREDICTED, with_profile
 from dsocr_core.analytic.stages import all_rows, decode_step_rows
 from dsocr_core.calibration.profile import load_profile
 from dsocr_core.cli import main
+from dsocr_core.engines import as_engine
 from dsocr_core.spec import SpecError, Workload
 from dsocr_core.spec_v2 import OCR2Spec, tiny_spec_v2
 from test_predict import H200, _profile, _random_profile
@@ -36,12 +37,13 @@ def test_efficiency_one_and_no_launch_cost_is_the_roofline():
 def test_encoder_plans_stay_within_their_rows_and_time_the_mask_on_the_masked_table():
     spec = OCR2Spec()
     pts = _grid()
+    reference = as_engine("reference").kernel_plan("cuda")  # the reference engine's own plan on a GPU
     tables = set()
     for row in all_rows(spec, pts) + decode_step_rows(spec, pts, pts.sequence + 3.0):
         parts = [(row.steps[0], row.ctx[0]), (row.steps[1], row.ctx[1])] if row.steps else \
             list(zip(row.parts or (row.cost,), row.ctx))
         for cost, ctx in parts:
-            pl = plan(Call(row.kind, cost, ctx, "reference", False))
+            pl = reference.plan(Call(row.kind, cost, ctx))
             assert np.all(sum((k.flops for k in pl.kernels), 0.0) <= cost.flops * (1 + 1e-12) + 1e-6), row.kind
             assert np.all(sum((k.nbytes for k in pl.kernels), 0.0) <= cost.bytes * (1 + 1e-12) + 1e-6), row.kind
             if row.kind == "encoder.self_attn":
