@@ -151,6 +151,21 @@ def family_of(spec: DecoderSpec) -> ModelFamily:
     return get_family(type(spec).family)
 
 
+class OfFamily:
+    """`family` and `vision_stages` of anything holding a `spec` (a Session, a scaled-out run's RemoteSession)."""
+
+    spec: DecoderSpec
+
+    @property
+    def family(self) -> ModelFamily:
+        """The model family's registry entry (stages, modes, presets)."""
+        return family_of(self.spec)
+
+    @property
+    def vision_stages(self) -> tuple[str, ...]:
+        return self.family.vision_stages
+
+
 def family_of_mode(mode: str) -> ModelFamily:
     for fam in FAMILIES.values():
         if mode in fam.modes:

@@ -235,13 +235,7 @@ class ModelSpec(DecoderSpec):
             "vision_config": {
                 "image_size": self.sam_image_size, "model_name": "deeplip_b_l", "model_type": "vision",
                 "width": {
-                    "sam_vit_b": {
-                        "width": self.sam_width, "layers": self.sam_layers, "heads": self.sam_heads,
-                        "global_attn_indexes": list(self.sam_global_blocks), "window_size": self.sam_window,
-                        "patch_size": self.sam_patch, "image_size": self.sam_image_size,
-                        "mlp_dim": self.sam_mlp_dim, "neck_dim": self.sam_neck_dim,
-                        "downsample_channels": list(self.sam_downsample),
-                    },
+                    "sam_vit_b": sam_config_dict(self),
                     "clip-l-14-224": {
                         "width": self.clip_width, "layers": self.clip_layers, "heads": self.clip_heads,
                         "patch_size": self.clip_patch, "image_size": self.clip_image_size,
@@ -288,6 +282,14 @@ def lm_fields_from_config(cls: type, raw: object, source: str) -> dict:
     if "moe_layer_freq" in top and top["moe_layer_freq"] != 1:
         raise SpecError(f"{source}: moe_layer_freq must be 1")
     return {name: top[name] for name in DecoderSpec.model_fields if name in top and not name.startswith("sam_")}
+
+
+def sam_config_dict(spec) -> dict:
+    """The vendor config's vision_config.width.sam_vit_b of a spec (both model families share the SAM tokenizer)."""
+    return {"width": spec.sam_width, "layers": spec.sam_layers, "heads": spec.sam_heads,
+            "global_attn_indexes": list(spec.sam_global_blocks), "window_size": spec.sam_window,
+            "patch_size": spec.sam_patch, "image_size": spec.sam_image_size, "mlp_dim": spec.sam_mlp_dim,
+            "neck_dim": spec.sam_neck_dim, "downsample_channels": list(spec.sam_downsample)}
 
 
 def lm_config_dict(spec: DecoderSpec) -> dict:

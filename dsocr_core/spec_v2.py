@@ -91,7 +91,7 @@ class OCR2Spec(DecoderSpec):
 
     def to_config_dict(self) -> dict:
         """Vendor-format config.json (the official keys; encoder sizes beside `dim` so other presets load back)."""
-        from .spec import lm_config_dict
+        from .spec import lm_config_dict, sam_config_dict
 
         lm = lm_config_dict(self)
         return {
@@ -106,13 +106,7 @@ class OCR2Spec(DecoderSpec):
                     ENCODER_KEY: {"dim": self.enc_hidden, "layers": self.enc_layers, "heads": self.enc_heads,
                                   "kv_heads": self.enc_kv_heads, "intermediate_size": self.enc_intermediate,
                                   "rope_theta": self.enc_rope_theta, "rms_norm_eps": self.enc_rms_eps},
-                    "sam_vit_b": {
-                        "width": self.sam_width, "layers": self.sam_layers, "heads": self.sam_heads,
-                        "global_attn_indexes": list(self.sam_global_blocks), "window_size": self.sam_window,
-                        "patch_size": self.sam_patch, "image_size": self.sam_image_size,
-                        "mlp_dim": self.sam_mlp_dim, "neck_dim": self.sam_neck_dim,
-                        "downsample_channels": list(self.sam_downsample),
-                    },
+                    "sam_vit_b": sam_config_dict(self),
                 },
             },
             "projector_config": {"projector_type": "linear", "input_dim": self.enc_hidden,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dsocr_core.engines import run_engine
-from dsocr_core.measure.order_check import summary as order_summary
+from dsocr_core.measure.order_check import failed as order_check_failed, summary as order_summary
 from dsocr_core.results.runs import engine_note
 
 from . import measured as ms
@@ -45,8 +45,9 @@ def run_caption(run: dict) -> str:
 def show_order_check(run: dict) -> None:
     """The run's order check (its first point measured again after the others): an error when the two
     measurements disagree beyond their spread, else a caption; nothing for runs without one."""
-    text = order_summary((run.get("meta") or {}).get("order_check"))
-    if text and "FAILED" in text:
+    check = (run.get("meta") or {}).get("order_check")
+    text = order_summary(check)
+    if order_check_failed(check):
         st.error(ms.md(text))
     elif text:
         st.caption(ms.md(text))

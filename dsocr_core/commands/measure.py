@@ -112,7 +112,7 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
 
     from tqdm import tqdm
 
-    from ..measure.order_check import summary as order_summary
+    from ..measure import order_check as checks
     from ..measure.sweep import run_sweep
     from ..results.analytic_join import compare_run, summarize, summary_json, summary_markdown
     from ..results.store import StoreError
@@ -167,9 +167,9 @@ def _run_loaded(args, store, run_id, session, workloads, name, pool) -> int:
         bar.close()
     run = store.get_run(run_id)
     print(f"run {run_id}: {run['n_done']} done, {run['n_oom']} oom, {run['n_error']} error  ({store.path})")
-    check = order_summary(run["meta"].get("order_check"))
+    check = run["meta"].get("order_check")
     if check:
-        print(check, file=sys.stderr if "FAILED" in check else sys.stdout)
+        print(checks.summary(check), file=sys.stderr if checks.failed(check) else sys.stdout)
     if args.export:
         print(f"exported to {store.export_run(run_id, args.export)}")
     summary = summarize(compare_run(store, run_id))

@@ -208,7 +208,7 @@ def report(store, run_id: str, hardware, as_json: bool = False) -> int:
     for e in summary["errors"][:10]:
         print(f"  {e['label']}: {e['message']}")
     if summary["order_check"]:
-        print(summary["order_check"], file=sys.stderr if "FAILED" in summary["order_check"] else sys.stdout)
+        print(summary["order_check"], file=sys.stderr if summary["order_check_failed"] else sys.stdout)
     if summary["done"]:
         print(f"pages/s {summary['pages_per_s']:.3f} (one page at a time, wall incl. preprocessing)   "
               f"tokens/page {summary['tokens_per_page']:.1f}   output tokens/s {summary['output_tokens_per_s'] or 0:.1f}")

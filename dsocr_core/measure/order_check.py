@@ -44,6 +44,11 @@ def compare(first: Mapping[str, Mapping], again: Mapping[str, Mapping], workload
     return {"workload": dict(workload), "stages": stages, "flagged": bool(off), "stages_off": off, "worst": worst}
 
 
+def failed(check: Mapping[str, Any] | None) -> bool:
+    """Whether a run's check found its first point's repeat beyond the spread (not: skipped or absent)."""
+    return bool(check and check.get("flagged"))
+
+
 def summary(check: Mapping[str, Any] | None) -> str | None:
     """One line for the CLI and the dashboard, or None when the run has no check."""
     if not check:
@@ -53,7 +58,7 @@ def summary(check: Mapping[str, Any] | None) -> str | None:
     if not check.get("stages"):
         return "order check: nothing comparable was measured"
     parts = [f"{s} {v['relative']:+.1%} (allowed ±{v['allowed']:.1%})" for s, v in check["stages"].items()]
-    if check.get("flagged"):
+    if failed(check):
         return ("order check FAILED: the first point, measured again at the end, differs beyond its spread in "
                 f"{', '.join(check['stages_off'])}; this run's times depend on measurement order: " + "; ".join(parts))
     return "order check passed: the first point measured again at the end agrees: " + "; ".join(parts)

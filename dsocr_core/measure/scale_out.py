@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..registry import OfFamily
+
 DEFAULT_IN_FLIGHT = 2  # per worker: the item running and the next one queued, so a GPU never waits on the driver
 POLL_S = 0.2
 WHERE_KEYS = ("node", "node_id", "gpu_index", "gpu_name", "worker")
@@ -184,7 +186,7 @@ class Worker:
 
 
 # ---------------------------------------------------------------------------------------------- the pool
-class RemoteSession:
+class RemoteSession(OfFamily):
     """What the run-recording code reads from a Session (weights, dtype, attention, mode, device, spec,
     describe()), as reported by the lead worker; the driver loads no model."""
 
@@ -201,17 +203,6 @@ class RemoteSession:
 
     def describe(self) -> dict:
         return dict(self.info["describe"])
-
-    @property
-    def family(self):
-        """The model family's registry entry (as Session.family)."""
-        from ..registry import family_of
-
-        return family_of(self.spec)
-
-    @property
-    def vision_stages(self) -> tuple[str, ...]:
-        return self.family.vision_stages
 
 
 @dataclass

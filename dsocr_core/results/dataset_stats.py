@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..hardware import run_ceilings
-from ..measure.order_check import summary as order_summary
+from ..measure.order_check import failed as order_check_failed, summary as order_summary
 from ..registry import stage_names, vision_stage_names
 from ..spec import Hardware, ModelSpec
 from .analytic_join import run_prediction
@@ -302,6 +302,7 @@ def run_summary(store: RunStore, run_id: str, pages: pd.DataFrame | None = None)
         "eos_share": float(done["eos"].astype(bool).mean()) if len(done) else None,
         "operators": bool(meta.get("operators")),
         "order_check": order_summary(meta.get("order_check")),
+        "order_check_failed": order_check_failed(meta.get("order_check")),
     }
 
 

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from pydantic import BaseModel
 
+from ..measure.order_check import failed as order_check_failed
 from ..registry import stage_names
 
 SCHEMA_VERSION = 1
@@ -217,7 +218,7 @@ def labels(run: Mapping[str, Any]) -> str:
     if created:
         parts.append(created[:16].replace("T", " ") + " UTC")
     parts += [FLAG_LABELS[f] for f in FLAGS if flags.get(f)]
-    if ((run.get("meta") or {}).get("order_check") or {}).get("flagged"):
+    if order_check_failed((run.get("meta") or {}).get("order_check")):
         parts.append("ORDER CHECK FAILED")
     return " · ".join(parts)
 

@@ -19,6 +19,7 @@ from statistics import median
 import torch
 
 from ..engines import SESSION_MODES, EngineSpec
+from ..registry import OfFamily
 from ..spec import ModelSpec
 from .engine import OneShotEngine, build_engine
 from .flops import VISION_STAGES, count_stage_flops
@@ -65,7 +66,7 @@ class GenerationResult:
         return asdict(self)
 
 
-class Session:
+class Session(OfFamily):
     """One model on one device and the engine that runs it. `lock` serialises GPU work between callers (e.g.
     browser tabs); sessions made with `with_mode` share the model, the tokenizer and the lock."""
 
@@ -145,17 +146,6 @@ class Session:
         if self._engine is None:
             self._engine = build_engine(self.engine_spec, self.model)
         return self._engine
-
-    @property
-    def family(self):
-        """The model family's registry entry (stages, modes, presets)."""
-        from ..registry import family_of
-
-        return family_of(self.spec)
-
-    @property
-    def vision_stages(self) -> tuple[str, ...]:
-        return self.family.vision_stages
 
     @property
     def torch_dtype(self) -> torch.dtype:
