@@ -120,15 +120,29 @@ def bundled(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_quick_cpu_profile_is_not_offered_as_a_predictor(data):
-    """The quick grids stop at 128-wide shapes and miss CPU runs 10-40x: the sidebar, the calibration panel and
-    every page beside a prediction say it is a smoke test, never that it predicts this CPU's runs."""
-    at = pick(goto(make_app(), "analytic"), CPU)
-    side = plain(" ".join(texts(at.sidebar, "warning") + texts(at.sidebar, "caption")))
-    assert "QUICK profile: a smoke test of the calibration, not a predictor" in side
-    assert "predicts runs on this CPU" not in side and "10x or more" in side
-    (warning,) = [w for w in map(plain, texts(at, "warning")) if "This prediction is known to miss" in w]
-    assert "quick grids" in warning and "reference session mode misses" in warning
+def test_the_quick_cpu_profile_is_not_offered_as_a_predictor(data, cpu_quick, capsys):
+    """The quick grids stop at 128-wide shapes and missed CPU runs 10-40x: the picker never offers a quick profile
+    (it says which files it left out and why), an uploaded one is refused with the reason, and the CLI predicts
+    with one only under a warning that it is no predictor."""
+    from dsocr_core.cli import main
+
+    at = goto(make_app(), "analytic")
+    options = at.sidebar.selectbox(key="sb_profile").options
+    assert not any("cpu_quick" in o for o in options) and "cpu.json (data/profiles)" in options
+    side = plain(" ".join(texts(at.sidebar, "caption")))
+    assert "Not offered as predictors (quick grids" in side and "cpu_quick.json" in side
+
+    at.sidebar.selectbox(key="sb_profile").set_value("upload").run()
+    at.sidebar.file_uploader(key="sb_profile_upload").set_value(
+        ("mine.json", cpu_quick.read_bytes(), "application/json")).run()
+    (error,) = map(plain, texts(at.sidebar, "error"))
+    assert "mine.json is a quick profile" in error and "not a predictor" in error and "10x or more" in error
+    assert not list((data / "uploaded_profiles").glob("*.json"))  # refused before it is kept
+    assert not any("Predicted with" in t for t in texts(at, "caption"))
+
+    assert main(["analytic", "--mode", "tiny", "--hardware", "h200", "--profile", str(cpu_quick), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "is a quick profile, not a predictor" in err and "miss by 10x or more" in err
 
 
 def test_a_prediction_outside_the_documented_accuracy_says_so_beside_it(bundled):
@@ -186,6 +200,37 @@ def test_parity_against_a_text_without_grounding_tags_says_there_is_nothing_to_c
     assert not [t for t in at.dataframe if "precision" in t.value.columns]
     captions = [c for img in at.image for c in img.captions]
     assert any(c.startswith("vendor output: 0 blocks — no grounding blocks") for c in captions), captions
+
+
+def test_the_operator_breakdown_in_a_job_thread_prints_no_kineto_error():
+    """kineto (torch.profiler's backend) registers its client in the thread that imports torch and prints
+    "External init callback must run in same thread as registerClient" when another thread starts the first
+    profiler, as the dashboard's dataset job did. The dashboard imports torch in its warm-up thread and
+    initialises the profiler there; the parity page's view imports no torch before its session is loaded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import sys, threading
+import ui.parity_view
+assert "torch" not in sys.modules, "the parity page imported torch before its session"
+from ui import resources
+resources.torch_ready()
+import torch
+def job():  # a dashboard job thread: the first profiler of the process starts here
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(64) @ torch.ones(64)
+    print("profiled", len(prof.key_averages()))
+t = threading.Thread(target=job)
+t.start()
+t.join()
+"""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "profiled" in out.stdout
+    assert "External init callback" not in out.stderr, out.stderr[-2000:]
 
 
 def test_parity_warms_both_paths_up_twice_before_it_times_them():

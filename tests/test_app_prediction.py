@@ -18,7 +18,7 @@ from dsocr_core.results.store import RunStore
 from test_app import fake_gpu_run, goto, make_app, open_tab, page_text, texts
 from test_app_usability import chart_frames, cpu_run
 
-CPU = "calibrated:cpu_quick.json"
+CPU = "repo:cpu.json"  # a CPU profile of the full grids (uniform test data); the quick one is never offered
 H200, H100_DERIVED, BROKEN = "repo:h200.json", "repo:h100_from_h200.json", "repo:broken.json"
 
 
@@ -40,6 +40,7 @@ def data(tmp_path, monkeypatch, cpu_quick):
     repo = tmp_path / "profiles"
     h200 = uniform_profile(989e12, 4.8e12, efficiency=0.5, launch=5e-6, name="NVIDIA H200", kind="cuda")
     h200.save(repo / "h200.json")
+    uniform_profile(2e11, 2e10, efficiency=0.5, launch=5e-6, name="Test CPU", kind="cpu").save(repo / "cpu.json")
     derive_profile(load_profile(repo / "h200.json"), "h100-sxm").save(repo / "h100_from_h200.json")
     (repo / "broken.json").write_text((repo / "h200.json").read_text()[:200])
     raw = h200.to_dict()  # a calibration stopped inside its GEMM grid: valid, but it cannot time a memory kernel
@@ -79,15 +80,17 @@ def test_analytic_page_without_and_with_a_profile(data):
     at = goto(make_app(), "analytic")
     options = at.sidebar.selectbox(key="sb_profile").options
     assert options[0] == "none (roofline only)" and options[-1].startswith("upload")
-    assert {"h200.json (data/profiles)", "h100_from_h200.json (data/profiles)",
-            "cpu_quick.json (calibrated here)"} <= set(options)
+    assert {"h200.json (data/profiles)", "h100_from_h200.json (data/profiles)", "cpu.json (data/profiles)"} <= set(
+        options) and not any("cpu_quick" in o for o in options)  # a quick profile is no predictor
+    assert "Not offered as predictors (quick grids, a smoke test of the calibration" in sidebar_text(at)
+    assert "cpu_quick.json" in sidebar_text(at)
     open_tab(at, "an_tab", "Time")
     assert "No prediction: choose a calibration profile" in page_text(at)  # how to get one
     assert set(chart_frames(at.get("vega_lite_chart")[0])[0]["series"]) == {"roofline"}
 
     pick(at, CPU)
     side = sidebar_text(at)
-    assert "measured quick" in side and "CPU profile: its kernels are this CPU's, not a GPU's" in side
+    assert "Test CPU profile, measured" in side and "CPU profile: its kernels are this CPU's, not a GPU's" in side
     frame = chart_frames(at.get("vega_lite_chart")[0])[0]
     assert set(frame["series"]) == {"roofline", "predicted"}
     both = frame.pivot_table(index=["config", "crop_count", "stage"], columns="series", values="value")
@@ -110,7 +113,7 @@ def test_analytic_page_without_and_with_a_profile(data):
                 "capacity.predicted_pages_per_day"):
         assert col in export and export[col].notna().all(), col
     assert export["predicted.device_kind"].eq("cpu").all() and (~export["predicted.derived"]).all()
-    assert export["predicted.profile"].str.contains("measured quick").all()
+    assert export["predicted.profile"].str.contains("Test CPU profile, measured").all()
     assert export["predicted.session_mode"].eq("reference").all()
     assert any("predicted.device_kind" in t for t in texts(at, "caption"))
 
@@ -192,12 +195,15 @@ def test_measured_and_mfu_pages_draw_the_prediction_in_the_runs_own_mode(data):
 
 
 # ------------------------------------------------------------------------------------------------ calibration
-def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profile(data):
+def test_testing_the_calibration_on_the_cpu_saves_the_quick_profile_and_offers_it_to_nobody(data):
+    """On the CPU the sidebar runs the quick grids in the background job: the profile is saved (the calibration
+    works) but neither selected nor offered as a predictor (its times would miss the CPU's runs 10-40x)."""
     from ui import sweeps
 
     (data / "calibrated_profiles" / "cpu_quick.json").unlink()
     at = goto(make_app(), "analytic")
-    assert any("no stand-in for a GPU" in c for c in texts(at.sidebar, "caption"))
+    assert any("saved but not offered as a predictor" in c for c in texts(at.sidebar, "caption"))
+    assert at.sidebar.button(key="sb_cal_start").label == "Test the calibration"
     at.sidebar.button(key="sb_cal_start").click().run()
     assert not at.exception, [e.value for e in at.exception]
     runner = sweeps.runner()
@@ -208,10 +214,12 @@ def test_calibrating_this_machine_runs_the_quick_cpu_grids_and_selects_the_profi
     at.run()  # the panel sees the finished job: the app reruns with the new profile chosen
     assert not at.exception, [e.value for e in at.exception]
     saved = list((data / "calibrated_profiles").glob("cpu_quick_*.json"))
-    assert len(saved) == 1 and load_profile(saved[0]).raw["calibration"]["quick"]
-    assert at.sidebar.selectbox(key="sb_profile").value == f"calibrated:{saved[0].name}"
-    assert "QUICK grids: a smoke test of the calibration, not a predictor" in sidebar_text(at)
-    assert "Saved cpu_quick_" in sidebar_text(at)
+    assert len(saved) == 1 and load_profile(saved[0]).quick
+    picker = at.sidebar.selectbox(key="sb_profile")
+    assert picker.value == "none" and f"calibrated:{saved[0].name}" not in picker.options
+    assert f"Saved {saved[0].name}: the calibration works; a quick profile is not offered as a predictor" in \
+        sidebar_text(at)
+    assert saved[0].name in sidebar_text(at) and "Not offered as predictors" in sidebar_text(at)
     frame = chart_frames(at.get("vega_lite_chart")[0])  # FLOPs tab: no roofline there, nothing predicted
     assert frame and "series" not in frame[0]
 
@@ -242,7 +250,7 @@ def test_compare_run_predicts_each_point_as_the_analytic_model_does(tmp_path):
     assert "predicted_s" not in analytic_join.compare_run(store, run_id)  # without a profile: as before
 
 
-def test_the_prediction_interface_keeps_the_sidebar_roofline(cpu_quick):
+def test_the_prediction_interface_keeps_the_sidebar_roofline(data):
     """ui.prediction's interface (other dashboard code is written against it): current_profile(settings) and
     predicted_hardware(settings), the sidebar's ceilings carrying the profile's prediction in the sidebar's mode;
     the cache key rebuilds the same Hardware inside cached functions."""
@@ -252,7 +260,7 @@ def test_the_prediction_interface_keeps_the_sidebar_roofline(cpu_quick):
     from ui import prediction
 
     h200 = PRESETS["h200"]
-    settings = SimpleNamespace(profile=prediction.choose(cpu_quick, "calibrated here"), hardware=h200,
+    settings = SimpleNamespace(profile=prediction.choose(data / "profiles" / "cpu.json", "data/profiles"), hardware=h200,
                                model=SimpleNamespace(session_mode="reference"))
     prof = prediction.current_profile(settings)
     assert prof.device["kind"] == "cpu" and prof is prediction.current_profile(settings)  # loaded once

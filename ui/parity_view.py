@@ -10,8 +10,6 @@ import pandas as pd
 import streamlit as st
 from PIL import Image
 
-from dsocr_core.measure import parity_run as parity
-from dsocr_core.measure.sweep import is_oom
 from dsocr_core.registry import stage_labels, vision_stage_names
 
 from . import resources
@@ -26,7 +24,7 @@ class ParityResult:
     page: str
     model_label: str
     session_mode: str = "reference"  # the session mode both paths ran in
-    report: object | None = None  # parity.ParityReport
+    report: object | None = None  # dsocr_core.measure.parity_run.ParityReport
     error: str | None = None
     renderings: dict = field(default_factory=dict)  # output name -> PNG bytes of the boxes image
     markdown: dict = field(default_factory=dict)  # output name -> cleaned markdown
@@ -50,6 +48,9 @@ def _png(image: Image.Image) -> bytes:
 def run_pages(session, pages: list[Page], vendor: dict[str, tuple[str, str]], *, mode: str, prompt: str,
               max_new_tokens: int, model_label: str) -> list[ParityResult]:
     """Both generation paths on every page, one at a time, holding the device. vendor: page -> (text, kind)."""
+    from dsocr_core.measure import parity_run as parity  # imports torch: after the page's session loaded it
+    from dsocr_core.measure.sweep import is_oom
+
     results = []
     with resources.gpu_turn():
         for page in pages:

@@ -41,6 +41,8 @@ PENDING = "_sb_profile_pending"  # a profile calibrated here: selected on the ne
 KINDS = {"repo": "data/profiles", "calibrated": "calibrated here", "uploaded": "uploaded"}
 CPU_NOTE = "CPU profile: its kernels are this CPU's, not a GPU's"
 QUICK_NOTE = "QUICK grids: a smoke test of the calibration, not a predictor"
+NOT_OFFERED = ("Not offered as predictors (quick grids, a smoke test of the calibration: their kernel tables stop far "
+               "below the model's shapes and their times miss by 10x or more): ")
 HOW_TO = ("No prediction: choose a calibration profile in the sidebar (**Predicted time**), or calibrate this "
           "machine there, to see the predicted time beside the roofline bound.")
 CPU_BUDGET_S = 60.0  # the quick CPU grids take a few seconds; the budget only stops a machine far too busy
@@ -60,7 +62,6 @@ class ProfileChoice:
     routing_path: str | None = None  # the what-if routing profile (ui/routing_choice.py); None: uniform
     routing_mtime_ns: int = 0
     routing_label: str = UNIFORM_ROUTING
-    quick: bool = False  # the quick grids: a smoke test whose predictions miss by 10x or more
 
 
 # ------------------------------------------------------------------------------------------- folders
@@ -82,14 +83,35 @@ def uploaded_dir() -> Path:
 
 
 def choices() -> dict[str, Path | None]:
-    """{picker key: file} in picker order: none, the repository's, the calibrated, the uploaded, 'upload'."""
+    """{picker key: file} in picker order: none, the repository's, the calibrated, the uploaded, 'upload'. Quick
+    profiles are left out (not_offered lists them): they test the calibration and predict nothing."""
     out: dict[str, Path | None] = {NONE: None}
-    for kind, folder in (("repo", repo_dir()), ("calibrated", calibrated_dir()), ("uploaded", uploaded_dir())):
-        if folder.is_dir():
-            for f in sorted(folder.glob("*.json"), key=lambda f: f.name):
-                out[f"{kind}:{f.name}"] = f
+    for key, f in _files():
+        if not _is_quick_file(f):
+            out[key] = f
     out[UPLOAD] = None
     return out
+
+
+def not_offered() -> list[str]:
+    """The file names of the quick profiles the picker leaves out."""
+    return [f.name for _, f in _files() if _is_quick_file(f)]
+
+
+def _files() -> list[tuple[str, Path]]:
+    out = []
+    for kind, folder in (("repo", repo_dir()), ("calibrated", calibrated_dir()), ("uploaded", uploaded_dir())):
+        if folder.is_dir():
+            out += [(f"{kind}:{f.name}", f) for f in sorted(folder.glob("*.json"), key=lambda f: f.name)]
+    return out
+
+
+def _is_quick_file(path: Path) -> bool:
+    """A readable quick profile. A file that cannot be read is offered, so that choosing it shows why."""
+    try:
+        return _load(str(path), path.stat().st_mtime_ns).quick
+    except (OSError, ProfileError):
+        return False
 
 
 def option_name(key: str) -> str:
@@ -114,7 +136,7 @@ def describe(profile: Profile) -> str:
     label = profile.label()
     if profile.device.get("kind") == "cpu":
         label += f" — {CPU_NOTE}"
-    if _quick(profile):
+    if profile.quick:
         label += f" — {QUICK_NOTE}"
     cal = profile.raw.get("calibration") or {}
     if cal.get("complete") is False:
@@ -129,16 +151,19 @@ def choose(path: Path, origin: str) -> ProfileChoice:
     except OSError:
         raise ProfileError(f"no calibration profile at {path}") from None
     prof = _load(str(path), mtime)
+    _refuse_quick(prof, path.name)  # a quick file chosen before it was rewritten (the picker offers none)
     gaps = prediction_gaps(prof)
     if gaps:
         raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
                            "before it measured them); calibrate again with a larger budget")
-    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin,
-                         quick=_quick(prof))
+    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin)
 
 
-def _quick(profile: Profile) -> bool:
-    return bool((profile.raw.get("calibration") or {}).get("quick"))
+def _refuse_quick(profile: Profile, name: str) -> None:
+    if profile.quick:
+        raise ProfileError(f"{name} is a quick profile ({QUICK_NOTE}): its kernel tables stop far below the "
+                           "model's shapes, so its times miss by 10x or more. Calibrate a GPU with the full grids "
+                           "(python -m dsocr_core calibrate, without --quick) for a predictor")
 
 
 def _save_upload(name: str, data: bytes) -> Path:
@@ -155,7 +180,7 @@ def _save_upload(name: str, data: bytes) -> Path:
         trial = Path(tmp) / safe
         trial.write_bytes(data)
         try:
-            load_profile(trial)  # the same checks, and messages, as a file in data/profiles
+            _refuse_quick(load_profile(trial), name)  # the same checks, and messages, as a file in data/profiles
         except ProfileError as exc:
             raise ProfileError(str(exc).replace(str(trial), f"the uploaded file {name}")) from None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -268,9 +293,9 @@ def render(side, gpu) -> ProfileChoice | None:
             side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
         path, mtime, label = routing_choice.render(side)
         choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
-        if choice.quick:
-            side.warning("QUICK profile: a smoke test of the calibration, not a predictor. Its kernel tables stop "
-                         "far below the model's shapes, so its predicted times miss by 10x or more.")
+    hidden = not_offered()
+    if hidden:
+        side.caption(md(NOT_OFFERED + ", ".join(hidden)))
     _calibrate_panel(side, gpu)
     return choice
 
@@ -284,18 +309,20 @@ def _calibrate_panel(side, gpu) -> None:
             device = "cpu"
         if device == "cpu":
             quick, budget = True, CPU_BUDGET_S
-            st.caption("The quick kernel grids (a few seconds): a smoke test of the calibration, labelled "
-                       f"'{QUICK_NOTE}'. Its predicted times miss this CPU's runs by 10x or more (the grids stop "
-                       "far below the model's shapes), and it is no stand-in for a GPU profile.")
+            st.caption("On the CPU: the quick kernel grids (a few seconds), a smoke test of the calibration "
+                       "that is saved but not offered as a predictor (its grids stop far below the model's shapes "
+                       "and its times would miss this CPU's runs by 10x or more). A predictor needs a CUDA GPU "
+                       "and the full grids.")
         else:
             quick = st.toggle("Quick grids (a smoke test, not for predictions)", key="sb_cal_quick")
             lo, hi, default = GPU_BUDGET_S
             budget = float(st.slider("Time budget (s)", lo, hi, default, step=30, key="sb_cal_budget",
                                      help="Shapes left when the budget runs out take their nearest measured "
                                           "neighbour's value (the profile counts them)."))
-        if st.button("Calibrate", key="sb_cal_start", disabled=runner.busy,
+        if st.button("Test the calibration" if quick else "Calibrate", key="sb_cal_start", disabled=runner.busy,
                      help="Kernel microbenchmarks (never the model) into a calibration profile, saved in "
-                          f"{calibrated_dir()} and selectable above."):
+                          f"{calibrated_dir()}" + (" (a quick one is not offered as a predictor)." if quick
+                                                   else " and selectable above.")):
             name = f"{'gpu' if device == 'cuda' else 'cpu'}{'_quick' if quick else ''}_" \
                    f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
             try:
@@ -327,10 +354,13 @@ def _progress(runner) -> None:
         elif job.error:
             st.error(f"Calibration failed: {md(job.error)}")
         elif job.output:
-            st.success(f"Saved {md(Path(job.output).name)}" + (" (stopped early)" if job.stopped else ""))
+            quick = _is_quick_file(Path(job.output))
+            st.success(f"Saved {md(Path(job.output).name)}" + (" (stopped early)" if job.stopped else "")
+                       + (": the calibration works; a quick profile is not offered as a predictor" if quick else ""))
         if not job.running and st.session_state.get("sb_cal_seen") != id(job):
             st.session_state["sb_cal_seen"] = id(job)
-            if job.output and st.session_state.get("sb_cal_started") == id(job):
+            offered = job.output and not _is_quick_file(Path(job.output))
+            if offered and st.session_state.get("sb_cal_started") == id(job):
                 st.session_state[PENDING] = f"calibrated:{Path(job.output).name}"  # started here: select it
             st.rerun(scope="app")  # the new profile is listed in the picker
 

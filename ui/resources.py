@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ def gpu_device_present() -> bool:
 def detected_gpu() -> GpuInfo:
     if not gpu_device_present():
         return GpuInfo(False)
+    torch_ready()
     import torch
 
     if not torch.cuda.is_available():
@@ -75,25 +77,47 @@ def detected_gpu() -> GpuInfo:
     return GpuInfo(True, name, torch.cuda.device_count(), memory, match_device_name(name))
 
 
-@st.cache_resource(show_spinner=False)
+_WARM_UP: threading.Thread | None = None
+_WARM_UP_GUARD = threading.Lock()
+
+
 def warm_up() -> threading.Thread:
     """Once per server process: import torch and the model code in a background thread, and run torch's first
     meta-device initialisation (about 2.4 s on a 2-core machine, paid once). The analytic, measured and MFU pages
-    never import torch; the pages that load a model find it imported (or wait only for what is left)."""
-    def work():
-        try:
-            import torch
+    never import torch; the pages that load a model find it imported (or wait only for what is left).
 
-            from dsocr_core.runtime import session  # noqa: F401 - the model code, imported once
+    Where this thread is torch's first importer it also starts and stops an empty CPU profiler: kineto (the
+    backend of torch.profiler) registers its client in the thread that imports torch and refuses to initialise it
+    from any other, printing "External init callback must run in same thread as registerClient" when a job thread
+    runs the operator breakdown. So every path of the dashboard that imports torch calls torch_ready() first.
+    A plain module-level singleton rather than st.cache_resource: job threads call it too, outside any script."""
+    global _WARM_UP
+    with _WARM_UP_GUARD:
+        if _WARM_UP is None:
+            _WARM_UP = threading.Thread(target=_warm_up_work, name="dsocr-warm-up", daemon=True)
+            _WARM_UP.start()
+        return _WARM_UP
 
-            with torch.device("meta"):
-                torch.nn.Embedding(8, 8)  # torch's first meta-device init (prims and refs) happens here
-        except Exception:  # noqa: BLE001 - a failed warm-up only means the first model load pays for it
-            pass
 
-    thread = threading.Thread(target=work, name="dsocr-warm-up", daemon=True)
-    thread.start()
-    return thread
+def torch_ready() -> None:
+    """Wait until torch is imported, by the warm-up thread (see warm_up for why that thread)."""
+    warm_up().join()
+
+
+def _warm_up_work() -> None:
+    try:
+        first_importer = "torch" not in sys.modules  # another thread importing it already put it there
+        import torch
+
+        if first_importer:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                pass  # kineto's client initialised in the thread that registered it
+        from dsocr_core.runtime import session  # noqa: F401 - the model code, imported once
+
+        with torch.device("meta"):
+            torch.nn.Embedding(8, 8)  # torch's first meta-device init (prims and refs) happens here
+    except Exception:  # noqa: BLE001 - a failed warm-up only means the first model load pays for it
+        pass
 
 
 @st.cache_resource(show_spinner=False)
@@ -108,7 +132,9 @@ class Busy(RuntimeError):
 
 @contextmanager
 def gpu_turn():
-    """Hold the device for one job, or raise Busy at once when another job holds it."""
+    """Hold the device for one job, or raise Busy at once when another job holds it. Every job runs torch:
+    imported by the warm-up thread first (see warm_up for why)."""
+    torch_ready()
     lock = gpu_lock()
     if not lock.acquire(blocking=False):
         raise Busy("the device is busy with another job (a measured sweep, a dataset run, a parity run or a "
@@ -202,6 +228,7 @@ def _loaded(source: str, preset: str | None, checkpoint: str | None, device: str
 def get_session(model) -> tuple[object | None, str | None]:
     """(session, None) or (None, why it could not be loaded) for a settings.ModelChoice, in its session mode.
     Where fast mode cannot be had the reference session comes back and a warning says why (on the page)."""
+    torch_ready()
     try:
         loaded = _loaded(*model.key)
     except Exception as exc:  # noqa: BLE001 - any load failure (missing folder, bad weights, OOM) is a message

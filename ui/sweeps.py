@@ -149,6 +149,7 @@ class SweepRunner:
         return self._start(job, self._run_calibration, (job, device, quick, budget_s, out))
 
     def _start(self, job: SweepJob, target, args) -> SweepJob:
+        resources.torch_ready()  # torch imported by the warm-up thread, not by the job's (resources.warm_up)
         with self._guard:
             if self.busy:
                 raise resources.Busy(self.busy_message())

@@ -30,7 +30,7 @@ def known_misses(profile, session_mode: str, max_batch: int = 1,
     within the documented accuracy."""
     shown = None if stages is None else set(stages)
     out = []
-    if (profile.raw.get("calibration") or {}).get("quick"):
+    if profile.quick:
         out.append(QUICK)
     elif profile.device.get("kind") == "cpu":
         out.append(CPU)

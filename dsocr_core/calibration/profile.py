@@ -246,6 +246,12 @@ class Profile:
         return bool(self.raw["derived"])
 
     @property
+    def quick(self) -> bool:
+        """Measured on the quick grids: a smoke test of the calibration, whose tables stop far below the model's
+        shapes (its predictions miss by 10x or more). The dashboard never offers one as a predictor."""
+        return bool((self.raw.get("calibration") or {}).get("quick"))
+
+    @property
     def derivation(self) -> dict | None:
         return self.raw.get("derivation")
 
@@ -261,7 +267,7 @@ class Profile:
         prediction and written into every export)."""
         created = self.created[:10]
         if not self.derived:
-            quick = " quick" if self.raw["calibration"].get("quick") else ""
+            quick = " quick" if self.quick else ""
             return f"{self.device_name} profile, measured{quick} {created}"
         d = self.derivation or {}
         src = d.get("source", {}).get("device", "?")

@@ -130,7 +130,12 @@ def _with_profile(hw, args):
     overlap = _choice(args.overlap, ("row", "kernel"), "overlap")
     engine = EngineSpec.of(mode, parse_options(args.engine_options))
     routing = load_routing(args.routing) if args.routing else None
-    return with_profile(hw, load_profile(args.profile), engine, work, overlap, routing)
+    profile = load_profile(args.profile)
+    if profile.quick:  # kept usable here (it tests the calibration end to end), never silently
+        from ..analytic.known_misses import QUICK
+
+        print(f"warning: {args.profile} is a quick profile, not a predictor: {QUICK}", file=sys.stderr)
+    return with_profile(hw, profile, engine, work, overlap, routing)
 
 
 def _one_line(exc: ValidationError) -> str:
