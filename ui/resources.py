@@ -79,6 +79,7 @@ def detected_gpu() -> GpuInfo:
 
 _WARM_UP: threading.Thread | None = None
 _WARM_UP_GUARD = threading.Lock()
+_TORCH_IMPORTED = threading.Event()  # set by the warm-up thread once torch is imported (or the import failed)
 
 
 def warm_up() -> threading.Thread:
@@ -100,8 +101,10 @@ def warm_up() -> threading.Thread:
 
 
 def torch_ready() -> None:
-    """Wait until torch is imported, by the warm-up thread (see warm_up for why that thread)."""
-    warm_up().join()
+    """Wait until torch is imported, by the warm-up thread (see warm_up for why that thread); not for the rest
+    of the warm-up (the model code), which the caller may not need."""
+    warm_up()
+    _TORCH_IMPORTED.wait()
 
 
 def _warm_up_work() -> None:
@@ -112,12 +115,15 @@ def _warm_up_work() -> None:
         if first_importer:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
                 pass  # kineto's client initialised in the thread that registered it
+        _TORCH_IMPORTED.set()
         from dsocr_core.runtime import session  # noqa: F401 - the model code, imported once
 
         with torch.device("meta"):
             torch.nn.Embedding(8, 8)  # torch's first meta-device init (prims and refs) happens here
     except Exception:  # noqa: BLE001 - a failed warm-up only means the first model load pays for it
         pass
+    finally:
+        _TORCH_IMPORTED.set()
 
 
 @st.cache_resource(show_spinner=False)
