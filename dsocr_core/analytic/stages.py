@@ -97,8 +97,10 @@ def layout_row(spec: ModelSpec, pts: Points) -> Row:
                 peak_activation=b * (feats + pts.image_slots) * h * dt,
                 weight_memory=vectors * h * dt)
     key = "model.image_newline" if info.newlines else "model.view_seperator"
+    tiled = b * (pts.n_tiles > 0)  # images laid out with their tiles (the engines' plans count ops per part)
     return Row("projector", "projector.layout", (key,), cost,
-               ctx=(dict(spec=spec, phase="layout", images=b, dt=dt, dtype=pts.dtype),))
+               ctx=(dict(spec=spec, phase="layout", images=b, tiled=tiled, newlines=info.newlines, dt=dt,
+                         dtype=pts.dtype),))
 
 
 def prefill_rows(spec: ModelSpec, pts: Points) -> list[Row]:

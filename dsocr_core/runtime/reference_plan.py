@@ -6,6 +6,12 @@ matmul / scale / mask / float / softmax / cast / matmul, a Python loop over the 
 a host synchronisation for their counts, the cache's torch.cat (which rewrites each layer's whole cache every
 decode step), SAM's dense relative-position mask. Every op is issued from the host (no graphs). Torch-free: the
 time model reads this without loading torch (analytic/kernels.py has the vocabulary).
+
+The counts are those of the kernel-launching aten ops the model dispatches (runtime/op_count.py counts them;
+tests/test_reference_plan_ops.py holds the plan to them per stage). Ops that only make a view (view, permute,
+transpose, slicing, a reshape of a contiguous tensor) and allocations launch nothing and are not counted here;
+a reshape or .contiguous() of a non-contiguous tensor is a copy and is. The rows' comments say what each number
+is.
 """
 from __future__ import annotations
 
@@ -17,8 +23,16 @@ from ..analytic.kernels import (Call, Kernel, Plan, clip_attention, clip_mlp, co
                                 whole)
 from ..analytic.vision import sam_out_side, sam_patches
 
-STEP_OPS = 18  # a decode step outside the layers: token choice, history, positions, RoPE tables
-PREFILL_OPS = 12  # the LM prefill outside the layers: positions, RoPE tables, logits slicing
+# RoPE tables (model/decoder.py rope_cos_sin, once per LM call): positions and frequency aranges, /dim, theta **,
+# 1.0 / (reciprocal and a product), positions.float(), the outer product, cat, cos, sin, two casts
+ROPE_TABLE_OPS = 13
+# greedy token choice after a step (runtime/generate.py next_tokens): the n-gram ban's window compare, all,
+# clamp, full_like, where, zeros, scatter_, masked_fill (8), argmax, the finished rows' full_like and where, the
+# EOS compare and |=, the history write (6)
+TOKEN_CHOICE_OPS = 14
+# a decode step outside the layers: the embedding lookup, the RoPE tables, the token choice
+STEP_OPS = 1 + ROPE_TABLE_OPS + TOKEN_CHOICE_OPS
+PREFILL_OPS = ROPE_TABLE_OPS  # the LM prefill outside the layers (the last-position logits slice is a view)
 
 
 class ReferenceOptions(BaseModel):
@@ -42,7 +56,7 @@ class ReferencePlan:
         if c.phase == "vision":
             return _vision(c)
         if c.phase == "layout":
-            return layout(c)
+            return _layout(c)
         k = c.kind
         if k == "lm.self_attn":
             return _attention(c)
@@ -53,8 +67,9 @@ class ReferencePlan:
         if k == "lm.embed_tokens":
             if c.phase == "decode":
                 return Plan(rest_launches=STEP_OPS)
+            # the lookup; per image row mask.sum() (read on the host: a sync) and masked_scatter, then one stack
             scatter = np.where(np.asarray(c.img) > 0, 1.0, 0.0)
-            return Plan(rest_launches=1 + scatter * (3 * c.b + 1) + PREFILL_OPS)
+            return Plan(rest_launches=1 + scatter * (2 * c.b + 1) + PREFILL_OPS, syncs=scatter * c.b)
         if k == "lm.lm_head":
             return Plan([lm_head(c)], rest_launches=1.0)  # .float()
         raise KeyError(k)
@@ -67,28 +82,54 @@ def _vision(c: Call) -> Plan:
 
         return plan_encoder(c)
     shared = common_vision(c)
+    if kind == "projector" and hasattr(s, "clip_width"):  # DeepSeek-OCR: CLIP and SAM features concatenated (one
+        shared.rest_launches = calls  # cat; flattening SAM's map and dropping CLIP's CLS are views), the Linear
     if shared is not None:
         return shared
     if kind == "sam.patch_embed":
         return patch_embed(c, 1)  # one conv
-    if kind == "sam.pos_embed":  # interpolated (6 ops) when the grid is not the learned one
-        return Plan(rest_launches=calls * (1 + 6 * (sam_patches(s, c.side) != s.sam_pos_grid)))
+    if kind == "sam.pos_embed":  # the add; resized when the grid is not the learned one: float, bicubic, cast back
+        return Plan(rest_launches=calls * (1 + 3 * (sam_patches(s, c.side) != s.sam_pos_grid)))
     if kind.startswith("clip.layer_norm"):
         return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
     if kind.startswith("sam.attn"):
-        a = sam_attention(c, einsum_launches=4)
-        glob = kind.endswith("global")
-        rest = (5 + 2 * a.padded) if not glob else 3  # partition, q copy, head merge, un-partition, crop, residual
-        rest += 6 + 8 * a.resized  # relative-position tables (resized when the grid differs from the learned one)
-        return Plan(a.gemms + [a.mask, a.sdpa], rest_launches=calls * rest)
-    if kind == "clip.embeddings":
+        return _sam_attention(c)
+    if kind == "clip.embeddings":  # CLS concatenated, positions added; resized: float, bicubic, cast back, CLS row
         g = sam_out_side(s, c.side)
-        return Plan(rest_launches=calls * (2 + 6 * (g != s.clip_pos_grid)))
-    if kind == "clip.self_attn":
-        return clip_attention(c)
+        return Plan(rest_launches=calls * (2 + 4 * (g != s.clip_pos_grid)))
+    if kind == "clip.self_attn":  # residual add; the head merge is a view (SDPA's output is laid out [b, n, heads, d])
+        p = clip_attention(c)
+        p.rest_launches = calls * 1.0
+        return p
     if kind == "clip.mlp":
         return clip_mlp(c, 4)  # quick_gelu (3 ops), residual add
     raise KeyError(kind)
+
+
+def _sam_attention(c: Call) -> Plan:
+    """One SAM attention call (model/sam.py SamAttention) with its block's window partition and residual add.
+    Kernels: the qkv and output Linears, one bmm per relative-position einsum, the broadcast add building the dense
+    bias (the mask) and SDPA. Besides them: q reshaped per head (a copy of a permuted view), the first einsum's
+    input made contiguous, the bias reshaped to [L, L] (a copy: the broadcast sum keeps the einsums' strides),
+    8 ops per relative-position table (two aranges, two scales, the difference, the offset, the long cast, the
+    gather) on each axis plus 3 when the table is resized (float, interpolate, cast back), the residual add;
+    windowed blocks also copy in window_partition and window_unpartition, and when the grid is padded, F.pad and
+    the crop's .contiguous()."""
+    a = sam_attention(c, einsum_launches=2)
+    glob = c.kind.endswith("global")
+    copies = 3  # q per head, the first einsum's input, the dense bias
+    tables = 2 * (8 + 3 * a.resized)
+    windows = 0 if glob else 2 + 2 * a.padded
+    return Plan(a.gemms + [a.mask, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
+
+
+def _layout(c: Call) -> Plan:
+    """Per image (model/deepseek_ocr.py layout_image): the global grid with its newline column (cat) and the final
+    cat; a tiled image also stitches its tiles (a copy) and adds their newline column (cat). DeepSeek-OCR 2 (no
+    newlines) keeps the shared estimate."""
+    if not c.ctx.get("newlines", False):
+        return layout(c)
+    return Plan(rest_launches=2 * c.images + 2 * c.tiled)
 
 
 def _attention(c: Call) -> Plan:
@@ -98,7 +139,8 @@ def _attention(c: Call) -> Plan:
     t, sk = b * sq, n + sq
     prefill = c.phase == "prefill"
     attn = lm_attention(c, c.attn)
-    attn.launches = (10 if prefill else 6) if c.attn == "eager" else 1  # eager: matmul, scale, (mask), float, ...
+    # eager: matmul, scale, (causal mask: ones, tril, not, masked_fill), float, softmax, cast, matmul
+    attn.launches = (10 if prefill else 6) if c.attn == "eager" else 1
     kv = kv_write(c)
     if prefill:
         kv.real_bytes = 0.0  # the first call appends to an empty cache: no copy
@@ -106,7 +148,13 @@ def _attention(c: Call) -> Plan:
         kv.real_bytes = 2 * b * sk * 2 * h * dt
         kv.coords = dict(bytes=kv.real_bytes)
     proj = Kernel("gemm", dict(m=t, n=h, k=h), 8 * t * h * h, 4 * (2 * t * h + h * h) * dt, 4.0, by_batch=True)
-    return Plan([proj, attn, kv], rest_launches=12, rest_by_batch=True)  # RoPE (5 ops each), merge, residual
+    # RoPE on q and k (5 ops each: 2 products, neg, cat, add), the residual add. The head merge is a view of SDPA's
+    # output (laid out [b, s, heads, d]), a copy of eager attention's in a prefill; eager's matmuls there also copy
+    # q, k and v (views [b, s, heads, d] transposed) when the batch cannot fold into the heads without one (b > 1)
+    copies = 0.0
+    if c.attn == "eager" and prefill:
+        copies = 1.0 + np.where(np.asarray(b) > 1, 3.0, 0.0)
+    return Plan([proj, attn, kv], rest_launches=11 + copies, rest_by_batch=True)
 
 
 def _mlp(c: Call) -> Plan:
@@ -125,5 +173,8 @@ def _mlp(c: Call) -> Plan:
         gu.coords, down.coords = dict(m=r.per, n=s.moe_intermediate_size, k=s.hidden_size), \
             dict(m=r.per, n=s.hidden_size, k=s.moe_intermediate_size)
         gu.launches, down.launches = 2 * e_act, e_act
-        return Plan([gu, down], rest_launches=4 + 4 * e_act + 5, syncs=1.0, host_ops=3 * e_act)
+        # argsort, bincount (read with .tolist(): the sync), order // k; per expert the token gather, SiLU, product
+        # and index_put_ (4, beside its 3 GEMMs); then float, * weights, sum, the cast back and the layer's residual
+        # add (the y + shared add is the shared expert's). host_ops: per expert the Python slice and its two views.
+        return Plan([gu, down], rest_launches=3 + 4 * e_act + 5, syncs=1.0, host_ops=3 * e_act)
     raise KeyError(c.kind)

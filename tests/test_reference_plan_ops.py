@@ -1,0 +1,61 @@
+"""The reference engine's kernel plan (runtime/reference_plan.py) against what the model really dispatches.
+
+A tiny synthetic model runs through the ReferenceEngine on the CPU (a prefill with its vision stages, one greedy
+decode step) under runtime/op_count.py's dispatch counter. Per stage and per group of rows, the kernel-launching
+aten ops counted must equal the plan's launches (its kernels' launches + rest_launches) for the same rows, and the
+host syncs its syncs, exactly: an op added to the model without the plan following fails here.
+
+Groups, not single rows: a block's own code (SAM's window partition, the residual adds, the MoE's expert loop)
+runs outside the modules the rows name, and the plan files those ops under one of the block's rows.
+
+Not compared: metadata-only ops (views) and allocations, which launch nothing (the plan prices no host cost for
+them yet); the plan's host_ops (per expert, the Python slice and its views). The CPU run is exact; on CUDA, SDPA
+may add ops inside its own decomposition (the efficient kernel pads a dense mask whose last dimension is not a
+multiple of 16: SAM's 14x14 windows) and bincount synchronises internally: neither is visible here.
+"""
+import pytest
+import torch
+
+from dsocr_core.model import synthetic_model
+from dsocr_core.runtime.op_count import compare_workload
+from dsocr_core.runtime.reference_plan import ReferenceOptions, ReferencePlan
+from dsocr_core.spec import tiny_spec
+
+PLAN = ReferencePlan(ReferenceOptions(), "cuda")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {impl: synthetic_model(tiny_spec(), seed=0, dtype="bfloat16", attn_impl=impl)
+            for impl in ("sdpa", "eager")}
+
+
+def _mismatches(comparisons) -> list[str]:
+    out = []
+    for c in comparisons:
+        if c.planned.launches != c.launch or c.planned.syncs != c.syncs:
+            out.append(f"{c.stage}/{c.group}: plan {c.planned.launches:g} launches, {c.planned.syncs:g} syncs; "
+                       f"model {c.launch} launches {dict(c.names)}, {c.syncs} syncs")
+    return out
+
+
+# gundam 2x1: a 1024 global view (windows padded, global rel-pos at the learned size) and 640 tiles (rel-pos and
+# positions resized), newlines with tiles; tiny (512) at batch 2: two image rows, no tiles; eager LM attention
+@pytest.mark.parametrize("impl,mode,grid,batch", [("sdpa", "gundam", (2, 1), 1), ("eager", "tiny", (1, 1), 2)])
+def test_plan_launches_equal_dispatched_ops(models, impl, mode, grid, batch):
+    with torch.no_grad():
+        comparisons = compare_workload(models[impl], PLAN, mode, grid, batch)
+    stages = {c.stage for c in comparisons}
+    assert {"sam", "clip", "projector", "prefill", "decode"} <= stages
+    assert not _mismatches(comparisons), "\n".join(_mismatches(comparisons))
+
+
+def test_counter_sees_an_added_op(models, monkeypatch):
+    """The comparison is not vacuous: one more elementwise op in a CLIP MLP shows up as a mismatch."""
+    from dsocr_core.model.clip import ClipMLP
+
+    plain = ClipMLP.forward
+    monkeypatch.setattr(ClipMLP, "forward", lambda self, x: plain(self, x) * 1.0)
+    with torch.no_grad():
+        comparisons = compare_workload(models["sdpa"], PLAN, "tiny")
+    assert [m.split(":")[0] for m in _mismatches(comparisons)] == ["clip/clip.layer"]
