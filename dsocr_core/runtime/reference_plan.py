@@ -82,8 +82,10 @@ def _vision(c: Call) -> Plan:
 
         return plan_encoder(c)
     shared = common_vision(c)
-    if kind == "projector" and hasattr(s, "clip_width"):  # DeepSeek-OCR: CLIP and SAM features concatenated (one
-        shared.rest_launches = calls  # cat; flattening SAM's map and dropping CLIP's CLS are views), the Linear
+    if kind == "projector" and hasattr(s, "clip_width"):
+        # DeepSeek-OCR: one cat of CLIP's and SAM's features (flattening SAM's map and dropping CLIP's CLS token
+        # are views) beside the Linear the shared plan holds
+        shared.rest_launches = calls
     if shared is not None:
         return shared
     if kind == "sam.patch_embed":
