@@ -155,21 +155,22 @@ def roofline(points: pd.DataFrame, roofs: pd.DataFrame, title: str = "Roofline",
 
 
 def bars(data: pd.DataFrame, x: str, y: str, colour: str, unit: str, title: str, column: str | None = None,
-         x_title: str | None = None, height: int = 280, log_y: bool = False) -> alt.Chart:
-    """Grouped bars: `x` categories, one bar per `colour` value (xOffset), optional facet columns; `log_y` for
-    values spanning decades (a decode total next to a projector)."""
+         x_title: str | None = None, height: int = 280, log_y: bool = False, colour_title: str | None = None,
+         x_order: list[str] | None = None) -> alt.Chart:
+    """Grouped bars: `x` categories (in `x_order` where given), one bar per `colour` value (xOffset), optional
+    facet columns; `log_y` for values spanning decades (a decode total next to a projector)."""
     factor, suffix = UNITS[unit]
     data = data.copy()
     data[y] = data[y].astype(float) * factor
     if log_y:
         data = data[data[y] > 0]
-    sort = STAGE_ORDER if x == "stage" else alt.Undefined
+    sort = x_order or (STAGE_ORDER if x == "stage" else alt.Undefined)
     enc = dict(
         x=alt.X(f"{x}:N", title=x_title or x, sort=sort),
         xOffset=alt.XOffset(f"{colour}:N"),
         y=alt.Y(f"{y}:Q", title=f"{title} ({suffix}{', log scale' if log_y else ''})",
                 scale=alt.Scale(type="log") if log_y else alt.Undefined, axis=alt.Axis(format=",.4~r")),
-        color=alt.Color(f"{colour}:N", title=colour),
+        color=alt.Color(f"{colour}:N", title=colour_title or colour),
         tooltip=[alt.Tooltip(c) for c in [x, colour, column] if c] + [alt.Tooltip(f"{y}:Q", format=",.4~r")],
     )
     if log_y and len(data):  # a log axis has no zero: bars rise from below the smallest value

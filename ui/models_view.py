@@ -45,8 +45,10 @@ def draw(v) -> None:
     log_y = c[2].checkbox("Log y axis", value=True, key="an_models_logy")
     one = long[(long["page"] == page) & long[metric].notna()]
     title, unit = METRICS[metric]
-    st.altair_chart(charts.bars(one, "stage_label", metric, "model_label", unit, f"{title} per stage, {page}",
-                                x_title="stage", log_y=log_y), width="stretch")
+    # the page is the picker's just above: the y title stays short enough for the chart's height
+    st.altair_chart(charts.bars(one, "stage_label", metric, "model_label", unit, title, x_title=f"stage ({page})",
+                                log_y=log_y, colour_title="model", x_order=list(dict.fromkeys(one["stage_label"]))),
+                    width="stretch")
     grids = one.drop_duplicates("model_label")
     st.caption(" · ".join(f"**{r.model_label}**: grid {r.grid}, {int(r.image_slots):,} image slots, "
                           f"{int(r.sequence):,} prompt tokens" for r in grids.itertuples())
