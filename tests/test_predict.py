@@ -133,6 +133,49 @@ def test_one_row_by_hand():
     assert out["predicted_host_s"] == pytest.approx(2.0 - (roof + kernel + 4e-6), rel=1e-9)
 
 
+def test_eager_ops_are_priced_at_their_kinds_host_cost():
+    """A profile measuring the host cost per kind of eager op (GEMM, attention, other launching ops, views) prices
+    each op at its kind's cost; a kind it did not measure costs the mix's mean (host_op_s), so a profile made
+    before the kinds were measured predicts as before."""
+    from dsocr_core.analytic.kernels import host_ops_by_kind
+
+    spec = ModelSpec()
+    w = Workload(crops=(2, 1), text_tokens=100, batch=2, decode_steps=3)
+    rows = [r for r in all_rows(spec, Points.from_workload(w)) if r.stage in ("prefill", "decode")]
+    mean = dict(eager_kernel_s=0.0, host_op_s=1e-3)  # host-bound: the host term is the prediction
+    old = Predictor(Prediction(_profile(**mean), EngineSpec.of("reference")))
+    same = Predictor(Prediction(_profile(**mean, host_op_s_by_kind={k: 1e-3 for k in ("gemm", "attention")}),
+                                EngineSpec.of("reference")))
+    for row in rows:
+        assert np.allclose(same.row(row)["predicted_s"], old.row(row)["predicted_s"], rtol=1e-12), row.kind
+
+    costs = {"gemm": 2e-3, "attention": 3e-3, "other": 5e-4, "view": 1e-4}
+    kinds = Predictor(Prediction(_profile(**mean, host_op_s_by_kind=costs), EngineSpec.of("reference")))
+    (experts,) = [r for r in rows if r.kind == "lm.mlp.experts" and r.stage == "prefill"]
+    plan = kinds.plan.plan(Call(experts.kind, experts.cost, experts.ctx[0], False, None))
+    ops = host_ops_by_kind(plan, graphs=False)
+    assert float(np.sum(ops["view"])) > 0 and float(np.sum(ops["gemm"])) > 0  # the expert loop's slices, GEMMs
+    want = sum(np.asarray(n) * costs[k] for k, n in ops.items())  # no sync cost in this profile
+    assert np.allclose(kinds.row(experts)["predicted_s"], want, rtol=1e-9)  # host-bound: one module's host time
+
+
+def test_host_costs_per_kind_are_validated_and_kept_by_a_derived_profile():
+    from dsocr_core.calibration.derive import derive_profile
+    from dsocr_core.calibration.profile import ProfileError
+
+    good = _profile(host_op_s=2e-5, host_op_s_by_kind={"gemm": 1e-5, "view": 2e-6})
+    assert good.host_costs == {"gemm": 1e-5, "attention": 2e-5, "other": 2e-5, "view": 2e-6}
+    assert derive_profile(good, "h100-sxm", source_hardware="h200").host_costs == good.host_costs
+    for bad, words in (({"gemm": -1.0}, "launch.host_op_s_by_kind.gemm must be a non-negative number"),
+                       ({"view": float("nan")}, "launch.host_op_s_by_kind.view must be a non-negative number"),
+                       ({"gemm": 5.0}, "launch.host_op_s_by_kind.gemm is 5 s"),
+                       ({"python": 1e-6}, "host_op_s_by_kind.python")):
+        d = _profile().to_dict()
+        d["launch"]["host_op_s_by_kind"] = bad
+        with pytest.raises(ProfileError, match=words.replace(".", r"\.")):
+            profile_from_dict(d)
+
+
 def test_fused_decode_step_launches_5_per_dense_6_per_moe_layer():
     spec = ModelSpec()
     prof = _profile(graph_kernel_s=1.0)  # one second per launch: predicted launch time counts the kernels

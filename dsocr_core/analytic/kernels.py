@@ -54,7 +54,30 @@ class Plan:
     rest_by_batch: bool = False  # the remainder's work depends on the batch only in a decode step
     syncs: Any = 0.0  # host synchronisations per call
     graph_launches: Any = 0.0  # CUDA-graph replays per call
-    host_ops: Any = 0.0  # eager host ops that launch nothing counted above (Python work, views)
+    host_ops: Any = 0.0  # eager launching ops outside the kernels and the remainder above (priced as "other")
+    view_ops: Any = 0.0  # eager Python-level ops that launch nothing: slices, views (priced as "view")
+
+
+def host_kind(table: str) -> str:
+    """The host-cost kind (calibration.schema.HOST_KINDS) of an eager op launching a kernel timed on `table`."""
+    if table.startswith(("gemm", "grouped_gemm")):
+        return "gemm"
+    if table.startswith("attention"):
+        return "attention"
+    return "other"
+
+
+def host_ops_by_kind(plan: Plan, graphs: bool) -> dict[str, Any]:
+    """The eager ops one call of `plan` issues from the host, per host-cost kind: each kernel's host_ops (None:
+    its launches, unless the engine replays graphs), the remainder's launches, the plan's other launching ops and
+    its views. The time model prices them (analytic/predict.py); runtime/op_count.py checks their sum."""
+    out: dict[str, Any] = {"gemm": 0.0, "attention": 0.0, "other": 0.0, "view": 0.0}
+    for k in plan.kernels:
+        ops = k.host_ops if k.host_ops is not None else (0.0 if graphs else k.launches)
+        out[host_kind(k.table)] = out[host_kind(k.table)] + ops
+    out["other"] = out["other"] + (0.0 if graphs else plan.rest_launches) + plan.host_ops
+    out["view"] = out["view"] + plan.view_ops
+    return out
 
 
 @dataclass

@@ -8,7 +8,8 @@ the row's FLOPs and bytes over them. With P and W the profile's ceilings:
     kernel    K = sum_k [ max(F'_k / P, B'_k / W) / eff_k - max(F_k / P, B_k / W) ]
     launch    L = launches x per-launch device cost (graph gap in the fast mode, eager gap in the reference)
     device    D = R + K + L
-    host      H = eager host ops x host_op_s + syncs x sync_s + graph replays x graph_launch_s
+    host      H = sum over kinds of eager host ops x host cost of the kind + syncs x sync_s
+                  + graph replays x graph_launch_s
     time      t = max(D, H) = D + max(H - D, 0)
 
 eff_k is the profile's efficiency of kernel k at its shape (log-space interpolation, clamped at the edges; above 1,
@@ -38,7 +39,7 @@ from pydantic import ConfigDict, Field
 from ..engines import EngineSpec, as_engine
 from ..spec import Hardware, SpecError
 from .cost import Cost, Row
-from .kernels import Call, Kernel
+from .kernels import Call, Kernel, host_ops_by_kind
 
 PREDICTED = ("predicted_s", "predicted_roofline_s", "predicted_kernel_s", "predicted_launch_s", "predicted_host_s")
 WORK_MODES = ("engine", "analytic")
@@ -176,7 +177,7 @@ class Predictor:
         self.routing = prediction.routing
         self.graphs = self.plan.graphs
         self.per_launch = launch["graph_kernel_s"] if self.graphs else launch["eager_kernel_s"]
-        self.host_op_s, self.sync_s = launch["host_op_s"], launch["sync_s"]
+        self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batches: dict[int, tuple] = {}
@@ -223,7 +224,7 @@ class Predictor:
         dtype = ctx.get("dtype", "bfloat16")
         flops, nbytes = cost.flops, cost.bytes
         roof = np.maximum(np.asarray(flops, dtype=float) / self.P, np.asarray(nbytes, dtype=float) / self.W)
-        excess, launches, host_ops, own = 0.0, 0.0, 0.0, 0.0
+        excess, launches, own = 0.0, 0.0, 0.0
         used_f, used_b = 0.0, 0.0
         for k in pl.kernels:
             used_f, used_b = used_f + k.flops, used_b + k.nbytes
@@ -232,7 +233,6 @@ class Predictor:
             own = own + np.maximum(np.asarray(k.flops, dtype=float) / self.P,
                                    np.asarray(k.nbytes, dtype=float) / self.W)
             launches = launches + k.launches
-            host_ops = host_ops + (k.host_ops if k.host_ops is not None else (0.0 if self.graphs else k.launches))
         rest_f = np.maximum(flops - used_f, 0.0)
         rest_b = np.maximum(nbytes - used_b, 0.0)
         per = np.maximum(pl.rest_launches, 1.0)
@@ -247,9 +247,9 @@ class Predictor:
         if self.kernel_overlap:  # the kernels' own rooflines, one after another
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
-        host_ops = host_ops + (0.0 if self.graphs else pl.rest_launches) + pl.host_ops
         launch = launches * self.per_launch
-        host = host_ops * self.host_op_s + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
+        host = sum(n * self.host_costs[kind] for kind, n in host_ops_by_kind(pl, self.graphs).items())
+        host = host + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
         return roof, excess, launch, host
 
     def call(self, kind: str, cost: Cost, ctx: dict):

@@ -112,7 +112,7 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
         device={"name": tgt.name, "kind": "cuda", "sm_count": sm_t, "memory_gb": tgt.memory_gb, "l2_bytes": None},
         environment=dict(source.raw["environment"]), versions=dict(source.raw["versions"]),
         ceilings={"flops_per_s": p_t, "bytes_per_s": w_t, "source": f"datasheet {tgt.name} (derived profile)"},
-        launch=source.launch, tables=tables,
+        launch=dict(source.raw["launch"]), tables=tables,  # host costs per kind too, where the source has them
         calibration={**source.raw["calibration"], "derived_at": now},
         created=now, derived=True,
         derivation={

@@ -255,10 +255,11 @@ def measure_entry(name: str, coords: dict, st: Settings) -> float:
     return _time_calls(run, n, st)
 
 
-def launch_costs(st: Settings) -> dict[str, float]:
+def launch_costs(st: Settings) -> dict:
     """The per-launch costs (LAUNCH_KEYS). GPU: an empty kernel in a graph; empty eager kernels queued behind a
-    busy GPU; the host time of an eager op (op_mix); a one-value round trip; a graph replay's host time. CPU: the
-    mean time of op_mix's ops is the per-launch cost (they run synchronously, host included), no host term."""
+    busy GPU; the host time of an eager op (op_mix's mean, and per kind of op: host_op_s_by_kind from
+    host_mixes); a one-value round trip; a graph replay's host time. CPU: the mean time of op_mix's ops is the
+    per-launch cost (they run synchronously, host included), no host term (and no host cost per kind)."""
     import torch
 
     x = torch.zeros(1, device=st.device)
@@ -282,21 +283,14 @@ def launch_costs(st: Settings) -> dict[str, float]:
         b.record()
         b.synchronize()
         eager.append(a.elapsed_time(b) / 1e3 / n)
+    mixes = host_mixes(st.device)
     mix = op_mix(st.device)
     for _ in range(2):  # first calls pay one-off setup (cuBLAS handles, kernel loading)
-        for op in mix:
+        for op in [*mix, *(op for ops in mixes.values() for op in ops)]:
             op()
     _sync(st.device)
-    rounds = max(n // len(mix), 1)
-    host = []
-    for _ in range(st.repeats):
-        torch.cuda._sleep(int(2e7))  # the GPU busy: launches queue, the loop measures the host alone
-        t0 = time.perf_counter()
-        for _ in range(rounds):
-            for op in mix:
-                op()
-        host.append((time.perf_counter() - t0) / (rounds * len(mix)))
-        _sync(st.device)
+    host = _host_time(mix, n, st)
+    by_kind = {kind: _host_time(ops, n, st) for kind, ops in mixes.items()}
     syncs = []
     for _ in range(20):
         t0 = time.perf_counter()
@@ -313,17 +307,34 @@ def launch_costs(st: Settings) -> dict[str, float]:
         g.replay()
         replays.append(time.perf_counter() - t0)
     _sync(st.device)
-    return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager),
-            "host_op_s": statistics.median(host),
-            "sync_s": max(statistics.median(syncs) - statistics.median(host), 0.0),
-            "graph_launch_s": statistics.median(replays)}
+    return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager), "host_op_s": host,
+            "sync_s": max(statistics.median(syncs) - host, 0.0), "graph_launch_s": statistics.median(replays),
+            "host_op_s_by_kind": by_kind}
 
 
-def op_mix(dev: str) -> list[Callable[[], object]]:
-    """One eager call of each kind of op the reference model issues most (dsocr_core/model: linear layers,
-    elementwise products and sums, casts, the RMSNorm's pow and mean, softmax, top-k, gathers and scatters of
-    the expert loop, concatenation, SDPA) on tiny tensors: what one eager op costs the host, averaged over
-    the mix."""
+def _host_time(ops: list[Callable[[], object]], n: int, st: Settings) -> float:
+    """The host time of one eager call of `ops` (their mean), median over repeats: the GPU is kept busy, so the
+    launches queue and the loop times the host alone."""
+    import torch
+
+    rounds = max(n // len(ops), 1)
+    host = []
+    for _ in range(st.repeats):
+        torch.cuda._sleep(int(2e7))  # ~10 ms of GPU time, longer than the loop
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for op in ops:
+                op()
+        host.append((time.perf_counter() - t0) / (rounds * len(ops)))
+        _sync(st.device)
+    return statistics.median(host)
+
+
+def host_mixes(dev: str) -> dict[str, list[Callable[[], object]]]:
+    """One eager call of each kind of op the reference model issues (dsocr_core/model), on tiny tensors, grouped
+    by host-cost kind (schema.HOST_KINDS): linear layers; SDPA; the other launching ops (elementwise products and
+    sums, casts, the RMSNorm's pow and mean, softmax, top-k, the expert loop's gathers and scatters,
+    concatenation); views that launch nothing (the slices, reshapes and transposes around them)."""
     import torch
     import torch.nn.functional as F
 
@@ -331,10 +342,22 @@ def op_mix(dev: str) -> list[Callable[[], object]]:
     w = torch.randn(64, 64, device=dev, dtype=torch.bfloat16)
     idx = torch.arange(4, device=dev)
     q = torch.randn(1, 2, 4, 32, device=dev, dtype=torch.bfloat16)
-    return [lambda: F.linear(a, w), lambda: a * a, lambda: a + a, lambda: a.float(), lambda: a.pow(2),
-            lambda: a.mean(-1, keepdim=True), lambda: torch.softmax(a, -1), lambda: torch.topk(a, 2, -1),
-            lambda: a[idx], lambda: w.index_copy(0, idx, a), lambda: torch.cat([a, a]),
-            lambda: F.scaled_dot_product_attention(q, q, q)]
+    return {
+        "gemm": [lambda: F.linear(a, w)],
+        "attention": [lambda: F.scaled_dot_product_attention(q, q, q)],
+        "other": [lambda: a * a, lambda: a + a, lambda: a.float(), lambda: a.pow(2), lambda: a.mean(-1, keepdim=True),
+                  lambda: torch.softmax(a, -1), lambda: torch.topk(a, 2, -1), lambda: a[idx],
+                  lambda: w.index_copy(0, idx, a), lambda: torch.cat([a, a])],
+        "view": [lambda: a.view(2, 128), lambda: a.transpose(0, 1), lambda: a[1:3], lambda: a.unsqueeze(0),
+                 lambda: q.reshape(2, 4, 32)],
+    }
+
+
+def op_mix(dev: str) -> list[Callable[[], object]]:
+    """The launching ops of host_mixes, one of each (twelve): the mix whose mean is launch.host_op_s (and, on a
+    CPU, the per-launch cost)."""
+    mixes = host_mixes(dev)
+    return [op for kind, ops in mixes.items() if kind != "view" for op in ops]
 
 
 def kernel_count(name: str) -> int:

@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from .. import jsonfile
 from ..spec import DTYPE_BYTES, SpecError
-from .schema import ProfileModel, TableModel, first_problem
+from .schema import HOST_KINDS, ProfileModel, TableModel, first_problem
 
 FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
@@ -242,6 +242,14 @@ class Profile:
         return {k: float(self.raw["launch"][k]) for k in LAUNCH_KEYS}
 
     @property
+    def host_costs(self) -> dict[str, float]:
+        """The host cost of one eager op per kind (schema.HOST_KINDS); a kind the profile did not measure (every
+        kind, in a profile made before they were measured) costs the mix's mean, launch.host_op_s."""
+        by_kind = self.raw["launch"].get("host_op_s_by_kind") or {}
+        mean = float(self.raw["launch"]["host_op_s"])
+        return {k: float(by_kind.get(k, mean)) for k in HOST_KINDS}
+
+    @property
     def derived(self) -> bool:
         return bool(self.raw["derived"])
 
@@ -317,8 +325,9 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         if not low <= v <= high:
             raise ProfileError(f"{source}: ceilings.{key} is {v:g}, outside what a real device reaches "
                                f"({low:g} to {high:g})")
-    for key in LAUNCH_KEYS:
-        v = getattr(model.launch, key)
+    costs = {key: getattr(model.launch, key) for key in LAUNCH_KEYS}
+    costs.update({f"host_op_s_by_kind.{k}": v for k, v in (model.launch.host_op_s_by_kind or {}).items()})
+    for key, v in costs.items():
         if not (math.isfinite(v) and v >= 0):
             raise ProfileError(f"{source}: launch.{key} must be a non-negative number, got {v}")
         if v > MAX_LAUNCH_S:

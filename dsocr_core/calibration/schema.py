@@ -24,12 +24,21 @@ class Ceilings(Strict):
     source: str
 
 
+# The host cost of one eager op by kind (calibration/ops.py host_mixes): a GEMM (F.linear), attention (SDPA, which
+# dispatches through several layers), any other launching op (elementwise, casts, reductions, softmax, top-k,
+# gathers, cat) and a view that launches nothing (slicing, view, transpose): the time model prices each eager op at
+# its kind's cost (analytic/kernels.py host_kind), not at the mean of a mix whose one SDPA in twelve ops weighs
+# the same as the LM's hundreds of elementwise ops per layer.
+HOST_KINDS = ("gemm", "attention", "other", "view")
+
+
 class Launch(Strict):
     graph_kernel_s: float
     eager_kernel_s: float
-    host_op_s: float
+    host_op_s: float  # the mean over the whole mix: what a kind the profile did not measure costs
     sync_s: float
     graph_launch_s: float
+    host_op_s_by_kind: dict[Literal[HOST_KINDS], float] | None = None  # absent in profiles made before it
 
 
 class TableModel(Strict):

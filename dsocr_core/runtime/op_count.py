@@ -28,7 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..analytic.kernels import Call
+from ..analytic.kernels import Call, host_ops_by_kind
 
 LAUNCH, METADATA, ALLOC, SYNC = "launch", "metadata", "alloc", "sync"
 CATEGORIES = (LAUNCH, METADATA, ALLOC, SYNC)
@@ -264,9 +264,8 @@ def planned_ops(plan, row, routing=None) -> PlannedOps:
     for part, ctx in zip(parts, row.ctx):
         pl = plan.plan(Call(row.kind, part, ctx, False, routing))
         launches = sum(_num(k.launches) for k in pl.kernels) + _num(pl.rest_launches)
-        eager = sum(_num(k.launches if k.host_ops is None else k.host_ops) for k in pl.kernels)
         out.launches += row.count * launches
-        out.host_ops += row.count * (eager + _num(pl.rest_launches) + _num(pl.host_ops))
+        out.host_ops += row.count * sum(_num(n) for n in host_ops_by_kind(pl, False).values())
         out.syncs += row.count * _num(pl.syncs)
     return out
 

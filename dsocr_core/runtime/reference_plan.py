@@ -177,6 +177,6 @@ def _mlp(c: Call) -> Plan:
         gu.launches, down.launches = 2 * e_act, e_act
         # argsort, bincount (read with .tolist(): the sync), order // k; per expert the token gather, SiLU, product
         # and index_put_ (4, beside its 3 GEMMs); then float, * weights, sum, the cast back and the layer's residual
-        # add (the y + shared add is the shared expert's). host_ops: per expert the Python slice and its two views.
-        return Plan([gu, down], rest_launches=3 + 4 * e_act + 5, syncs=1.0, host_ops=3 * e_act)
+        # add (the y + shared add is the shared expert's). view_ops: per expert the Python slice and its two views.
+        return Plan([gu, down], rest_launches=3 + 4 * e_act + 5, syncs=1.0, view_ops=3 * e_act)
     raise KeyError(c.kind)

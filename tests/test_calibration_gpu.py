@@ -1,0 +1,32 @@
+"""The calibration's host costs on a GPU: one per kind of eager op (GEMM, attention, other launching ops, views),
+measured with the GPU kept busy so the loop times the host alone. Run on the device machine:
+`python -m pytest -m gpu tests/test_calibration_gpu.py`."""
+import pytest
+import torch
+
+from dsocr_core.calibration.microbench import launch_costs
+from dsocr_core.calibration.ops import Settings
+from dsocr_core.calibration.schema import HOST_KINDS
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def costs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    st = Settings(device="cuda", quick=True, budget_s=60, flops_cap=1e12, memory_cap=1e9, target_s=1e-3, repeats=5,
+                  max_inner=1000, l2_bytes=50 * 2**20)
+    return launch_costs(st)
+
+
+def test_host_cost_of_every_kind_is_measured_and_plausible(costs):
+    by_kind = costs["host_op_s_by_kind"]
+    assert set(by_kind) == set(HOST_KINDS)
+    assert all(1e-7 < v < 1e-3 for v in by_kind.values()), by_kind  # microseconds, not nothing, not milliseconds
+    assert by_kind["view"] < by_kind["gemm"], by_kind  # a view launches nothing; a Linear goes through cuBLAS
+
+
+def test_the_mean_host_cost_lies_among_the_launching_kinds(costs):
+    launching = [costs["host_op_s_by_kind"][k] for k in ("gemm", "attention", "other")]
+    assert 0.5 * min(launching) <= costs["host_op_s"] <= 1.5 * max(launching), costs
