@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..analytic.kernels import Call
-from ..runtime.op_count import LAUNCH, FixedRouting, _expert_calls, category, group_of, planned_ops, row_labels
+from ..runtime.op_count import LAUNCH, FixedRouting, expert_calls, category, group_of, planned_ops, row_labels
 
 ROW_RANGE, STAGE_RANGE = "row::", "stage::"  # prefixes of the profiler ranges this module opens
 OUTSIDE = "outside"  # label of a stage's work that no row range encloses
@@ -310,7 +310,7 @@ def plan_vs_trace(model, profile, mode: str = "gundam", grid: tuple[int, int] = 
     rows = workload_rows(model.spec, pts, decode_steps)
     paths = {row.kind: tuple(row.paths) for stage_rows in rows.values() for row in stage_rows}
     inputs = synthetic_inputs(mode, grid, text_tokens, batch, dtype=dtype, device=engine.device)
-    with _expert_calls(model) as experts:  # the warm-up's routing is the profiled run's (the same inputs)
+    with expert_calls(model) as experts:  # the warm-up's routing is the profiled run's (the same inputs)
         run_reference(engine, inputs, decode_steps, ngram)
     measured, unlinked = trace_reference_run(engine, inputs, paths, decode_steps, ngram, warmup=False)
     routing = _observed_routing(model, experts, decode_steps)

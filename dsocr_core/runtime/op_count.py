@@ -369,7 +369,7 @@ def compare_workload(model, plan, mode: str = "gundam", grid: tuple[int, int] = 
     rows["decode"] = decode_step_rows(spec, pts, pts.sequence)
     paths = {row.kind: tuple(row.paths) for stage_rows in rows.values() for row in stage_rows}
     inputs = synthetic_inputs(mode, grid, text_tokens, batch, dtype=dtype)
-    with _expert_calls(model) as experts:
+    with expert_calls(model) as experts:
         tally = count_reference_run(ReferenceEngine(model), inputs, paths, decode_steps=1, ngram=ngram)
     moe_layers = max(sum(type(layer.mlp).__name__ == "MoE" for layer in model.model.layers), 1)
     routing = {stage: FixedRouting(n / moe_layers) for stage, n in experts.items()}
@@ -377,7 +377,7 @@ def compare_workload(model, plan, mode: str = "gundam", grid: tuple[int, int] = 
 
 
 @contextmanager
-def _expert_calls(model):
+def expert_calls(model):
     """Counts, per stage, the routed experts' calls (each expert that got tokens runs once per MoE call)."""
     calls: Counter = Counter()
     where = {"stage": None}
