@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..analytic.kernels import Call
+from ..registry import stage_rank
 from ..runtime.op_count import LAUNCH, FixedRouting, expert_calls, category, group_of, planned_ops, row_labels
 
 ROW_RANGE, STAGE_RANGE = "row::", "stage::"  # prefixes of the profiler ranges this module opens
@@ -327,9 +328,15 @@ def plan_vs_trace(model, profile, mode: str = "gundam", grid: tuple[int, int] = 
 
 
 def _stage_order(measured: dict, planned: dict) -> list[str]:
-    order = ("sam", "clip", "projector", "prefill", "first_token", "decode", NO_STAGE)
-    known = [s for s in order if s in measured or s in planned]
-    return known + sorted((set(measured) | set(planned)) - set(known))
+    """Running order (the registry's), the timer's first_token right after the prefill, work outside every stage
+    last."""
+    def rank(stage: str) -> tuple:
+        if stage == NO_STAGE:
+            return (2, 0, stage)
+        base = stage_rank("prefill") if stage == "first_token" else stage_rank(stage)
+        return (0 if base < 1 << 10 else 1, base + (0.5 if stage == "first_token" else 0), stage)
+
+    return sorted(set(measured) | set(planned), key=rank)
 
 
 def _stage_record(stage: str, measured: MeasuredStage | None, planned: dict[str, PlannedRow]) -> dict:
