@@ -16,7 +16,7 @@ CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs 
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on the H100 from the H200's profile, decode and TPOT "
            "miss by 27% (median), CLIP by 30%, the projector by 23%")
 REFERENCE = ("the reference session mode misses the 15% target on every GPU measured: median errors on the H200 / "
-             "H100 of SAM 23% / 53%, CLIP 25% / 31%, projector 46% / 70%, LM prefill 129% / 21%, decode 55% / 29% "
+             "H100 of SAM 22% / 46%, CLIP 25% / 31%, projector 46% / 70%, LM prefill 129% / 21%, decode 55% / 29% "
              "(the bundled H200 run: LM prefill +123%, max +206%); only the fast mode is predicted within about 10%")
 BATCHED = ("batch > 1: decode is over-predicted (synthetic weights route a batch's tokens to 8-10 distinct experts, "
            "the model assumes 21-64): fast TPOT +11% to +54%, reference up to +729%")

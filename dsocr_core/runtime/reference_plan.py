@@ -111,18 +111,23 @@ def _vision(c: Call) -> Plan:
 def _sam_attention(c: Call) -> Plan:
     """One SAM attention call (model/sam.py SamAttention) with its block's window partition and residual add.
     Kernels: the qkv and output Linears, one bmm per relative-position einsum, the broadcast add building the dense
-    bias (the mask) and SDPA. Besides them: q reshaped per head (a copy of a permuted view), the first einsum's
-    input made contiguous, the bias reshaped to [L, L] (a copy: the broadcast sum keeps the einsums' strides),
+    bias (the mask), the bias reshaped to [L, L] (a copy: the broadcast sum keeps the einsums' strides; priced
+    with its bytes) and SDPA. Besides them: q reshaped per head (a copy of a permuted view), the first einsum's
+    input made contiguous,
     8 ops per relative-position table (two aranges, two scales, the difference, the offset, the long cast, the
     gather) on each axis plus 3 when the table is resized (float, interpolate, cast back), the residual add;
     windowed blocks also copy in window_partition and window_unpartition, and when the grid is padded, F.pad and
     the crop's .contiguous()."""
     a = sam_attention(c, einsum_launches=2)
     glob = c.kind.endswith("global")
-    copies = 3  # q per head, the first einsum's input, the dense bias
+    # the dense bias's copy reads and writes every score (heads x L^2 per window): work the analytic count has no
+    # share of (0 FLOPs, 0 bytes there), the engine's own; at 1024 px, 0.8 GB per global block and view
+    dense = 2 * c.views * a.scores * c.dt
+    bias_copy = Kernel("memory.copy", dict(bytes=dense), 0.0, 0.0, c.calls, real_bytes=dense)
+    copies = 2  # q per head, the first einsum's input (small: one head's q)
     tables = 2 * (8 + 3 * a.resized)
     windows = 0 if glob else 2 + 2 * a.padded
-    return Plan(a.gemms + [a.mask, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
+    return Plan(a.gemms + [a.mask, bias_copy, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
 
 
 def _layout(c: Call) -> Plan:
