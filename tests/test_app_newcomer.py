@@ -225,7 +225,7 @@ def job():  # a dashboard job thread: the first profiler of the process starts h
 t = threading.Thread(target=job)
 t.start()
 t.join()
-"""
+"""  # leaving at once: the exit waits for the rest of the warm-up (an abort here before it did)
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

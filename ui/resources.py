@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -97,6 +98,9 @@ def warm_up() -> threading.Thread:
         if _WARM_UP is None:
             _WARM_UP = threading.Thread(target=_warm_up_work, name="dsocr-warm-up", daemon=True)
             _WARM_UP.start()
+            # a process leaving while the thread is inside torch's C++ (an import, the meta init) aborts with
+            # "FATAL: exception not rethrown": the exit waits for the warm-up (seconds) instead
+            atexit.register(_WARM_UP.join, 60)
         return _WARM_UP
 
 
