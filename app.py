@@ -19,11 +19,12 @@ PAGES = [
     st.Page("pages/mfu.py", title="MFU", icon=":material/speed:"),
 ]
 
+# once per process, before any page code: torch imported in the background by one thread, which so becomes torch's
+# first importer (torch.profiler's backend must be initialised in that thread: resources.warm_up); the pages
+# without a model do not wait for it, those that load one find it imported or wait only for what is left
+resources.warm_up()
 page = st.navigation(PAGES)
 resources.run_store()  # opens the store and imports the bundled reference runs once per process
 settings = sidebar.render()
 with ui.app_context(settings):
     page.run()
-# once per process, after the first page is drawn (not competing with it): torch imported in the background, so
-# the pages that load a model later find it ready; the pages without a model never import it
-resources.warm_up()

@@ -3,8 +3,8 @@
 One workload through the reference engine (synthetic weights and inputs; a warm-up run, then one run under
 torch.profiler with a range per analytic row and per stage: dsocr_core/measure/row_trace.py). Per stage and row:
 the measured time (CUDA: the device time of the kernels the row's modules launched; CPU: the aten ops' self CPU
-time), the kernels and their names, beside the reference plan's launches and the predicted device and host time
-from a calibration profile. Rows are grouped as runtime/op_count.py groups them (a block's own code is filed under
+time), the kernels and their names, beside the reference plan's launches, the predicted device time and the
+predicted host time beyond it, from a calibration profile. Rows are grouped as runtime/op_count.py groups them (a block's own code is filed under
 one of its rows by the plan), so a group's numbers compare like for like and its members show where time goes.
 Prints a table per stage (each row's top 3 measured kernels under it) and writes everything to --out.
 

@@ -85,6 +85,10 @@ BAD = [
     ("'derived' is True but 'derivation' is absent", lambda d: d.update(derived=True)),
     ("no GEMM table", lambda d: [d["tables"].pop(k) for k in list(d["tables"]) if k.startswith("gemm.")]),
     ("not a rectangular array", lambda d: d["tables"]["memory.copy"].update(efficiency=[[1.0], 2.0])),
+    ("measured is not a grid of true/false values",  # a ragged list raised a bare ValueError (the picker crashed)
+     lambda d: d["tables"]["gemm.bfloat16"].update(measured=[[[True]], [[True, False]]])),
+    ("launch.host_op_s_by_kind.other must be a non-negative number",
+     lambda d: d["launch"].update(host_op_s_by_kind={"other": -1e-6})),
 ]
 
 

@@ -166,6 +166,27 @@ def test_eager_ops_are_priced_at_their_kinds_host_cost():
     assert np.allclose(kinds.row(experts)["predicted_s"], want, rtol=1e-9)  # host-bound: one module's host time
 
 
+def test_eager_attention_is_host_priced_as_its_matmuls_and_ops_not_as_one_sdpa():
+    from dsocr_core.analytic.kernels import host_ops_by_kind
+
+    spec = ModelSpec()
+    for attn, want_gemm, want_attention in (("eager", 4 + 2, 0), ("sdpa", 4, 1)):
+        pts = Points.from_workload(Workload(mode="base", text_tokens=20, attn=attn))
+        (row,) = [r for r in prefill_rows(spec, pts) if r.kind == "lm.self_attn"]
+        plan = EngineSpec.of("reference").kernel_plan("cuda").plan(Call(row.kind, row.cost, row.ctx[0], False))
+        ops = {k: float(np.sum(v)) for k, v in host_ops_by_kind(plan, graphs=False).items()}
+        launches = sum(float(np.sum(k.launches)) for k in plan.kernels) + float(np.sum(plan.rest_launches))
+        assert (ops["gemm"], ops["attention"]) == (want_gemm, want_attention), attn  # q/k/v/o projections + ...
+        assert sum(ops.values()) == launches  # every launch priced once
+
+
+def test_a_profile_saved_without_host_costs_per_kind_stays_readable_by_older_versions(tmp_path):
+    saved = json.loads(_profile().save(tmp_path / "p.json").read_text())
+    assert "host_op_s_by_kind" not in saved["launch"]
+    kinds = _profile(host_op_s_by_kind={"view": 1e-6}).save(tmp_path / "k.json")
+    assert json.loads(kinds.read_text())["launch"]["host_op_s_by_kind"] == {"view": 1e-6}
+
+
 def test_host_costs_per_kind_are_validated_and_kept_by_a_derived_profile():
     from dsocr_core.calibration.derive import derive_profile
     from dsocr_core.calibration.profile import ProfileError

@@ -8,8 +8,8 @@ host syncs its syncs, exactly: an op added to the model without the plan followi
 Groups, not single rows: a block's own code (SAM's window partition, the residual adds, the MoE's expert loop)
 runs outside the modules the rows name, and the plan files those ops under one of the block's rows.
 
-Not compared: metadata-only ops (views) and allocations, which launch nothing (the plan prices no host cost for
-them yet); the plan's host_ops (per expert, the Python slice and its views). The CPU run is exact; on CUDA, SDPA
+Not compared: metadata-only ops (views) and allocations, which launch nothing (the plan prices only the expert
+loop's Python slices and views, as view_ops, at the profile's host cost of a view). The CPU run is exact; on CUDA, SDPA
 may add ops inside its own decomposition (the efficient kernel pads a dense mask whose last dimension is not a
 multiple of 16: SAM's 14x14 windows) and bincount synchronises internally: neither is visible here.
 """

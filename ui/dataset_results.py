@@ -15,6 +15,7 @@ from dsocr_core.results import page_costs as pc
 
 from . import dataset_charts as charts
 from . import measured as ms
+from . import resources
 from .runs import run_title
 
 VIEWS = ["Per page", "Distribution", "Slowest pages", "Operators", "Compare runs", "Tables"]
@@ -86,6 +87,7 @@ def distribution(view) -> None:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def _thumbnail(path: str, pdf_page: int | None, mtime: float):
+    resources.torch_ready()  # datasets imports torch: by the warm-up thread first (resources.warm_up)
     from dsocr_core.measure.datasets import Page, thumbnail
 
     return thumbnail(Page(Path(path), Path(path).name, pdf_page))

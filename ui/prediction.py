@@ -40,9 +40,10 @@ PICKER = "sb_profile"
 PENDING = "_sb_profile_pending"  # a profile calibrated here: selected on the next run, before the picker is drawn
 KINDS = {"repo": "data/profiles", "calibrated": "calibrated here", "uploaded": "uploaded"}
 CPU_NOTE = "CPU profile: its kernels are this CPU's, not a GPU's"
-QUICK_NOTE = "QUICK grids: a smoke test of the calibration, not a predictor"
-NOT_OFFERED = ("Not offered as predictors (quick grids, a smoke test of the calibration: their kernel tables stop far "
-               "below the model's shapes and their times miss by 10x or more): ")
+# why a quick profile predicts nothing: said once, in the picker's caption, an upload's refusal and the CPU panel
+QUICK_WHY = "quick grids, a smoke test of the calibration: their kernel tables stop far below the model's shapes " \
+            "and their times miss by 10x or more"
+NOT_OFFERED = f"Not offered as predictors ({QUICK_WHY}): "
 HOW_TO = ("No prediction: choose a calibration profile in the sidebar (**Predicted time**), or calibrate this "
           "machine there, to see the predicted time beside the roofline bound.")
 CPU_BUDGET_S = 60.0  # the quick CPU grids take a few seconds; the budget only stops a machine far too busy
@@ -82,35 +83,29 @@ def uploaded_dir() -> Path:
     return data_dir() / "uploaded_profiles"
 
 
-def choices() -> dict[str, Path | None]:
-    """{picker key: file} in picker order: none, the repository's, the calibrated, the uploaded, 'upload'. Quick
-    profiles are left out (not_offered lists them): they test the calibration and predict nothing."""
+def listing() -> tuple[dict[str, Path | None], list[str]]:
+    """({picker key: file} in picker order: none, the repository's, the calibrated, the uploaded, 'upload'; the
+    names of the quick profiles left out of it): they test the calibration and predict nothing. Each file is
+    looked at once (its profile is cached per path and mtime)."""
     out: dict[str, Path | None] = {NONE: None}
-    for key, f in _files():
-        if not _is_quick_file(f):
-            out[key] = f
-    out[UPLOAD] = None
-    return out
-
-
-def not_offered() -> list[str]:
-    """The file names of the quick profiles the picker leaves out."""
-    return [f.name for _, f in _files() if _is_quick_file(f)]
-
-
-def _files() -> list[tuple[str, Path]]:
-    out = []
+    hidden = []
     for kind, folder in (("repo", repo_dir()), ("calibrated", calibrated_dir()), ("uploaded", uploaded_dir())):
         if folder.is_dir():
-            out += [(f"{kind}:{f.name}", f) for f in sorted(folder.glob("*.json"), key=lambda f: f.name)]
-    return out
+            for f in sorted(folder.glob("*.json"), key=lambda f: f.name):
+                if _is_quick_file(f):
+                    hidden.append(f.name)
+                else:
+                    out[f"{kind}:{f.name}"] = f
+    out[UPLOAD] = None
+    return out, hidden
 
 
 def _is_quick_file(path: Path) -> bool:
-    """A readable quick profile. A file that cannot be read is offered, so that choosing it shows why."""
+    """A readable quick profile. A file that cannot be read is offered, so that choosing it shows why (this is a
+    probe drawn on every page: whatever a damaged file raises, the sidebar is drawn)."""
     try:
         return _load(str(path), path.stat().st_mtime_ns).quick
-    except (OSError, ProfileError):
+    except Exception:  # noqa: BLE001 - see above; choose() reports the file's problem
         return False
 
 
@@ -124,7 +119,7 @@ def option_name(key: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- loading
-@st.cache_resource(max_entries=16, show_spinner=False)
+@st.cache_resource(max_entries=64, show_spinner=False)
 def _load(path: str, mtime_ns: int) -> Profile:
     """A profile file, read and validated once per (path, mtime): a rewritten file is read again."""
     return load_profile(path)
@@ -132,12 +127,10 @@ def _load(path: str, mtime_ns: int) -> Profile:
 
 def describe(profile: Profile) -> str:
     """How every caption and export names the profile: its label (DERIVED said there), and for a CPU profile that
-    its kernels are not a GPU's, for a quick one that it is a smoke test; a calibration stopped early says so."""
+    its kernels are not a GPU's; a calibration stopped early says so. (A quick profile is never chosen.)"""
     label = profile.label()
     if profile.device.get("kind") == "cpu":
         label += f" — {CPU_NOTE}"
-    if profile.quick:
-        label += f" — {QUICK_NOTE}"
     cal = profile.raw.get("calibration") or {}
     if cal.get("complete") is False:
         label += " (calibration stopped early: unmeasured shapes take their nearest measured neighbour's value)"
@@ -161,9 +154,8 @@ def choose(path: Path, origin: str) -> ProfileChoice:
 
 def _refuse_quick(profile: Profile, name: str) -> None:
     if profile.quick:
-        raise ProfileError(f"{name} is a quick profile ({QUICK_NOTE}): its kernel tables stop far below the "
-                           "model's shapes, so its times miss by 10x or more. Calibrate a GPU with the full grids "
-                           "(python -m dsocr_core calibrate, without --quick) for a predictor")
+        raise ProfileError(f"{name} is a quick profile, not a predictor ({QUICK_WHY}). Calibrate a GPU with the "
+                           "full grids (python -m dsocr_core calibrate, without --quick) for a predictor")
 
 
 def _save_upload(name: str, data: bytes) -> Path:
@@ -265,7 +257,7 @@ def show_misses(settings, mode: str | None = None, max_batch: int = 1, stages=No
 def render(side, gpu) -> ProfileChoice | None:
     """The 'Predicted time' section of the sidebar: the picker, the chosen profile's label, and calibration."""
     side.header("Predicted time")
-    options = choices()
+    options, hidden = listing()
     pending = st.session_state.pop(PENDING, None)
     if pending in options:
         st.session_state[PICKER] = pending
@@ -293,7 +285,6 @@ def render(side, gpu) -> ProfileChoice | None:
             side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
         path, mtime, label = routing_choice.render(side)
         choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
-    hidden = not_offered()
     if hidden:
         side.caption(md(NOT_OFFERED + ", ".join(hidden)))
     _calibrate_panel(side, gpu)
@@ -309,10 +300,8 @@ def _calibrate_panel(side, gpu) -> None:
             device = "cpu"
         if device == "cpu":
             quick, budget = True, CPU_BUDGET_S
-            st.caption("On the CPU: the quick kernel grids (a few seconds), a smoke test of the calibration "
-                       "that is saved but not offered as a predictor (its grids stop far below the model's shapes "
-                       "and its times would miss this CPU's runs by 10x or more). A predictor needs a CUDA GPU "
-                       "and the full grids.")
+            st.caption(f"On the CPU: the quick kernel grids (a few seconds), saved but not offered as a predictor "
+                       f"({QUICK_WHY}). A predictor needs a CUDA GPU and the full grids.")
         else:
             quick = st.toggle("Quick grids (a smoke test, not for predictions)", key="sb_cal_quick")
             lo, hi, default = GPU_BUDGET_S
@@ -323,8 +312,9 @@ def _calibrate_panel(side, gpu) -> None:
                      help="Kernel microbenchmarks (never the model) into a calibration profile, saved in "
                           f"{calibrated_dir()}" + (" (a quick one is not offered as a predictor)." if quick
                                                    else " and selectable above.")):
-            name = f"{'gpu' if device == 'cuda' else 'cpu'}{'_quick' if quick else ''}_" \
-                   f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+            # a quick profile only tests the calibration: each test replaces the last one's file
+            name = f"{'gpu' if device == 'cuda' else 'cpu'}_quick.json" if quick else \
+                f"gpu_{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
             try:
                 job = runner.start_calibration(device, quick, budget, calibrated_dir() / name)
                 st.session_state["sb_cal_started"] = id(job)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import sys
 import threading
@@ -78,6 +79,7 @@ def detected_gpu() -> GpuInfo:
     return GpuInfo(True, name, torch.cuda.device_count(), memory, match_device_name(name))
 
 
+_log = logging.getLogger(__name__)
 _WARM_UP: threading.Thread | None = None
 _WARM_UP_GUARD = threading.Lock()
 _TORCH_IMPORTED = threading.Event()  # set by the warm-up thread once torch is imported (or the import failed)
@@ -119,6 +121,9 @@ def _warm_up_work() -> None:
         if first_importer:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
                 pass  # kineto's client initialised in the thread that registered it
+        else:
+            _log.info("torch was imported before the warm-up thread: an operator breakdown from a job thread may "
+                      "print kineto's 'External init callback must run in same thread as registerClient' once")
         _TORCH_IMPORTED.set()
         from dsocr_core.runtime import session  # noqa: F401 - the model code, imported once
 
@@ -238,7 +243,9 @@ def _loaded(source: str, preset: str | None, checkpoint: str | None, device: str
 def get_session(model) -> tuple[object | None, str | None]:
     """(session, None) or (None, why it could not be loaded) for a settings.ModelChoice, in its session mode.
     Where fast mode cannot be had the reference session comes back and a warning says why (on the page)."""
-    torch_ready()
+    if not _TORCH_IMPORTED.is_set():
+        with st.spinner("Importing torch ..."):
+            torch_ready()
     try:
         loaded = _loaded(*model.key)
     except Exception as exc:  # noqa: BLE001 - any load failure (missing folder, bad weights, OOM) is a message

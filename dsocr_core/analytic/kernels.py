@@ -74,6 +74,11 @@ def host_ops_by_kind(plan: Plan, graphs: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"gemm": 0.0, "attention": 0.0, "other": 0.0, "view": 0.0}
     for k in plan.kernels:
         ops = k.host_ops if k.host_ops is not None else (0.0 if graphs else k.launches)
+        if k.table.startswith("attention.eager"):  # eager attention is ops, not one SDPA: its two matmuls
+            matmuls = 2.0 * np.asarray(ops, dtype=float) / np.maximum(np.asarray(k.launches, dtype=float), 1.0)
+            out["gemm"] = out["gemm"] + matmuls  # (scores and output) and elementwise, softmax and mask ops
+            out["other"] = out["other"] + (ops - matmuls)
+            continue
         out[host_kind(k.table)] = out[host_kind(k.table)] + ops
     out["other"] = out["other"] + (0.0 if graphs else plan.rest_launches) + plan.host_ops
     out["view"] = out["view"] + plan.view_ops

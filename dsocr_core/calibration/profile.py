@@ -207,7 +207,10 @@ def _table_from(name: str, t: TableModel) -> Table:
     if np.any(eff > MAX_EFFICIENCY):
         raise ProfileError(f"table {name}: efficiency {float(eff.max()):g} is more than {MAX_EFFICIENCY:g} (a kernel "
                            "that much faster than the roofline on the profile's ceilings is not physical)")
-    measured = np.ones(shape, dtype=bool) if t.measured is None else np.asarray(t.measured, dtype=bool)
+    try:
+        measured = np.ones(shape, dtype=bool) if t.measured is None else np.asarray(t.measured, dtype=bool)
+    except (TypeError, ValueError):  # a ragged nested list
+        raise ProfileError(f"table {name}: measured is not a grid of true/false values") from None
     if measured.shape != shape:
         raise ProfileError(f"table {name}: measured has shape {list(measured.shape)}, expected {list(shape)}")
     return Table(name, want, tuple(grid), eff, measured, dict(t.meta))
@@ -345,6 +348,8 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         except ProfileError as exc:
             raise ProfileError(f"{source}: {exc}") from None
     raw = model.model_dump(mode="json")
+    if raw["launch"]["host_op_s_by_kind"] is None:  # absent stays absent: a saved profile stays readable by older
+        del raw["launch"]["host_op_s_by_kind"]  # versions of the tool (its schema refuses unknown fields)
     raw["tables"] = {}  # the Table objects hold them
     return Profile(raw, tables, source if source != "profile" else None)
 

@@ -10,9 +10,9 @@ it) and one per stage (the engine's timer stand-in opens them), then attributes:
 
   - on CUDA, every device kernel's time (memcpy and memset included) to the innermost row range around the CPU op
     that launched it (the profiler links kernels to their launching op by correlation id: FunctionEvent.kernels);
-  - on the CPU, every aten op's self CPU time to the innermost row range around it; an op's "kernels" there are
-    the kernel-launching aten ops (op_count's LAUNCH category) with no launching aten op below them, the ops the
-    dispatch counter sees.
+  - on the CPU, every aten op's self CPU time to the innermost row range around it; its "kernels" there are the
+    top-level aten ops of the LAUNCH category (composites such as linear or a no-op `to` count as one), which is
+    NOT the plan's launch count (op_count and its test check that one exactly): a rough guide only.
 
 Per stage the result is each row label's time, kernel count and kernels by name, the time outside any row range
 and the stage's own total (the stage ranges' subtrees, summed independently of the rows).
@@ -25,7 +25,7 @@ a group's measured and planned numbers are like for like; its members are kept t
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -34,7 +34,8 @@ import torch
 
 from ..analytic.kernels import Call
 from ..registry import stage_rank
-from ..runtime.op_count import LAUNCH, FixedRouting, expert_calls, category, group_of, planned_ops, row_labels
+from ..runtime.op_count import (LAUNCH, category, expert_calls, group_of, observed_routing, planned_ops, row_labels,
+                                workload_rows)
 
 ROW_RANGE, STAGE_RANGE = "row::", "stage::"  # prefixes of the profiler ranges this module opens
 OUTSIDE = "outside"  # label of a stage's work that no row range encloses
@@ -167,8 +168,8 @@ def _top_level(event) -> bool:
 
 
 def _cpu_work(event) -> tuple[float, int]:
-    """(self CPU ms, kernels) of one aten op: a kernel is a top-level aten op that launches work (op_count's
-    LAUNCH category: not a view, an allocation or a host read)."""
+    """(self CPU ms, kernels) of one aten op: a "kernel" is a top-level aten op of op_count's LAUNCH category (not
+    a view, an allocation or a host read); composites count once, so this is not the plan's launch count."""
     launches = int(category(_aten(event)) == LAUNCH and _top_level(event))
     return event.self_cpu_time_total / 1e3, launches
 
@@ -229,20 +230,6 @@ def trace_reference_run(engine, inputs, row_paths: dict[str, tuple[str, ...]], d
 
 
 # ------------------------------------------------------------------------------------------ plan side
-def workload_rows(spec, pts, decode_steps: int) -> dict[str, list]:
-    """Analytic rows per stage of the run: the vision stages, the prefill, and each decode step at its own
-    context (step i has sequence + i tokens cached), as op_count.compare_workload builds them."""
-    from ..analytic.stages import decode_step_rows, prefill_rows, vision_rows
-
-    rows: dict[str, list] = defaultdict(list)
-    for row in vision_rows(spec, pts):
-        rows[row.stage].append(row)
-    rows["prefill"] = list(prefill_rows(spec, pts))
-    for step in range(decode_steps):
-        rows["decode"] += decode_step_rows(spec, pts, pts.sequence + step)
-    return dict(rows)
-
-
 @dataclass
 class PlannedRow:
     """One row kind of one stage, all its modules and calls (decode: all steps): the plan and the prediction."""
@@ -314,7 +301,7 @@ def plan_vs_trace(model, profile, mode: str = "gundam", grid: tuple[int, int] = 
     with expert_calls(model) as experts:  # the warm-up's routing is the profiled run's (the same inputs)
         run_reference(engine, inputs, decode_steps, ngram)
     measured, unlinked = trace_reference_run(engine, inputs, paths, decode_steps, ngram, warmup=False)
-    routing = _observed_routing(model, experts, decode_steps)
+    routing = observed_routing(model, experts, decode_steps)
     predictors = {stage: Predictor(Prediction(profile, as_engine("reference"), routing=routing.get(stage)))
                   for stage in rows}
     planned = planned_rows(predictors, rows)
@@ -379,22 +366,17 @@ def _side_record(m: MeasuredRow | None, p: PlannedRow | None) -> dict:
     return out
 
 
-def _observed_routing(model, experts: Counter, decode_steps: int) -> dict[str, FixedRouting]:
-    """Distinct experts per MoE call the run saw, per stage (each decode step calls every MoE layer once)."""
-    moe_layers = max(sum(type(layer.mlp).__name__ == "MoE" for layer in model.model.layers), 1)
-    calls = {"prefill": moe_layers, "decode": moe_layers * max(decode_steps, 1)}
-    return {stage: FixedRouting(n / calls[stage]) for stage, n in experts.items() if stage in calls}
-
-
 # ------------------------------------------------------------------------------------------ table
 def format_table(result: dict, top: int = 3) -> str:
     """One table per stage: row | measured ms | kernels | planned launches | predicted device ms | predicted
-    host ms | ratio (measured / predicted device), members indented under their group, each member's top
-    `top` measured kernels under it."""
-    head = f"{'row':<44}{'measured ms':>12}{'kernels':>9}{'plan launches':>14}{'pred dev ms':>12}" \
-           f"{'pred host ms':>13}{'ratio':>10}"
-    lines = [f"measured: {result['measured_as']}; predicted device = roofline + kernel excess + launch; "
-             "ratio = measured / predicted device"]
+    host excess ms (the host's time beyond the device's, max(H - D, 0)) | ratio (measured / predicted device),
+    members indented under their group, each member's top `top` measured kernels under it."""
+    cpu = result["device"] != "cuda"
+    head = f"{'row':<44}{'measured ms':>12}{'ops' if cpu else 'kernels':>9}{'plan launches':>14}" \
+           f"{'pred dev ms':>12}{'host excess':>13}{'ratio':>10}"
+    lines = [f"measured: {result['measured_as']}; predicted device = roofline + kernel excess + launch; host "
+             "excess = predicted host time beyond the device's; ratio = measured / predicted device"
+             + ("; on a CPU 'ops' are top-level aten ops, not comparable with the plan's launches" if cpu else "")]
     for st in result["stages"]:
         lines += ["", f"== {st['stage']}: {st['total_ms']:.3f} ms in the stage, {st['rows_ms']:.3f} in rows, "
                       f"{st['outside_ms']:.3f} outside any row", head]

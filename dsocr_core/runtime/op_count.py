@@ -1,9 +1,10 @@
 """What the reference engine really dispatches: every aten op our eager model issues, counted per analytic row
 and split into kernel-launching ops, metadata-only ops, allocations and host synchronisations.
 
-The time model prices each eager op's host cost (analytic/predict.py, `host_op_s`) from the counts the reference
-plan writes by hand (runtime/reference_plan.py). This module counts the real ones, so the plan can be checked
-against the model (tests/test_reference_plan_ops.py) and the host term's size judged.
+The time model prices each eager op's host cost (analytic/predict.py: the profile's cost of the op's kind,
+analytic/kernels.py host_ops_by_kind) from the counts the reference plan writes (runtime/reference_plan.py). This
+module counts the real ones, so the plan is checked against the model (tests/test_reference_plan_ops.py) and the
+host term's size judged.
 
 Counting runs the ReferenceEngine itself (prefill, one greedy decode step) under a TorchDispatchMode, with
 torch.no_grad() as the engine runs it, so the ops seen are those below autograd: composite ops (linear, reshape,
@@ -74,8 +75,8 @@ class OpTally:
 
     ops: dict[tuple[str, str], Counter] = field(default_factory=lambda: defaultdict(Counter))
     syncs: dict[tuple[str, str], Counter] = field(default_factory=lambda: defaultdict(Counter))
-    # Python-level torch calls (functions, tensor methods and operators, attribute reads excluded): what the
-    # calibration's host_op_s is the cost of (one eager call of an op, analytic/calibration/ops.py op_mix)
+    # Python-level torch calls (functions, tensor methods and operators, attribute reads excluded): the unit the
+    # calibration's host costs are measured in (one eager call of an op, calibration/ops.py host_mixes)
     calls: dict[tuple[str, str], Counter] = field(default_factory=lambda: defaultdict(Counter))
 
     def count(self, stage: str, label: str, cat: str | None = None) -> int:
@@ -253,7 +254,7 @@ class FixedRouting:
 @dataclass
 class PlannedOps:
     launches: float = 0.0  # kernels launched (the plan's kernels' launches + rest_launches)
-    host_ops: float = 0.0  # eager host ops the time model prices (launches issued eagerly + the plan's host_ops)
+    host_ops: float = 0.0  # eager host ops the time model prices, every kind (kernels.host_ops_by_kind summed)
     syncs: float = 0.0
 
 
@@ -355,25 +356,40 @@ def compare_workload(model, plan, mode: str = "gundam", grid: tuple[int, int] = 
     compare what it dispatched with what `plan` says for the same rows. The plan is asked at the routing the run
     had (distinct experts per MoE call, counted), so only the per-expert and fixed counts are compared."""
     from ..analytic.points import Points
-    from ..analytic.stages import decode_step_rows, prefill_rows, vision_rows
     from .engine import ReferenceEngine
     from .inputs import synthetic_inputs
 
     spec, dtype = model.spec, model.lm_head.weight.dtype
     pts = Points.build(mode=mode, crops=grid, text_tokens=text_tokens, batch=batch, decode_steps=1,
                        dtype=str(dtype).removeprefix("torch."), attn=model.attn_impl, logits="last")
-    rows: dict[str, list] = defaultdict(list)
-    for row in vision_rows(spec, pts):
-        rows[row.stage].append(row)
-    rows["prefill"] = prefill_rows(spec, pts)
-    rows["decode"] = decode_step_rows(spec, pts, pts.sequence)
+    rows = workload_rows(spec, pts, decode_steps=1)
     paths = {row.kind: tuple(row.paths) for stage_rows in rows.values() for row in stage_rows}
     inputs = synthetic_inputs(mode, grid, text_tokens, batch, dtype=dtype)
     with expert_calls(model) as experts:
         tally = count_reference_run(ReferenceEngine(model), inputs, paths, decode_steps=1, ngram=ngram)
+    return compare(tally, rows, plan, observed_routing(model, experts, decode_steps=1))
+
+
+def workload_rows(spec, pts, decode_steps: int) -> dict[str, list]:
+    """Analytic rows per stage of a run: the vision stages, the prefill, and each decode step at its own context
+    (step i has sequence + i tokens cached)."""
+    from ..analytic.stages import decode_step_rows, prefill_rows, vision_rows
+
+    rows: dict[str, list] = defaultdict(list)
+    for row in vision_rows(spec, pts):
+        rows[row.stage].append(row)
+    rows["prefill"] = list(prefill_rows(spec, pts))
+    for step in range(decode_steps):
+        rows["decode"] += decode_step_rows(spec, pts, pts.sequence + step)
+    return dict(rows)
+
+
+def observed_routing(model, experts: Counter, decode_steps: int) -> dict[str, "FixedRouting"]:
+    """Distinct experts per MoE call a run saw (expert_calls' counts), per stage (each decode step calls every MoE
+    layer once): the routing the plan is asked at, so only the per-expert and fixed counts are compared."""
     moe_layers = max(sum(type(layer.mlp).__name__ == "MoE" for layer in model.model.layers), 1)
-    routing = {stage: FixedRouting(n / moe_layers) for stage, n in experts.items()}
-    return compare(tally, dict(rows), plan, routing)
+    calls = {"prefill": moe_layers, "decode": moe_layers * max(decode_steps, 1)}
+    return {stage: FixedRouting(n / calls[stage]) for stage, n in experts.items() if stage in calls}
 
 
 @contextmanager
