@@ -284,9 +284,9 @@ def launch_costs(st: Settings) -> dict:
         b.synchronize()
         eager.append(a.elapsed_time(b) / 1e3 / n)
     mixes = host_mixes(st.device)
-    mix = op_mix(st.device)
+    mix = launching_ops(mixes)
     for _ in range(2):  # first calls pay one-off setup (cuBLAS handles, kernel loading)
-        for op in [*mix, *(op for ops in mixes.values() for op in ops)]:
+        for op in (op for ops in mixes.values() for op in ops):
             op()
     _sync(st.device)
     host = _host_time(mix, n, st)
@@ -353,11 +353,14 @@ def host_mixes(dev: str) -> dict[str, list[Callable[[], object]]]:
     }
 
 
-def op_mix(dev: str) -> list[Callable[[], object]]:
+def launching_ops(mixes: dict[str, list[Callable[[], object]]]) -> list[Callable[[], object]]:
     """The launching ops of host_mixes, one of each (twelve): the mix whose mean is launch.host_op_s (and, on a
     CPU, the per-launch cost)."""
-    mixes = host_mixes(dev)
     return [op for kind, ops in mixes.items() if kind != "view" for op in ops]
+
+
+def op_mix(dev: str) -> list[Callable[[], object]]:
+    return launching_ops(host_mixes(dev))
 
 
 def kernel_count(name: str) -> int:
