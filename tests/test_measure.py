@@ -140,3 +140,29 @@ def test_measure_cli_rejects_unknown_mode(tmp_path, capsys):
     code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--modes", "foo",
                  "--store", str(tmp_path / "s.sqlite")])
     assert code == 2 and "unknown DeepSeek-OCR mode(s) foo; choose from tiny" in capsys.readouterr().err
+
+
+def test_the_garbage_collector_is_paused_while_a_point_is_timed_and_restored_after():
+    """A host-bound run must not be charged a full collection whose moment depends on what the process did
+    before; the collector's own setting comes back afterwards, also when the timed block fails."""
+    import gc
+
+    from dsocr_core.measure.sweep import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    try:
+        with collector_paused():
+            raise RuntimeError("a point failed")
+    except RuntimeError:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import itertools
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -82,6 +83,22 @@ def failure(exc: BaseException) -> tuple[str, str]:
     return status, message
 
 
+@contextmanager
+def collector_paused():
+    """Python's garbage collector off while a point is timed, as timeit does: a host-bound (eager) run would
+    otherwise be charged whichever full collection falls into it, and when one falls depends on what the
+    process allocated before (a long sweep or a fresh process). The garbage is collected before and after."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.collect()
+
+
 def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -100,9 +117,10 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     free_memory(session.device)
     inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
     run = dict(no_repeat_ngram_size=0, logits=workload.logits, stop_at_eos=False, memory="none")
-    for _ in range(warmup):
-        timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
-    runs = [timed_generation(session, inputs, workload.decode_steps + 1, **run) for _ in range(repeats)]
+    with collector_paused():
+        for _ in range(warmup):
+            timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
+        runs = [timed_generation(session, inputs, workload.decode_steps + 1, **run) for _ in range(repeats)]
     engine_state = session.engine.point_state(inputs.batch)
     flops = counted_flops(session, inputs, workload.logits) if count_flops else None
     stages = assemble_stages(runs, flops, decode_step_over="repeats")

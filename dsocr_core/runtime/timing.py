@@ -26,6 +26,9 @@ def nvtx_range(name: str):
             yield
 
 
+LAUNCH_COVER_CYCLES = 200_000  # about 100 us of GPU clock cycles: longer than a stage's first launch
+
+
 @dataclass
 class _Mark:
     name: str
@@ -54,6 +57,10 @@ class StageTimer:
         if self.cuda and track_memory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            # The synchronisation left the GPU idle: the start event would fire at once and the stage would be
+            # charged the host's launch of its first kernel (10-30 us of jitter, as large as a graph-replayed
+            # projector). A short GPU wait queued first lets the host enqueue the stage behind the start event.
+            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
         with nvtx_range(name):
             if self.cuda:
                 start = torch.cuda.Event(enable_timing=True)
