@@ -31,8 +31,8 @@ from dsocr_core.spec import Workload  # noqa: E402
 PAGES = "1920x1080,1024x1024,1191x1684,800x600,640x480"
 
 
-def measure_model(name: str, pages: list[tuple[int, int]], args, hw) -> pd.DataFrame:
-    """One model's pages measured into its own store; the joined rows (measured, roofline, predicted) back."""
+def measure_model(name: str, pages: list[tuple[int, int]], args) -> tuple[RunStore, str]:
+    """One model's pages measured into its own store (OUT/<model>.sqlite, exported as OUT/<model>.json)."""
     fam = FAMILIES[name]
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     session = Session.load(synthetic=args.preset, model=name, device=args.device, dtype=dtype)
@@ -44,11 +44,28 @@ def measure_model(name: str, pages: list[tuple[int, int]], args, hw) -> pd.DataF
                        repeats=args.repeats, warmup=1, kind="reference",
                        progress=lambda i, n, w, s: print(f"  [{name} {i}/{n}] {w.image_size}: {s}", flush=True))
     store.export_run(run_id, args.out / f"{name}.json")
-    joined = compare_run(store, run_id, prediction=hw)
     del session
     free_memory(torch.device(args.device))
-    page = joined["point"].map(lambda key: "x".join(map(str, json.loads(key)["image_size"])))
-    return joined.assign(model=fam.label, page=page)
+    return store, run_id
+
+
+def stored_model(name: str, args) -> tuple[RunStore, str]:
+    """The newest run of OUT/<model>.sqlite, measured earlier (--from-stores: re-predicted without measuring)."""
+    path = args.out / f"{name}.sqlite"
+    if not path.exists():
+        raise SystemExit(f"--from-stores: {path} is missing (measure first, without --from-stores)")
+    store = RunStore(path)
+    runs = store.list_runs("reference")
+    if not runs:
+        raise SystemExit(f"--from-stores: {path} holds no measured run")
+    return store, runs[0]["id"]  # newest first
+
+
+def joined(name: str, store: RunStore, run_id: str, hw) -> pd.DataFrame:
+    """The run's stages joined with the roofline and the profile's prediction, one row per page and stage."""
+    rows = compare_run(store, run_id, prediction=hw)
+    page = rows["point"].map(lambda key: "x".join(map(str, json.loads(key)["image_size"])))
+    return rows.assign(model=FAMILIES[name].label, page=page)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,23 +78,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test of the script")
     ap.add_argument("--preset", default="full", choices=["full", "tiny"], help="synthetic weights preset")
+    ap.add_argument("--from-stores", action="store_true",
+                    help="measure nothing: re-predict the runs OUT already holds with --profile (no GPU needed)")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.from_stores:
         raise SystemExit("needs a CUDA GPU (or --device cpu --preset tiny for a smoke test)")
     args.out.mkdir(parents=True, exist_ok=True)
     pages = [tuple(int(v) for v in p.split("x")) for p in args.pages.split(",") if p.strip()]
     profile = load_profile(args.profile)
     hw = with_profile(profile_hardware(profile), profile, "reference")
     t0 = time.time()
-    frames = [measure_model(name, pages, args, hw) for name in FAMILIES]
+    frames, gpus = [], set()
+    for name in FAMILIES:
+        store, run_id = stored_model(name, args) if args.from_stores else measure_model(name, pages, args)
+        frames.append(joined(name, store, run_id, hw))
+        gpus.add(store.get_run(run_id)["environment"].get("gpu_name") or "the CPU (smoke test)")
     both = pd.concat(frames, ignore_index=True)
     keep = ["page", "model", "grid", "sequence", "stage", "measured_s", "predicted_datasheet_s", "predicted_s",
             "time_err_predicted", "measured_tensor_flops", "flop_rel_diff"]
     shown = [s for s in stage_names() if s != "decode"] + ["decode_step"]  # every family's stages (registry)
     both = both[both["stage"].isin(shown)]
     both[keep].to_csv(args.out / "models_compared.csv", index=False)
-    where = torch.cuda.get_device_name() if args.device == "cuda" else "the CPU (smoke test)"
-    lines = [f"# DeepSeek-OCR vs DeepSeek-OCR 2 on {where} ({time.time() - t0:.0f} s)",
+    took = "re-predicted from the stored runs" if args.from_stores else f"{time.time() - t0:.0f} s"
+    lines = [f"# DeepSeek-OCR vs DeepSeek-OCR 2 on {' and '.join(sorted(gpus))} ({took})",
              f"synthetic {args.preset} weights; profile {args.profile}; {args.text_tokens} text tokens; decode step = "
              f"median over {args.steps} steps",
              "", "| page | model | grid | prompt | stage | measured ms | roofline ms | predicted ms | pred err |",
