@@ -362,3 +362,31 @@ def test_prediction_accuracy_quick_cpu_for_deepseek_ocr2(quick_profile_path, tmp
     assert {"sam", "encoder", "projector", "prefill", "decode", "ttft", "tpot"} <= set(summary)
     assert "clip" not in summary and res["settings"]["model"] == "deepseek-ocr2"
     assert all(math.isfinite(s["max_abs"]) for s in summary.values())
+
+
+def test_dense_bias_ops_run_what_sam_runs_and_are_calibrated():
+    """bias.broadcast and bias.strided time SAM's dense relative-position bias as model/sam.py builds it: the
+    broadcast sum of two permuted einsum outputs (not contiguous), then its reshape, which has to copy; the bytes
+    the tables count are those the plan gives the two kernels. A quick CPU calibration fills both tables."""
+    import torch
+
+    from dsocr_core.calibration.ops import kernel_op
+    from dsocr_core.calibration.profile import entry_work
+
+    make, run, set_bytes, _ = kernel_op("bias.broadcast", {"bh": 3, "side": 14}, "cpu", 64)
+    x = make()
+    assert not x[0].is_contiguous() and not x[1].is_contiguous()  # the einsums' permuted outputs
+    summed = run(x)
+    assert summed.shape == (3, 14, 14, 14, 14) and not summed.is_contiguous()
+    torch.testing.assert_close(summed, x[0].unsqueeze(-1) + x[1].unsqueeze(-2))
+    assert float(entry_work("bias.broadcast", {"bh": 3, "side": 14})[1]) == 2 * 3 * 14 ** 4 + 4 * 3 * 14 ** 3
+    make, run, set_bytes, _ = kernel_op("bias.strided", {"bh": 3, "side": 14}, "cpu", 64)
+    x = make()
+    out = run(x)
+    assert out.shape == (3, 196, 196) and out.data_ptr() != x[0].data_ptr()  # a copy, not a view
+    assert float(entry_work("bias.strided", {"bh": 3, "side": 14})[1]) == set_bytes == 2 * 2 * 3 * 14 ** 4
+    # a profile needs a GEMM table: one beside the two
+    prof = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16", "bias.broadcast", "bias.strided"])
+    assert {"bias.broadcast", "bias.strided"} <= set(prof.tables)
+    for t in (prof.table("bias.broadcast"), prof.table("bias.strided")):
+        assert t.axes == ("bh", "side") and t.measured.all() and np.all(t.efficiency > 0)

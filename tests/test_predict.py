@@ -393,3 +393,38 @@ def test_the_cli_refuses_an_impossible_profile_instead_of_predicting_nan(tmp_pat
     assert main(["analytic", "--crops", "2x2", "--decode-steps", "10", "--profile", str(path)]) == 2
     out = capsys.readouterr()
     assert "ceilings.bytes_per_s" in out.err and str(path) in out.err and "nan" not in out.out
+
+
+def test_sams_dense_bias_is_priced_on_its_own_tables_where_the_profile_has_them():
+    """The reference SAM's bias (broadcast sum, strided copy) is priced on bias.broadcast / bias.strided; a
+    profile without them prices the two exactly as before (elementwise, copy), and slower broadcast and strided
+    tables make only the reference SAM slower, never the fast engine's (which folds the bias into q and k)."""
+    from pathlib import Path
+
+    from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.calibration.profile import Profile, Table, load_profile
+    from dsocr_core.results.prediction_check import predicted_stages
+    from dsocr_core.registry import get_family
+
+    base = load_profile(Path(__file__).resolve().parents[1] / "data" / "profiles" / "h100.json")
+    assert base.table("bias.broadcast") is None and base.table("bias.strided") is None  # shipped: predates
+    tables = dict(base.tables)
+    for name, source in (("bias.broadcast", "memory.elementwise"), ("bias.strided", "memory.copy")):
+        eff = base.table(source).lookup(bytes=1e9) / 3  # a third of the contiguous kernel's, at every shape
+        grid = (np.array([1.0, 1e5]), np.array([14.0, 64.0]))
+        tables[name] = Table(name, ("bh", "side"), grid, np.full((2, 2), float(eff)), np.ones((2, 2), bool))
+    slow = Profile(base.raw, tables, base.path)
+    spec = get_family().preset("full")
+    w = [Workload(mode="base", batch=4, text_tokens=40, decode_steps=4)]
+
+    def stages(profile, mode):
+        return predicted_stages(spec, w, with_profile(profile_hardware(profile), profile, mode))[0]
+
+    for mode in ("reference", "fast"):
+        before, after = stages(base, mode), stages(slow, mode)
+        for s in ("clip", "projector", "prefill", "decode"):
+            assert after[s] == pytest.approx(before[s], rel=1e-12)
+        if mode == "fast":
+            assert after["sam"] == pytest.approx(before["sam"], rel=1e-12)
+        else:
+            assert after["sam"] > before["sam"] * 1.2  # the bias is a large share of the reference SAM

@@ -140,6 +140,10 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
     if name == "memory.fused_gemv":
         return [(name, same), ("memory.gemv", same), ("memory.elementwise", same), ("memory.copy", same)]
+    if name == "bias.broadcast":  # profiles made before the bias tables: by bytes (the kernel carries both)
+        return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
+    if name == "bias.strided":
+        return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
     if name.startswith("memory."):
         return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
     raise SpecError(f"unknown kernel table {name!r}")
@@ -149,7 +153,7 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
                "attention.flash.causal", "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
-               "memory.fused_attention")
+               "memory.fused_attention", "bias.broadcast", "bias.strided")
 
 
 def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:

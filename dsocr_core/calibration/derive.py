@@ -68,7 +68,7 @@ def _blocks(name: str, c: dict, experts: float) -> np.ndarray:
         return np.asarray(c["bh"], dtype=float) * tiles(c["q"])
     if kind == "attention_causal":
         return np.asarray(c["bh"], dtype=float) * tiles(c["s"])
-    return np.full(np.shape(c["bytes"]), np.inf)
+    return np.full(np.shape(c["bh" if kind == "bias" else "bytes"]), np.inf)  # memory-bound: every SM busy
 
 
 def derive_profile(source: Profile, target: Hardware | str, source_hardware: Hardware | str | None = None) -> Profile:

@@ -2,8 +2,8 @@
 (the ops and their timing are in ops.py).
 
 Tables (profile.py names them): GEMM efficiency by M, N, K per dtype; memory-bound kernels by bytes moved (copy,
-elementwise add, LayerNorm, GEMV); attention by implementation (sdpa with the LM's backends, sdpa with a dense
-additive mask as SAM runs it, the reference's eager softmax attention, flash) over heads x query x key x head dim,
+elementwise add, LayerNorm, GEMV); SAM's dense bias (its broadcast sum and strided copy) by attended squares x
+side; attention by implementation (sdpa with the LM's backends, sdpa with a dense additive mask as SAM runs it, the reference's eager softmax attention, flash) over heads x query x key x head dim,
 and causal over heads x length x head dim; grouped expert GEMMs (torch._grouped_mm, or bmm where it cannot run)
 by tokens per expert x N x K; and the per-launch costs: an empty kernel inside a CUDA graph, an eager launch
 queued behind a busy GPU, the host time of one eager op, a host synchronisation, a graph replay's host time.
@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 
 from .ops import FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, Settings, input_bytes, kernel_count, launch_costs, measure_entry
-from .profile import MAX_EFFICIENCY, KIND_AXES, LAUNCH_KEYS, Profile, build_profile, entry_work, table_kind
+from .profile import (BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, build_profile, entry_work,
+                      table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 
@@ -40,6 +41,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         causal = {"bh": [1, 4], "s": [16, 64], "d": [32]}
         out = {"gemm.bfloat16": g, "gemm.float32": g}
         out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]} for k in ("copy", "elementwise", "norm", "gemv")}
+        out |= {f"bias.{k}": {"bh": [1, 4], "side": [4, 14]} for k in BIAS_KINDS}
         for impl in ("sdpa", "eager"):  # no flash table: predictions fall back to sdpa, and say so
             out[f"attention.{impl}"] = att
             out[f"attention.{impl}.causal"] = causal
@@ -55,6 +57,8 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
     out = {"gemm.bfloat16": gemm}
     out |= {f"memory.{k}": {"bytes": [float(4 ** i) for i in range(6, 17)]}
             for k in ("copy", "elementwise", "norm", "gemv")}
+    # SAM's windows (side 14), 640 px and 1024 px global grids (40, 64); bh = views x windows x heads
+    out |= {f"bias.{k}": {"bh": [1, 12, 48, 192, 768, 3072, 12288], "side": [14, 40, 64]} for k in BIAS_KINDS}
     out |= {"attention.sdpa": att, "attention.sdpa.causal": causal,
             "grouped_gemm.bfloat16": {"tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096],
                                       "n": [256, 1024, 4096], "k": [256, 1024, 4096]},

@@ -95,6 +95,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         k = 2048
         n = max(nbytes // (2 * k), 1)  # weight [n, 2048] bf16 dominates
         return lambda: (rnd(1, k), rnd(n, k)), lambda x: F.linear(x[0], x[1]), (n * k + k) * 2, 1
+    if kind == "bias":
+        return _dense_bias_op(name.split(".")[1], i["bh"], i["side"], rnd)
     impl = name.split(".")[1]
     causal = kind == "attention_causal"
     bh, d = i["bh"], i["d"]
@@ -121,6 +123,26 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         with sdpa_kernel(backends):
             return F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal)
     return make, sdpa, nbytes, 1
+
+
+def _dense_bias_op(what: str, bh: int, side: int, rnd):
+    """SAM's dense bias as model/sam.py builds it for `bh` attended squares of side `side`: rel_h and rel_w from the
+    einsums (permuted strides), their broadcast sum [bh, side, side, side, side] ("broadcast"), then its reshape to
+    [bh, side^2, side^2], a copy of the non-contiguous sum ("strided")."""
+    import torch
+
+    def rel():
+        q = rnd(bh, side, side, 64)
+        table = rnd(side, side, 64)
+        return torch.einsum("bhwc,hkc->bhwk", q, table), torch.einsum("bhwc,wkc->bhwk", q, table)
+
+    def summed(x):
+        return x[0][:, :, :, :, None] + x[1][:, :, :, None, :]
+
+    dense = 2 * bh * side ** 4
+    if what == "broadcast":
+        return rel, summed, dense + 4 * bh * side ** 3, 1
+    return (lambda: (summed(rel()),), lambda x: x[0].reshape(bh, side * side, side * side), 2 * dense, 1)
 
 
 def _fused_op(what: str, nbytes: int, dev: str, rnd):
@@ -381,6 +403,8 @@ def input_bytes(name: str, c: dict, st: Settings):
         return None, None, st.experts * (c["tokens"] * (c["k"] + c["n"]) + c["n"] * c["k"]) * 2, 1
     if kind == "memory":
         return None, None, c["bytes"], 1
+    if kind == "bias":
+        return None, None, 2 * c["bh"] * c["side"] ** 4 * (1 if name.endswith("broadcast") else 2), 1
     q, k = (c["s"], c["s"]) if kind == "attention_causal" else (c["q"], c["k"])
     extra = c["bh"] * q * k * (2 if name.startswith("attention.sdpa_bias") else 0)
     if name.startswith("attention.eager"):

@@ -63,8 +63,14 @@ KIND_AXES = {
     "attention": ("bh", "q", "k", "d"),
     "attention_causal": ("bh", "s", "d"),
     "grouped_gemm": ("tokens", "n", "k"),
+    "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention")
+# bias.broadcast / bias.strided: SAM's dense relative-position bias as the reference model builds it, the broadcast
+# sum of two permuted einsum outputs and then its reshape (a copy of the non-contiguous sum), over bh (views x
+# windows x heads) and the attended square's side (its innermost runs: 14, 40 or 64 elements). Profiles made before
+# them price the two on the elementwise and copy tables
+BIAS_KINDS = ("broadcast", "strided")
 # fused_gemv / fused_attention: the fast engine's own batch-1 decode kernels (fast/decode_kernels.py), by bytes
 # read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so)
 ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash")
@@ -82,13 +88,16 @@ def table_kind(name: str) -> str:
         return parts[0]
     if len(parts) == 2 and parts[0] == "memory" and parts[1] in MEMORY_KINDS:
         return "memory"
+    if len(parts) == 2 and parts[0] == "bias" and parts[1] in BIAS_KINDS:
+        return "bias"
     if parts[0] == "attention" and len(parts) in (2, 3) and parts[1] in ATTENTION_IMPLS:
         if len(parts) == 2:
             return "attention"
         if parts[2] == "causal":
             return "attention_causal"
     raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, "
-                       f"memory.<{'|'.join(MEMORY_KINDS)}> or attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
+                       f"memory.<{'|'.join(MEMORY_KINDS)}>, bias.<{'|'.join(BIAS_KINDS)}> or "
+                       f"attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
 
 
 def entry_work(name: str, coords: dict[str, Any], meta: dict | None = None) -> tuple[Any, Any]:
@@ -104,6 +113,10 @@ def entry_work(name: str, coords: dict[str, Any], meta: dict | None = None) -> t
         return 2 * m * n * k, (m * k + k * n + m * n) * s
     if kind == "memory":
         return np.zeros_like(c["bytes"]), c["bytes"]
+    if kind == "bias":  # bf16 scores: the sum written and the two einsum outputs read; the copy reads and writes
+        dense = 2 * c["bh"] * c["side"] ** 4
+        nbytes = dense + 4 * c["bh"] * c["side"] ** 3 if name.endswith("broadcast") else 2 * dense
+        return np.zeros_like(nbytes), nbytes
     if kind == "grouped_gemm":
         e = float(meta.get("experts", 64))
         t, n, k = c["tokens"], c["n"], c["k"]
