@@ -26,6 +26,12 @@ import json, sys
 launch = json.load(open(sys.argv[1]))["launch"]
 by_kind = {k: round(v * 1e6, 2) for k, v in (launch.get("host_op_s_by_kind") or {}).items()}
 print("host cost per eager op (us):", by_kind, "mix mean", round(launch["host_op_s"] * 1e6, 2))
+from dsocr_core.calibration.profile import load_profile
+p = load_profile(sys.argv[1])
+for name in ("bias.broadcast", "bias.strided"):  # SAM's dense bias (windows 14, 640 and 1024 px globals 40, 64)
+    t = p.table(name)
+    if t is not None:
+        print(name, "efficiency at bh 192:", {s: round(float(t.lookup(bh=192, side=s)), 3) for s in (14, 40, 64)})
 PY
 for run in gundam_b1:$b1 base_b16:$b16; do
   name=${run%%:*}

@@ -30,3 +30,18 @@ def test_host_cost_of_every_kind_is_measured_and_plausible(costs):
 def test_the_mean_host_cost_lies_among_the_launching_kinds(costs):
     launching = [costs["host_op_s_by_kind"][k] for k in ("gemm", "attention", "other")]
     assert 0.5 * min(launching) <= costs["host_op_s"] <= 1.5 * max(launching), costs
+
+
+def test_sams_dense_bias_tables_are_measured_in_cuda_graphs():
+    """bias.broadcast and bias.strided run through the same capture-and-replay timing as every table (their inputs
+    and the strided copy's allocation inside a CUDA graph); every entry of a small grid is measured, none is faster
+    than the bandwidth allows."""
+    from dsocr_core.calibration.microbench import run_microbench
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prof = run_microbench("cuda", quick=True, budget_s=60, tables=["gemm.bfloat16", "bias.broadcast", "bias.strided"])
+    for name in ("bias.broadcast", "bias.strided"):
+        t = prof.table(name)
+        assert t is not None and t.measured.all(), name
+        assert ((t.efficiency > 0) & (t.efficiency <= 1.0)).all(), (name, t.efficiency)
