@@ -55,9 +55,9 @@ def stored_model(name: str, args) -> tuple[RunStore, str]:
     if not path.exists():
         raise SystemExit(f"--from-stores: {path} is missing (measure first, without --from-stores)")
     store = RunStore(path)
-    runs = store.list_runs("reference")
+    runs = [r for r in store.list_runs("reference") if r["n_points"] and r["n_done"] == r["n_points"]]
     if not runs:
-        raise SystemExit(f"--from-stores: {path} holds no measured run")
+        raise SystemExit(f"--from-stores: {path} holds no finished measured run")
     return store, runs[0]["id"]  # newest first
 
 
@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     both[keep].to_csv(args.out / "models_compared.csv", index=False)
     took = "re-predicted from the stored runs" if args.from_stores else f"{time.time() - t0:.0f} s"
     lines = [f"# DeepSeek-OCR vs DeepSeek-OCR 2 on {' and '.join(sorted(gpus))} ({took})",
-             f"synthetic {args.preset} weights; profile {args.profile}; {args.text_tokens} text tokens; decode step = "
-             f"median over {args.steps} steps",
+             (f"synthetic {args.preset} weights; profile {args.profile}; {args.text_tokens} text tokens; decode "
+              f"step = median over {args.steps} steps" if not args.from_stores else
+              f"profile {args.profile}; the stored runs' own weights, text tokens and decode steps (their JSON)"),
              "", "| page | model | grid | prompt | stage | measured ms | roofline ms | predicted ms | pred err |",
              "|---|---|---|---|---|---|---|---|---|"]
     def ms(v) -> str:

@@ -5,6 +5,7 @@ analytic page's "Models compared" tab overlays both models' stages for the same 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,28 @@ def test_v2_parity_page_passes_with_boxes(v2_app):
     assert "encoder" in rows and "CLIP" not in rows  # the timing table: the model's own stages
     exported = json.loads(at.session_state["pa_results"][0].export())
     assert exported["passed"] and exported["session"]["model"] == "deepseek-ocr2"
+
+
+def test_models_compared_re_predicts_the_shipped_gpu_runs_without_a_gpu(tmp_path):
+    """benchmarks/models_compared.py --from-stores: the H100 runs shipped in docs/results, re-predicted with the
+    shipped H100 profile, give the table the README quotes (measured ms and the prediction's error per stage)."""
+    import shutil
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = root / "docs" / "results" / "h100_models_compared"
+    for name in ("deepseek-ocr.sqlite", "deepseek-ocr2.sqlite"):
+        shutil.copy(shipped / name, tmp_path / name)
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import models_compared
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    assert models_compared.main(["--out", str(tmp_path), "--profile", str(root / "data/profiles/h100.json"),
+                                 "--from-stores"]) == 0
+    table = (tmp_path / "models_compared.md").read_text().splitlines()
+    assert "NVIDIA H100" in table[0] and "re-predicted" in table[0]
+    assert table[2:] == (shipped / "models_compared.md").read_text().splitlines()[2:]
+    readme = (root / "README.md").read_text()
+    assert "| 1920x1080 | DeepSeek-OCR 2 | 2x1 | 23.01 (-24%) | 29.39 (+26%) |" in readme
+    assert "| 1920x1080 | DeepSeek-OCR 2 | 2x1 | 555 | sam | 23.006 | 4.646 | 17.546 | -24% |" in table

@@ -1,4 +1,5 @@
 """StageTimer on the CPU: entries per stage, and the span of a loop's entries with the gaps between them."""
+import contextlib
 import time
 
 import torch
@@ -60,6 +61,7 @@ def test_a_stage_after_the_memory_synchronisation_starts_behind_a_gpu_wait(monke
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(f"sleep {cycles}"))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())  # no GPU to select
     timer = StageTimer(torch.device("cuda"))
     with timer.stage("projector", track_memory=True):
         calls.append("work")

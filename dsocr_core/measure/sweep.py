@@ -117,9 +117,9 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     free_memory(session.device)
     inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
     run = dict(no_repeat_ngram_size=0, logits=workload.logits, stop_at_eos=False, memory="none")
+    for _ in range(warmup):  # compiles and graph captures leave garbage: collected before the timed runs
+        timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
     with collector_paused():
-        for _ in range(warmup):
-            timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
         runs = [timed_generation(session, inputs, workload.decode_steps + 1, **run) for _ in range(repeats)]
     engine_state = session.engine.point_state(inputs.batch)
     flops = counted_flops(session, inputs, workload.logits) if count_flops else None

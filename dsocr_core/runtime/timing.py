@@ -27,6 +27,7 @@ def nvtx_range(name: str):
 
 
 LAUNCH_COVER_CYCLES = 200_000  # about 100 us of GPU clock cycles: longer than a stage's first launch
+COVER_KERNEL = "spin_kernel"  # the wait's kernel (torch.cuda._sleep): not the model's, left out of kernel counts
 
 
 @dataclass
@@ -59,8 +60,11 @@ class StageTimer:
             torch.cuda.reset_peak_memory_stats(self.device)
             # The synchronisation left the GPU idle: the start event would fire at once and the stage would be
             # charged the host's launch of its first kernel (10-30 us of jitter, as large as a graph-replayed
-            # projector). A short GPU wait queued first lets the host enqueue the stage behind the start event.
-            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+            # projector). A short GPU wait queued first lets the host enqueue the stage behind the start event, so
+            # a stage timed after a synchronisation starts at its first kernel: host time before that launch (up
+            # to the wait's length, one eager op's worth) is not charged; every later host gap still is.
+            with torch.cuda.device(self.device):
+                torch.cuda._sleep(LAUNCH_COVER_CYCLES)
         with nvtx_range(name):
             if self.cuda:
                 start = torch.cuda.Event(enable_timing=True)
