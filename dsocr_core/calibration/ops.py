@@ -139,10 +139,9 @@ def _dense_bias_op(what: str, bh: int, side: int, rnd):
     def summed(x):
         return x[0][:, :, :, :, None] + x[1][:, :, :, None, :]
 
-    dense = 2 * bh * side ** 4
-    if what == "broadcast":
-        return rel, summed, dense + 4 * bh * side ** 3, 1
-    return (lambda: (summed(rel()),), lambda x: x[0].reshape(bh, side * side, side * side), 2 * dense, 1)
+    if what == "broadcast":  # (make, run, bytes an input set holds, kernels per call)
+        return rel, summed, 4 * bh * side ** 3, 1
+    return (lambda: (summed(rel()),), lambda x: x[0].reshape(bh, side * side, side * side), 2 * bh * side ** 4, 1)
 
 
 def _fused_op(what: str, nbytes: int, dev: str, rnd):
@@ -403,8 +402,8 @@ def input_bytes(name: str, c: dict, st: Settings):
         return None, None, st.experts * (c["tokens"] * (c["k"] + c["n"]) + c["n"] * c["k"]) * 2, 1
     if kind == "memory":
         return None, None, c["bytes"], 1
-    if kind == "bias":
-        return None, None, 2 * c["bh"] * c["side"] ** 4 * (1 if name.endswith("broadcast") else 2), 1
+    if kind == "bias":  # the einsum outputs and the sum (the strided copy's input set is the sum), bf16
+        return None, None, 4 * c["bh"] * c["side"] ** 3 + 2 * c["bh"] * c["side"] ** 4, 1
     q, k = (c["s"], c["s"]) if kind == "attention_causal" else (c["q"], c["k"])
     extra = c["bh"] * q * k * (2 if name.startswith("attention.sdpa_bias") else 0)
     if name.startswith("attention.eager"):
