@@ -417,14 +417,16 @@ def test_sams_dense_bias_is_priced_on_its_own_tables_where_the_profile_has_them(
     spec = get_family().preset("full")
     w = [Workload(mode="base", batch=4, text_tokens=40, decode_steps=4)]
 
-    def stages(profile, mode):
-        return predicted_stages(spec, w, with_profile(profile_hardware(profile), profile, mode))[0]
+    def stages(profile, engine):
+        return predicted_stages(spec, w, with_profile(profile_hardware(profile), profile, engine))[0]
 
-    for mode in ("reference", "fast"):
-        before, after = stages(base, mode), stages(slow, mode)
+    # the fast engine's sam_attention="dense" option runs the reference's dense mask: priced the same way
+    dense = EngineSpec.of("fast", {"sam_attention": "dense"})
+    for engine in ("reference", "fast", dense):
+        before, after = stages(base, engine), stages(slow, engine)
         for s in ("clip", "projector", "prefill", "decode"):
             assert after[s] == pytest.approx(before[s], rel=1e-12)
-        if mode == "fast":
+        if engine == "fast":  # the default folds the bias into q and k: no dense mask
             assert after["sam"] == pytest.approx(before["sam"], rel=1e-12)
         else:
-            assert after["sam"] > before["sam"] * 1.2  # the bias is a large share of the reference SAM
+            assert after["sam"] > before["sam"] * 1.2  # the bias is a large share of SAM

@@ -130,10 +130,12 @@ def touched_experts(c: Call, tokens):
 @dataclass
 class SamAttention:
     """The kernels of one SAM attention call as the model runs it: q/k/v, the relative-position einsums and the
-    output projection (GEMMs), the dense bias mask (elementwise) and SDPA with that mask; plus its geometry."""
+    output projection (GEMMs), the dense bias mask (the broadcast sum, then its copy) and SDPA with that mask;
+    plus its geometry."""
 
     gemms: list[Kernel]
     mask: Kernel
+    mask_copy: Kernel
     sdpa: Kernel
     span: int  # the attended square's side (window or whole grid)
     seq: int  # tokens per attended square
@@ -167,13 +169,21 @@ def sam_attention(c: Call, einsum_launches: float) -> SamAttention:
         Kernel("gemm", dict(m=v * n, n=w, k=w), v * 2 * n * w * w,
                v * 2 * n * w * dt + calls * (w * w + w) * dt, calls),  # proj
     ]
-    mask = Kernel("memory.elementwise", dict(bytes=v * (rel + scores) * dt), v * scores, v * (rel + scores) * dt,
-                  calls)  # rel_h + rel_w broadcast into the dense [L, L] mask
+    # the dense [L, L] mask: rel_h + rel_w broadcast, then reshaped, a copy (the sum keeps the einsums' permuted
+    # strides) that reads and writes every score: work the analytic count has no share of, the engine's own (at
+    # 1024 px 0.8 GB per global block and view). Both run at the bandwidth of broadcast and strided kernels over
+    # short rows (the square's side), priced on the bias tables by attended squares and side (on the H100 about a
+    # third of a contiguous copy's, docs/accuracy.md); a profile made before them prices them by bytes
+    square = dict(bh=v * groups * heads, side=span)
+    mask = Kernel("bias.broadcast", dict(bytes=v * (rel + scores) * dt, **square), v * scores,
+                  v * (rel + scores) * dt, calls)
+    dense = 2 * v * scores * dt
+    mask_copy = Kernel("bias.strided", dict(bytes=dense, **square), 0.0, 0.0, calls, real_bytes=dense)
     sdpa = Kernel("attention.sdpa_bias", dict(bh=v * groups * heads, q=seq, k=seq, d=d),
                   v * (4 * n * seq * w + SOFTMAX_FLOPS * scores), v * (4 * n * w + scores) * dt, calls)
     padded = (not glob) and (-(-p // s.sam_window) * s.sam_window != p)
     resized = glob and p != s.sam_pos_grid
-    return SamAttention(gemms, mask, sdpa, span, seq, n, rel, scores, padded, resized)
+    return SamAttention(gemms, mask, mask_copy, sdpa, span, seq, n, rel, scores, padded, resized)
 
 
 def sam_mlp(c: Call) -> Plan:

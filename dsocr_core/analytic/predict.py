@@ -140,11 +140,9 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
     if name == "memory.fused_gemv":
         return [(name, same), ("memory.gemv", same), ("memory.elementwise", same), ("memory.copy", same)]
-    if name == "bias.broadcast":  # profiles made before the bias tables: by bytes (the kernel carries both)
-        return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
-    if name == "bias.strided":
+    if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
-    if name.startswith("memory."):
+    if name.startswith("memory.") or name == "bias.broadcast":
         return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
     raise SpecError(f"unknown kernel table {name!r}")
 

@@ -116,8 +116,8 @@ class FastPlan:
     def _sam_attention(self, c: Call) -> Plan:
         a = sam_attention(c, einsum_launches=2)
         v, calls, dt, heads = c.views, c.calls, c.dt, c.spec.sam_heads
-        if self.o.sam_attention == "dense":  # the reference's dense mask, read by SDPA
-            return Plan(a.gemms + [a.mask, a.sdpa], rest_launches=calls * 3)
+        if self.o.sam_attention == "dense":  # the reference's dense mask (the broadcast sum and its copy), read by SDPA
+            return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa], rest_launches=calls * 3)
         d = c.spec.sam_width // heads
         groups = a.n // a.seq
         # bias folded into q/k: [scale*q, rel_h, rel_w] . [k, onehot rows, onehot cols], head dim padded to 8
@@ -127,7 +127,7 @@ class FastPlan:
         # read q, k, rel; write q', k'
         mask.real_bytes = v * (2 * n * c.spec.sam_width + a.rel + 2 * n * heads * dq) * dt
         mask.launches = calls * 3
-        mask.coords = dict(bytes=mask.real_bytes)
+        mask.table, mask.coords = "memory.elementwise", dict(bytes=mask.real_bytes)  # contiguous concatenations
         sdpa.table = "attention.sdpa"  # a flash kernel, no mask; q/k head dim dq, v keeps d
         sdpa.coords = dict(bh=v * groups * heads, q=a.seq, k=a.seq, d=(dq + d) / 2)
         sdpa.real_flops = v * (2 * a.scores * (dq + d) + SOFTMAX_FLOPS * a.scores)

@@ -120,19 +120,10 @@ def _sam_attention(c: Call) -> Plan:
     the crop's .contiguous()."""
     a = sam_attention(c, einsum_launches=2)
     glob = c.kind.endswith("global")
-    # the dense bias's copy reads and writes every score (heads x L^2 per window): work the analytic count has no
-    # share of (0 FLOPs, 0 bytes there), the engine's own; at 1024 px, 0.8 GB per global block and view
-    dense = 2 * c.views * a.scores * c.dt
-    # the sum and its copy run at the bandwidth of broadcast and strided kernels over short rows (the square's
-    # side), not a contiguous kernel's (on the H100 about a third, docs/accuracy.md): priced on the bias tables by
-    # attended squares and side; a profile made before them prices them by bytes on elementwise and copy
-    square = dict(bh=c.views * a.scores / a.seq ** 2, side=a.span)
-    bias_copy = Kernel("bias.strided", dict(bytes=dense, **square), 0.0, 0.0, c.calls, real_bytes=dense)
-    a.mask.table, a.mask.coords = "bias.broadcast", dict(a.mask.coords, **square)
     copies = 2  # q per head, the first einsum's input (small: one head's q)
     tables = 2 * (8 + 3 * a.resized)
     windows = 0 if glob else 2 + 2 * a.padded
-    return Plan(a.gemms + [a.mask, bias_copy, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
+    return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
 
 
 def _layout(c: Call) -> Plan:
