@@ -37,6 +37,8 @@ ACCURACY = {
         "H100 own": ("h100_prediction_accuracy.json", None),
         "H100 confirmation": ("h100_prediction_accuracy_confirm.json", None),
         "H100 from the H200-derived profile": ("h100_from_h200_prediction_accuracy.json", None),
+        "H100 re-measured": ("h100_prediction_accuracy_2026-11-26.json", None),
+        "H100 confirmation re-measured": ("h100_prediction_accuracy_confirm_2026-11-26.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -44,6 +46,8 @@ ACCURACY = {
         "H200 confirmation": ("h200_prediction_accuracy_confirm.json", None),
         "H100 own": ("h100_prediction_accuracy.json", None),
         "H100 from the H200-derived profile": ("h100_from_h200_prediction_accuracy.json", None),
+        "H100 re-measured": ("h100_prediction_accuracy_2026-11-26.json", None),
+        "H100 confirmation re-measured": ("h100_prediction_accuracy_confirm_2026-11-26.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),

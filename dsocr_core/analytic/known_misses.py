@@ -16,11 +16,14 @@ CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs 
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on the H100 from the H200's profile, decode and TPOT "
            "miss by 27% (median), CLIP by 30%, the projector by 23%")
 REFERENCE = ("the reference session mode misses the 15% target on every GPU measured: median errors on the H200 / "
-             "H100 of SAM 22% / 46%, CLIP 25% / 31%, projector 46% / 70%, LM prefill 129% / 21%, decode 55% / 29% "
-             "(the bundled H200 run: LM prefill +123%, max +206%); only the fast mode is predicted within about 10%")
+             "H100 (re-measured 2026-11-26) of SAM 22% / 20%, CLIP 25% / 19%, projector 46% / 29%, LM prefill "
+             "129% / 28%, decode 55% / 6% (the bundled H200 run: LM prefill +123%, max +206%); its host-bound "
+             "stages also vary by up to +-50% between runs of the same point; only the fast mode is predicted within "
+             "about 10%")
 BATCHED = ("batch > 1: decode is over-predicted (synthetic weights route a batch's tokens to 8-10 distinct experts, "
            "the model assumes 21-64): fast TPOT +11% to +54%, reference up to +729%")
-PROJECTOR = "the projector (under 0.1 ms) is under-predicted by about 35% in the fast mode"
+PROJECTOR = ("the projector (under 0.1 ms) misses by about 14% (median) in the fast mode on the H100: over-predicted "
+             "by 25-55% for untiled pages, under-predicted by up to 20% for tiled ones")
 
 
 def known_misses(profile, session_mode: str, max_batch: int = 1,
