@@ -12,6 +12,11 @@ On a GPU the phases can run apart (each within a time limit), writing JSON files
   --phase orders --modes fast     the three orders of one session mode in this process
   --phase alone --modes fast      each point in its own fresh process (--points picks some)
   --phase report                  the table from what --out holds
+
+`--alone-runs N` measures each point alone in N fresh processes: the reference for the orders is then the median
+of those runs, and the report adds the fresh-process spread (the largest difference of one fresh run from that
+median): the noise floor a measurement of that point has on this machine with no order at all. Where the floor
+is above the target, no order can meet it; the report says so per stage.
 """
 from __future__ import annotations
 
@@ -103,19 +108,53 @@ def phase_orders(args, mode: str, names: list[str]) -> dict:
     return out
 
 
+def alone_file(out_dir: Path, mode: str, name: str, run: int) -> Path:
+    """Run 1 keeps the name earlier results have; further fresh-process runs of the point add `.runN`."""
+    return out_dir / (f"one-{mode}-{name}.json" if run == 1 else f"one-{mode}-{name}.run{run}.json")
+
+
 def phase_alone(args, mode: str, names: list[str], out_dir: Path) -> dict:
-    """Each point in a fresh process (this script with --phase one)."""
-    alone = {}
-    for n in names:
-        path = out_dir / f"one-{mode}-{n}.json"
-        cmd = [sys.executable, __file__, "--phase", "one", "--modes", mode, "--points", n, "--out", str(out_dir),
-               "--device", args.device, "--dtype", args.dtype, "--steps", str(args.steps), "--repeats",
-               str(args.repeats), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else [])
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        alone[n] = json.loads(path.read_text())
-        print(f"{mode} alone {n}: {time.perf_counter() - t0:.1f} s", flush=True)
+    """Each point in `args.alone_runs` fresh processes (this script with --phase one), the runs of one point
+    apart in time (all points once, then all again), so that a slow period of the host falls on one run."""
+    alone: dict[str, list] = {}
+    for run in range(1, args.alone_runs + 1):
+        for n in names:
+            cmd = [sys.executable, __file__, "--phase", "one", "--modes", mode, "--points", n, "--out",
+                   str(out_dir), "--device", args.device, "--dtype", args.dtype, "--steps", str(args.steps),
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--alone-run", str(run)]
+            t0 = time.perf_counter()
+            subprocess.run(cmd + (["--quick"] if args.quick else []), check=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            alone.setdefault(n, []).append(json.loads(alone_file(out_dir, mode, n, run).read_text()))
+            print(f"{mode} alone {n} (run {run}): {time.perf_counter() - t0:.1f} s", flush=True)
     return alone
+
+
+def read_alone(out_dir: Path, mode: str) -> dict[str, list[dict]]:
+    """{point: [its fresh-process runs]} from the files under out_dir."""
+    runs: dict[str, list[dict]] = {}
+    for p in sorted(out_dir.glob(f"one-{mode}-*.json")):
+        name = p.name[len(f"one-{mode}-"):-len(".json")]
+        name, _, _run = name.partition(".run")
+        runs.setdefault(name, []).append(json.loads(p.read_text()))
+    return runs
+
+
+def alone_median(runs: list[dict]) -> dict:
+    """Per stage, the median over a point's fresh-process runs."""
+    return {s: statistics.median(r[s] for r in runs if r.get(s)) for s in STAGES if any(r.get(s) for r in runs)}
+
+
+def fresh_spread(alone_runs: dict[str, list[dict]]) -> dict:
+    """{point: {stage: largest |run / median - 1| over its fresh-process runs}} for points run more than once."""
+    out: dict[str, dict] = {}
+    for name, runs in alone_runs.items():
+        if len(runs) < 2:
+            continue
+        med = alone_median(runs)
+        for s, m in med.items():
+            out.setdefault(name, {})[s] = max(abs(r[s] / m - 1) for r in runs if r.get(s))
+    return out
 
 
 def differences(orders: dict, alone: dict, relative: bool = True) -> dict:
@@ -141,8 +180,8 @@ def report(out_dir: Path, modes: list[str]) -> dict:
         if not orders_file.exists():
             continue
         orders = json.loads(orders_file.read_text())
-        alone = {p.stem.split(f"one-{mode}-", 1)[1]: json.loads(p.read_text())
-                 for p in sorted(out_dir.glob(f"one-{mode}-*.json"))}
+        alone_runs = read_alone(out_dir, mode)
+        alone = {n: alone_median(runs) for n, runs in alone_runs.items()}
         diffs = differences(orders["orders"], alone)
         absolute = differences(orders["orders"], alone, relative=False)
         if not diffs:
@@ -167,11 +206,26 @@ def report(out_dir: Path, modes: list[str]) -> dict:
             v["max_abs_us"] = max(row[s] for row in absolute.values() if s in row) * 1e6
         print(f"{'max abs (us)':<16}" + "".join(f"{stages[s]['max_abs_us']:>11.1f} " if s in stages else f"{'-':>12}"
                                                 for s in STAGES))
+        spread = fresh_spread(alone_runs)
+        if spread:
+            runs = min(len(r) for r in alone_runs.values())
+            print(f"{'fresh spread':<16}" + "".join(
+                f"{max(row[s] for row in spread.values() if s in row):>11.1%} " if s in stages else f"{'-':>12}"
+                for s in STAGES) + f"  (max over points: a fresh process against the median of {runs}+ runs)")
+            for s, v in stages.items():
+                floor = [row[s] for row in spread.values() if s in row]
+                v["fresh_spread_median"], v["fresh_spread_max"] = statistics.median(floor), max(floor)
+                v["noise_above_target"] = v["fresh_spread_max"] > TARGET_MAX
+            noisy = [s for s, v in stages.items() if v["noise_above_target"]]
+            if noisy:
+                print(f"noise floor above the {TARGET_MAX:.0%} max in: {', '.join(noisy)} (fresh processes of the same "
+                      "point differ by more than the target: no order can meet it there)")
         met = all(v["meets_target"] for v in stages.values())
         print(f"target (median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%} for every stage): "
               f"{'met' if met else 'MISSED'}; sweep wall time per order: "
               + ", ".join(f"{o} {t:.1f} s" for o, t in orders["wall_s"].items()))
         summary["modes"][mode] = {"environment": orders["environment"], "points": diffs, "stages": stages,
+                                  "fresh_spread": spread, "alone_runs": {n: len(r) for n, r in alone_runs.items()},
                                   "meets_target": met, "wall_s": orders["wall_s"]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -188,9 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0, help="the shuffled order's seed")
+    ap.add_argument("--alone-runs", type=int, default=1, help="fresh processes per point alone (default 1; 3 shows "
+                                                              "the noise floor)")
+    ap.add_argument("--alone-run", type=int, default=1, help=argparse.SUPPRESS)  # --phase one: which run it is
     ap.add_argument("--phase", choices=["all", "orders", "alone", "report", "one"], default="all")
     ap.add_argument("--out", type=Path, default=Path("out/order_independence"))
     args = ap.parse_args(argv)
+    if args.alone_runs < 1:
+        ap.error("--alone-runs must be at least 1")
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     args.steps = args.steps if args.steps is not None else (3 if args.quick else 40)
     names = (args.points or (QUICK_POINTS if args.quick else FULL_POINTS)).split(",")
@@ -199,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "one":
-        (args.out / f"one-{modes[0]}-{names[0]}.json").write_text(
+        alone_file(args.out, modes[0], names[0], args.alone_run).write_text(
             json.dumps(measure(load_session(args, modes[0]), names[0], args, count_flops=False), default=str))
         return 0
     for mode in modes:

@@ -142,6 +142,40 @@ def test_measure_cli_rejects_unknown_mode(tmp_path, capsys):
     assert code == 2 and "unknown DeepSeek-OCR mode(s) foo; choose from tiny" in capsys.readouterr().err
 
 
+def test_objects_alive_before_a_point_are_left_out_of_its_collections():
+    """older_objects_frozen keeps what existed before out of the collector's scans (so collecting around each timed
+    block is cheap on a long sweep), leaves nothing frozen afterwards, also when the block fails or is nested,
+    and a cycle the block creates is still collected by collector_paused."""
+    import gc
+    import weakref
+
+    from dsocr_core.measure.sweep import collector_paused, older_objects_frozen
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    with older_objects_frozen():
+        assert gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        with older_objects_frozen():  # nested: the outer block's objects stay frozen until it ends
+            pass
+        assert gc.get_freeze_count() == frozen
+        with collector_paused():
+            a, b = Node(), Node()
+            a.other, b.other = b, a
+            gone = weakref.ref(a)
+            del a, b
+        assert gone() is None  # the cycle made inside was collected after the timed block
+    assert gc.get_freeze_count() == 0
+    try:
+        with older_objects_frozen():
+            raise RuntimeError("a point failed")
+    except RuntimeError:
+        pass
+    assert gc.get_freeze_count() == 0
+
+
 def test_the_garbage_collector_is_paused_while_a_point_is_timed_and_restored_after():
     """A host-bound run must not be charged a full collection whose moment depends on what the process did
     before; the collector's own setting comes back afterwards, also when the timed block fails."""

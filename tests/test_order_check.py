@@ -237,3 +237,55 @@ def test_order_independence_report_checks_the_target(tmp_path):
     stage = oi.report(tmp_path, ["fast"])["modes"]["fast"]["stages"]["prefill"]
     assert stage["max"] == pytest.approx(0.06) and stage["median"] == pytest.approx(0.035)
     assert not stage["meets_target"] and stage["max_abs_us"] == pytest.approx(0.12e6)
+
+
+def test_order_independence_report_against_the_fresh_process_noise_floor(tmp_path):
+    """With several fresh-process runs of a point alone, the orders are compared with their median, and the report
+    states the spread of those runs (the noise floor) and where it alone exceeds the target."""
+    import sys
+
+    sys_path = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, sys_path)
+    try:
+        import order_independence as oi
+    finally:
+        sys.path.remove(sys_path)
+    runs = {"a": [1.0, 1.2, 0.9], "b": [2.0, 2.02, 1.98]}  # a: fresh processes 20% apart; b: within 1%
+    for name, values in runs.items():
+        for run, v in enumerate(values, 1):
+            oi.alone_file(tmp_path, "reference", name, run).write_text(json.dumps({"prefill": v}))
+    orders = {"forward": {"a": {"prefill": 1.03}, "b": {"prefill": 2.0}},
+              "reverse": {"a": {"prefill": 1.0}, "b": {"prefill": 2.04}}}
+    (tmp_path / "orders-reference.json").write_text(json.dumps({"environment": {"device": "test"}, "orders": orders,
+                                                                "wall_s": {"forward": 1.0, "reverse": 1.0}}))
+    assert oi.read_alone(tmp_path, "reference")["a"] == [{"prefill": 1.0}, {"prefill": 1.2}, {"prefill": 0.9}]
+    summary = oi.report(tmp_path, ["reference"])["modes"]["reference"]
+    assert summary["points"]["a"]["prefill"] == pytest.approx(0.03)  # against the median run, 1.0
+    assert summary["points"]["b"]["prefill"] == pytest.approx(0.02)
+    stage = summary["stages"]["prefill"]
+    assert stage["fresh_spread_max"] == pytest.approx(0.2) and stage["fresh_spread_median"] == pytest.approx(0.105)
+    assert stage["noise_above_target"] and summary["alone_runs"] == {"a": 3, "b": 3}
+
+
+def test_sweep_wall_time_benchmark_times_a_sweep_with_the_code_it_is_given(tmp_path):
+    """benchmarks/sweep_wall_time.py --quick --device cpu: a sweep of distinct points timed end to end with this
+    checkout's dsocr_core (an older checkout's is given with --code-root), every point finished."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import sweep_wall_time
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    points = sweep_wall_time.workloads(8, 2, quick=True)
+    assert len({(w.batch, w.text_tokens) for w in points}) == 8
+    with pytest.raises(SystemExit):
+        sweep_wall_time.workloads(9, 2, quick=True)
+    out = tmp_path / "sweep.json"
+    assert sweep_wall_time.main(["--quick", "--device", "cpu", "--points", "2", "--steps", "2", "--modes",
+                                 "reference", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["points"] == 2 and result["finished"] == 2 and result["wall_s"] > 0
+    assert result["dsocr_core"] == str(root / "dsocr_core")
