@@ -73,13 +73,26 @@ def test_the_checked_stages_are_every_familys():
 
 # ------------------------------------------------------------------------------------------------ sweeps
 def test_every_point_records_its_engine_state_and_the_first_point_is_measured_again(session, tmp_path, monkeypatch):
+    import gc
+
     store = RunStore(tmp_path / "runs.sqlite")
     measured, seen = [], []
     real = measure.measure_point
     monkeypatch.setattr(measure, "measure_point", lambda s, w, *a, **k: measured.append(w) or real(s, w, *a, **k))
+    collector = []
+    real_generation = measure.timed_generation
+
+    def watched(sess, inputs, steps, **kw):  # the collector's state during each generation
+        collector.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        return real_generation(sess, inputs, steps, **kw)
+
+    monkeypatch.setattr(measure, "timed_generation", watched)
     run_id = run_sweep(session, store, two_points(), repeats=2, progress=lambda *a: seen.append(a[3]))
     first, second = two_points()
     assert measured == [first, second, first] and seen == ["done", "done", "recheck"]
+    # 3 points x (1 warm-up, collector on; 2 repeats, collector off), all inside the sweep's frozen objects
+    assert collector == [(True, True), (False, True), (False, True)] * 3
+    assert gc.isenabled() and gc.get_freeze_count() == 0
     check = store.get_run(run_id)["meta"]["order_check"]
     assert check["workload"] == json.loads(measure.point_key(first))
     assert set(check["stages"]) == V1_CHECKED and "flagged" in check
@@ -153,7 +166,11 @@ def test_release_moves_the_state_epoch_so_warm_ups_run_again():
 
 
 # ------------------------------------------------------------------------------------------------ dataset runs
-def test_a_dataset_run_measures_its_first_page_again(tmp_path):
+def test_a_dataset_run_measures_its_first_page_again(tmp_path, monkeypatch):
+    import gc
+
+    from dsocr_core.measure import dataset_run
+
     pages = tmp_path / "pages"
     pages.mkdir()
     by_stem = {p.stem: p for p in sample_pages()}
@@ -164,10 +181,20 @@ def test_a_dataset_run_measures_its_first_page_again(tmp_path):
     ds = discover(pages)
     settings = ProfileSettings(mode="tiny", max_new_tokens=3)
     run_id = create_dataset_run(store, session, ds, settings, {"n": None, "epochs": 1})
-    seen = []
+    seen, collector = [], []
+    real = dataset_run.timed_generation
+
+    def watched(sess, inputs, steps, **kw):  # the collector's state during each generation (warm-up: 2 steps)
+        collector.append((steps, gc.isenabled(), gc.get_freeze_count() > 0))
+        return real(sess, inputs, steps, **kw)
+
+    monkeypatch.setattr(dataset_run, "timed_generation", watched)
     counts = run_dataset(session, store, run_id, sample(ds.pages, order="fixed"), settings,
                          progress=lambda i, n, s, status: seen.append((s.page.name, status)))
     assert counts["done"] == 2 and seen[-1] == ("card.png", "recheck")
+    timed = [c for c in collector if c[0] == 3]
+    assert len(timed) == 3 and all(not enabled and frozen for _, enabled, frozen in timed)  # pages timed as points
+    assert gc.isenabled() and gc.get_freeze_count() == 0
     check = store.get_run(run_id)["meta"]["order_check"]
     assert check["workload"]["page"] == "card.png" and "prefill" in check["stages"]
     assert run_summary(store, run_id)["order_check"].startswith("order check ")

@@ -37,6 +37,7 @@ and compared with its first measurement (measure/order_check.py); the result is 
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 from statistics import median
@@ -174,9 +175,12 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
         timed_generation(session, inputs, min(2, settings.max_new_tokens), **gen)
     warmed[shape] = engine.state_epoch  # after the warm-up: what it prepared holds until the epoch moves
     synchronize(session.device)
-    t1 = time.perf_counter()
-    run = timed_generation(session, inputs, settings.max_new_tokens, **gen)
-    generation_s = time.perf_counter() - t1
+    from .sweep import collector_paused
+
+    with collector_paused():  # as a sweep's points: no full collection falls into the timed page
+        t1 = time.perf_counter()
+        run = timed_generation(session, inputs, settings.max_new_tokens, **gen)
+        generation_s = time.perf_counter() - t1
     generated = trim_at_eos(run.tokens[0].tolist(), session.spec.eos_token_id)
     try:  # a failing FLOP pass (e.g. out of memory under the counter) must not throw away the timed page
         flops, flops_source = (flop_cache or FlopCache(session, "none")).counted(inputs, settings.logits)
@@ -267,7 +271,7 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
     the run goes on; an out-of-memory frees memory first. `should_stop` is polled between pages. With
     `order_check`, a run that was not stopped ends with its first page measured again (see the module
     docstring; progress reports it with status "recheck")."""
-    from .sweep import failure, free_memory
+    from .sweep import failure, free_memory, older_objects_frozen
 
     settings.validate()
     finished = store.finished_keys(run_id)
@@ -275,32 +279,34 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
     warmed: dict = {}
     counts = {"done": 0, "oom": 0, "error": 0, "skipped": 0, "stopped": 0}
     total = len(samples)
-    for i, sample in enumerate(samples, 1):
-        if should_stop is not None and should_stop():
-            counts["stopped"] = total - i + 1
-            break
-        if point_key(sample.key) in finished:
-            counts["skipped"] += 1
+    gc.collect()  # then what is alive now is left out of the run's collections (each page's, see sweep.py)
+    with older_objects_frozen():
+        for i, sample in enumerate(samples, 1):
+            if should_stop is not None and should_stop():
+                counts["stopped"] = total - i + 1
+                break
+            if point_key(sample.key) in finished:
+                counts["skipped"] += 1
+                if progress:
+                    progress(i, total, sample, "skipped")
+                continue
+            try:
+                with session.lock:
+                    result = measure_page(session, sample, settings, flop_cache, warmed)
+            except Exception as exc:  # one bad page must not end the run
+                status, message = failure(exc)
+                result = PageResult(status, message, extra={"page": sample.page.name, "pdf_page": sample.page.pdf_page,
+                                                            "epoch": sample.epoch, "label": sample.page.label,
+                                                            "source": str(sample.page.path), "failed": "generate"})
+            if result.status != "done":
+                free_memory(session.device)  # outside the except block, once the traceback has let go of the tensors
+            store.put_point(run_id, sample.key, result.status, result.message, result.stages or None, result.kv_bytes,
+                            result.resolved or None, result.extra)
+            counts[result.status] += 1
             if progress:
-                progress(i, total, sample, "skipped")
-            continue
-        try:
-            with session.lock:
-                result = measure_page(session, sample, settings, flop_cache, warmed)
-        except Exception as exc:  # one bad page must not end the run
-            status, message = failure(exc)
-            result = PageResult(status, message, extra={"page": sample.page.name, "pdf_page": sample.page.pdf_page,
-                                                        "epoch": sample.epoch, "label": sample.page.label,
-                                                        "source": str(sample.page.path), "failed": "generate"})
-        if result.status != "done":
-            free_memory(session.device)  # outside the except block, once the traceback has let go of the tensors
-        store.put_point(run_id, sample.key, result.status, result.message, result.stages or None, result.kv_bytes,
-                        result.resolved or None, result.extra)
-        counts[result.status] += 1
-        if progress:
-            progress(i, total, sample, result.status)
-    if order_check and not counts["stopped"]:
-        recheck_first_page(session, store, run_id, samples, settings, flop_cache, warmed, progress)
+                progress(i, total, sample, result.status)
+        if order_check and not counts["stopped"]:
+            recheck_first_page(session, store, run_id, samples, settings, flop_cache, warmed, progress)
     return counts
 
 
