@@ -3,7 +3,11 @@
 For every table entry (a kernel shape) the measured work time on the source GPU, t_S = roofline_S / efficiency,
 is moved to the target by what limits that kernel on the source:
 
-* memory-bound entries (bytes / bandwidth >= FLOPs / peak on the source): t_T = t_S x W_S / W_T;
+* memory-bound entries (bytes / bandwidth >= FLOPs / peak on the source): t_T = L + (t_S - L) x W_S / W_T, where
+  L is the table's fixed cost per kernel: its smallest measured entry's time beyond what that entry's bytes
+  take at the best bandwidth the table reached (0 for a one-entry table): launch latency, the first loads' round trip, the grid's ramp and tail do not shrink with a
+  wider memory bus, only the streaming does (without L, a 3 MB kernel that is latency-bound on both GPUs was
+  moved by the full bandwidth ratio);
 * compute-bound entries: t_T = t_S x rate_S(c) / rate_T(c), with rate(c) = peak x min(c, SMs) / SMs and c the
   kernel's thread blocks (128 x 128 output tiles of a GEMM, per expert for grouped GEMMs, 128-query tiles per
   head of attention): a kernel too small to fill the GPU runs on c SMs at the per-SM rate, so more SMs do not
@@ -71,6 +75,18 @@ def _blocks(name: str, c: dict, experts: float) -> np.ndarray:
     return np.full(np.shape(c["bh" if kind == "bias" else "bytes"]), np.inf)  # memory-bound: every SM busy
 
 
+def _fixed_cost(work_s: np.ndarray, nbytes: np.ndarray, measured: np.ndarray) -> float:
+    """A table's fixed cost per kernel: the time of its smallest measured entry beyond what its bytes take at the
+    best bandwidth any entry reached (0 for a table of one entry: nothing to tell the two parts apart)."""
+    keep = measured if np.any(measured) else np.ones_like(measured, dtype=bool)
+    t, b = work_s[keep], np.broadcast_to(nbytes, work_s.shape)[keep]
+    if t.size < 2 or not np.all(t > 0):
+        return 0.0
+    best = float(np.max(b / t))
+    smallest = int(np.argmin(b))
+    return max(float(t[smallest] - b[smallest] / best), 0.0)
+
+
 def derive_profile(source: Profile, target: Hardware | str, source_hardware: Hardware | str | None = None) -> Profile:
     """A profile for `target` (a preset or device name) from the measured `source` profile."""
     if source.derived:
@@ -100,7 +116,9 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
             ratio_c = (p_s * np.minimum(c, sm_s) / sm_s) / (p_t * np.minimum(c, sm_t) / sm_t)
         else:
             ratio_c = np.full(flops.shape, p_s / p_t)
-        work_t = work_s * np.where(compute_bound, ratio_c, w_s / w_t)
+        fixed = _fixed_cost(work_s, nbytes, t.measured)
+        streamed = fixed + np.maximum(work_s - fixed, 0.0) * (w_s / w_t)
+        work_t = np.where(compute_bound, work_s * ratio_c, streamed)
         eff = np.maximum(flops / p_t, nbytes / w_t) / work_t
         tables[name] = {"axes": {a: [float(v) for v in g] for a, g in axes.items()},
                         "efficiency": np.clip(eff, 1e-9, 1e3).tolist(), "measured": t.measured.tolist(),
@@ -122,7 +140,8 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
             "target": {"device": tgt.name, "peak_tflops": tgt.peak_tflops, "bandwidth_tbs": tgt.bandwidth_tbs,
                        "sm_count": sm_t, "source": tgt.source},
             "ratios": ratios,
-            "method": ("per kernel shape: memory-bound work time x source/target bandwidth; compute-bound work "
+            "method": ("per kernel shape: memory-bound work time above the table's fixed cost (its smallest "
+                       "entry's time beyond its bytes at the table's best bandwidth, kept) x source/target bandwidth; compute-bound work "
                        f"time x per-SM rate ratio at min(blocks, SMs) ({TILE}x{TILE} tiles), or the peak ratio "
                        "without SM counts; launch and host costs kept as measured on the source"),
         })
