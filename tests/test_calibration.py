@@ -256,6 +256,26 @@ def test_derived_profile_scales_by_datasheet_ratios_and_sms():
         derive_profile(der, "h200")
 
 
+def test_a_derived_memory_table_keeps_its_fixed_cost_per_kernel():
+    """Small memory kernels are latency-bound on both GPUs: the time of the table's smallest entry beyond its bytes
+    at the table's best bandwidth stays as measured, only the streaming part above it moves by the bandwidth
+    ratio (a one-entry table has no fixed cost to tell apart: it moves whole, as the test above checks)."""
+    d = _h200_profile(np.array([[[0.2]], [[0.7]]]))
+    small, large = 4096.0, 1e9
+    t_small, t_large = 5e-6, large / 4.0e12  # 5 us for 4 KB; 1 GB at 4.0 TB/s (the best bandwidth reached)
+    eff = [small / 4.8e12 / t_small, large / 4.8e12 / t_large]
+    d["tables"]["memory.copy"] = {"axes": {"bytes": [small, large]}, "efficiency": eff}
+    der = derive_profile(profile_from_dict(d, "h200.json"), "h100-sxm")
+    ratio = 4.8 / 3.35
+    fixed = t_small - small / 4.0e12
+    want_small, want_large = fixed + (t_small - fixed) * ratio, fixed + (t_large - fixed) * ratio
+    got = der.table("memory.copy").efficiency
+    assert got[0] == pytest.approx(small / 3.35e12 / want_small)  # about 5 us still, not 7.2 us
+    assert got[1] == pytest.approx(large / 3.35e12 / want_large)  # the large copy moves by the ratio
+    assert small / 3.35e12 / got[0] < t_small * 1.01
+    assert "fixed cost" in der.derivation["method"]
+
+
 def test_derived_label_travels_into_predictions_and_exports(tmp_path):
     from dsocr_core.analytic import Points, analyze, sweep_columns
     from dsocr_core.analytic.predict import with_profile
