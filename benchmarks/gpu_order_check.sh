@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine: the order-independence benchmark of one session mode within one call's time, resumable.
-# The three orders run once (skipped when their file exists), then each point alone in a fresh process until the
+# The three orders run once (skipped when their file exists; an orders phase cut short starts over next call), then each point alone in a fresh process until the
 # time is up (points already measured alone are skipped), then the report. Everything is packed into one file,
 # $OUT/order_independence_<mode>.tgz, and unpacked from it first when it exists, so a second call carrying the
 # archive goes on where the first stopped.
@@ -15,6 +15,7 @@ LIMIT_S=${LIMIT_S:-540}
 ALONE_RUNS=${ALONE_RUNS:-1}
 ARGS=${ARGS:-}  # passed to every run of the benchmark (e.g. --repeats 5)
 POINTS=${POINTS:-$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import order_independence as o; print(o.FULL_POINTS)")}
+if [ "$LIMIT_S" -lt 120 ]; then echo "LIMIT_S must be at least 120 (seconds for the whole call)"; exit 2; fi
 WORK=$(mktemp -d)/order_independence
 mkdir -p "$OUT" "$WORK"
 ARCHIVE="$OUT/order_independence_$MODE.tgz"
@@ -35,9 +36,12 @@ for run in $(seq 1 "$ALONE_RUNS"); do
     [ "$left" -lt 60 ] && { echo "time is up before $p (run $run): call again with the archive"; break 2; }
     t0=$SECONDS  # one fresh process measuring this point alone (what --phase alone runs per point)
     timeout "$left" "$PY" benchmarks/order_independence.py --phase one --modes "$MODE" --points "$p" \
-      --alone-run "$run" --out "$WORK" $ARGS 2>&1 | grep -E "Error"
-    echo "$MODE alone $p (run $run): $((SECONDS - t0)) s"
+      --alone-run "$run" --out "$WORK" $ARGS > "$WORK/last_alone.log" 2>&1
+    rc=$?
+    grep -E "Error" "$WORK/last_alone.log"
+    if [ -f "$f" ]; then echo "$MODE alone $p (run $run): $((SECONDS - t0)) s"
+    else echo "$MODE alone $p (run $run): no result (exit $rc)"; fi
   done
 done
+"$PY" benchmarks/order_independence.py --phase report --modes "$MODE" --out "$WORK"  # writes summary.json too
 tar czf "$ARCHIVE" -C "$(dirname "$WORK")" order_independence
-"$PY" benchmarks/order_independence.py --phase report --modes "$MODE" --out "$WORK" | tail -16

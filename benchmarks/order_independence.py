@@ -208,15 +208,18 @@ def report(out_dir: Path, modes: list[str]) -> dict:
                                                 for s in STAGES))
         spread = fresh_spread(alone_runs)
         if spread:
-            runs = min(len(r) for r in alone_runs.values())
+            runs = min(len(alone_runs[n]) for n in spread)
             print(f"{'fresh spread':<16}" + "".join(
-                f"{max(row[s] for row in spread.values() if s in row):>11.1%} " if s in stages else f"{'-':>12}"
-                for s in STAGES) + f"  (max over points: a fresh process against the median of {runs}+ runs)")
+                f"{max(row[s] for row in spread.values() if s in row):>11.1%} "
+                if any(s in row for row in spread.values()) else f"{'-':>12}"
+                for s in STAGES) + f"  (max over points: a fresh process against the median of its runs, "
+                f"{runs} or more)")
             for s, v in stages.items():
                 floor = [row[s] for row in spread.values() if s in row]
-                v["fresh_spread_median"], v["fresh_spread_max"] = statistics.median(floor), max(floor)
-                v["noise_above_target"] = v["fresh_spread_max"] > TARGET_MAX
-            noisy = [s for s, v in stages.items() if v["noise_above_target"]]
+                if floor:  # a stage none of the repeated points has stays without a floor
+                    v["fresh_spread_median"], v["fresh_spread_max"] = statistics.median(floor), max(floor)
+                    v["noise_above_target"] = v["fresh_spread_max"] > TARGET_MAX
+            noisy = [s for s, v in stages.items() if v.get("noise_above_target")]
             if noisy:
                 print(f"noise floor above the {TARGET_MAX:.0%} max in: {', '.join(noisy)} (fresh processes of the same "
                       "point differ by more than the target: no order can meet it there)")

@@ -274,6 +274,12 @@ def test_a_derived_memory_table_keeps_its_fixed_cost_per_kernel():
     assert got[1] == pytest.approx(large / 3.35e12 / want_large)  # the large copy moves by the ratio
     assert small / 3.35e12 / got[0] < t_small * 1.01
     assert "fixed cost" in der.derivation["method"]
+    # an entry faster than the fixed cost (here a 64 KB copy in 3 us) keeps its time: never slower on a faster GPU
+    mid, t_mid = 65536.0, 3e-6
+    d["tables"]["memory.copy"] = {"axes": {"bytes": [small, mid, large]},
+                                  "efficiency": [eff[0], mid / 4.8e12 / t_mid, eff[1]]}
+    der = derive_profile(profile_from_dict(d, "h200.json"), "h100-sxm")
+    assert mid / 3.35e12 / der.table("memory.copy").efficiency[1] == pytest.approx(t_mid)
 
 
 def test_derived_label_travels_into_predictions_and_exports(tmp_path):

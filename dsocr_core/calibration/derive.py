@@ -75,10 +75,10 @@ def _blocks(name: str, c: dict, experts: float) -> np.ndarray:
     return np.full(np.shape(c["bh" if kind == "bias" else "bytes"]), np.inf)  # memory-bound: every SM busy
 
 
-def _fixed_cost(work_s: np.ndarray, nbytes: np.ndarray, measured: np.ndarray) -> float:
-    """A table's fixed cost per kernel: the time of its smallest measured entry beyond what its bytes take at the
-    best bandwidth any entry reached (0 for a table of one entry: nothing to tell the two parts apart)."""
-    keep = measured if np.any(measured) else np.ones_like(measured, dtype=bool)
+def _fixed_cost(work_s: np.ndarray, nbytes: np.ndarray, keep: np.ndarray) -> float:
+    """A table's fixed cost per kernel: the time of its smallest entry among `keep` (the measured memory-bound
+    ones) beyond what its bytes take at the best bandwidth any of them reached (0 for fewer than two entries:
+    nothing to tell the two parts apart)."""
     t, b = work_s[keep], np.broadcast_to(nbytes, work_s.shape)[keep]
     if t.size < 2 or not np.all(t > 0):
         return 0.0
@@ -116,8 +116,9 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
             ratio_c = (p_s * np.minimum(c, sm_s) / sm_s) / (p_t * np.minimum(c, sm_t) / sm_t)
         else:
             ratio_c = np.full(flops.shape, p_s / p_t)
-        fixed = _fixed_cost(work_s, nbytes, t.measured)
-        streamed = fixed + np.maximum(work_s - fixed, 0.0) * (w_s / w_t)
+        fixed = _fixed_cost(work_s, nbytes, t.measured & ~compute_bound)
+        # an entry faster than the fixed cost keeps its own time: nothing of it is streaming to speed up
+        streamed = np.minimum(work_s, fixed) + np.maximum(work_s - fixed, 0.0) * (w_s / w_t)
         work_t = np.where(compute_bound, work_s * ratio_c, streamed)
         eff = np.maximum(flops / p_t, nbytes / w_t) / work_t
         tables[name] = {"axes": {a: [float(v) for v in g] for a, g in axes.items()},

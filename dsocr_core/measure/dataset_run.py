@@ -279,6 +279,7 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
     warmed: dict = {}
     counts = {"done": 0, "oom": 0, "error": 0, "skipped": 0, "stopped": 0}
     total = len(samples)
+    session.engine.release()  # what an earlier run kept goes now, not frozen with the rest
     gc.collect()  # then what is alive now is left out of the run's collections (each page's, see sweep.py)
     with older_objects_frozen():
         for i, sample in enumerate(samples, 1):

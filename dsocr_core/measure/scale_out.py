@@ -22,6 +22,8 @@ Ray is imported here only, and only when a pool is started: without --workers / 
 """
 from __future__ import annotations
 
+import gc
+
 import os
 import re
 import socket
@@ -165,7 +167,7 @@ class Worker:
 
     def _page(self, item: WorkItem) -> dict:
         from .dataset_run import FlopCache, PageResult, measure_page
-        from .sweep import failure, free_memory
+        from .sweep import failure, free_memory, older_objects_frozen
 
         session, sample, settings = self.session, item.payload, item.params
         if self._page_state is None or self._page_state[0] != settings:
@@ -173,7 +175,9 @@ class Worker:
         _, flop_cache, warmed = self._page_state
         try:
             with session.lock:
-                result = measure_page(session, sample, settings, flop_cache, warmed)
+                gc.collect()  # one full collection per page; the page's own two (collector_paused) then stay cheap
+                with older_objects_frozen():
+                    result = measure_page(session, sample, settings, flop_cache, warmed)
         except Exception as exc:  # noqa: BLE001 - one bad page must not end the run
             status, message = failure(exc)
             result = PageResult(status, message, extra={"page": sample.page.name, "pdf_page": sample.page.pdf_page,

@@ -104,8 +104,10 @@ def older_objects_frozen():
     """The objects alive now (the model's modules, torch's and transformers' own: hundreds of thousands) are kept
     out of the collector's scans until the block ends (gc.freeze), so a collection inside it scans only what the
     block allocated: collector_paused's two collections cost milliseconds instead of a scan of the whole process
-    (0.1 s and more each, per point, on a long sweep). What the block leaves behind is collected after it as
-    before; garbage that existed before the block should be collected before it (free_memory)."""
+    (0.1 s and more each, per point, on a long sweep). Garbage that existed before the block should be collected
+    before it (free_memory); after it the objects go back to the oldest generation, for the collector's next full
+    run. Freezing and the collector's switch are process-wide: callers hold the session's lock, so no other thread
+    measures meanwhile (the dashboard's job threads do)."""
     if gc.get_freeze_count():  # already inside one: unfreezing here would release the outer block's objects
         yield
         return
@@ -180,6 +182,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
     done = store.finished_keys(run_id)
     total = len(workloads)
     stopped = False
+    session.engine.release()  # what an earlier run kept goes now, not frozen with the rest
     gc.collect()  # then every object alive now is left out of the sweep's collections (free_memory's, per point)
     with older_objects_frozen():
         for i, workload in enumerate(workloads, 1):
