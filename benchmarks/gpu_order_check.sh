@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: the order-independence benchmark of one session mode within one call's time, resumable.
-# The three orders run once (skipped when their file exists; an orders phase cut short starts over next call), then each point alone in a fresh process until the
-# time is up (points already measured alone are skipped), then the report. Everything is packed into one file,
+# The three orders run once (skipped when their file exists; an orders phase cut short starts over next
+# call), then each point alone in a fresh process until the time is up (points already measured alone are
+# skipped), then the report. Everything is packed into one file,
 # $OUT/order_independence_<mode>.tgz, and unpacked from it first when it exists, so a second call carrying the
 # archive goes on where the first stopped.
 #   MODE=fast LIMIT_S=540 bash benchmarks/gpu_order_check.sh        # about 9 min on an H100 for the 10 points
@@ -14,7 +15,8 @@ MODE=${MODE:-fast}
 LIMIT_S=${LIMIT_S:-540}
 ALONE_RUNS=${ALONE_RUNS:-1}
 ARGS=${ARGS:-}  # passed to every run of the benchmark (e.g. --repeats 5)
-POINTS=${POINTS:-$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import order_independence as o; print(o.FULL_POINTS)")}
+DEFAULT_POINTS='import sys; sys.path.insert(0, "benchmarks"); import order_independence as o; print(o.FULL_POINTS)'
+POINTS=${POINTS:-$("$PY" -c "$DEFAULT_POINTS")}
 if [ "$LIMIT_S" -lt 120 ]; then echo "LIMIT_S must be at least 120 (seconds for the whole call)"; exit 2; fi
 WORK=$(mktemp -d)/order_independence
 mkdir -p "$OUT" "$WORK"

@@ -5,9 +5,10 @@ is moved to the target by what limits that kernel on the source:
 
 * memory-bound entries (bytes / bandwidth >= FLOPs / peak on the source): t_T = L + (t_S - L) x W_S / W_T, where
   L is the table's fixed cost per kernel: its smallest measured entry's time beyond what that entry's bytes
-  take at the best bandwidth the table reached (0 for a one-entry table): launch latency, the first loads' round trip, the grid's ramp and tail do not shrink with a
-  wider memory bus, only the streaming does (without L, a 3 MB kernel that is latency-bound on both GPUs was
-  moved by the full bandwidth ratio);
+  take at the best bandwidth the table reached (0 for a one-entry table). Launch latency, the first loads' round
+  trip, the grid's ramp and tail do not shrink with a wider memory bus, only the streaming does (without L, a
+  3 MB kernel that is latency-bound on both GPUs was moved by the full bandwidth ratio); an entry faster than L
+  keeps its time;
 * compute-bound entries: t_T = t_S x rate_S(c) / rate_T(c), with rate(c) = peak x min(c, SMs) / SMs and c the
   kernel's thread blocks (128 x 128 output tiles of a GEMM, per expert for grouped GEMMs, 128-query tiles per
   head of attention): a kernel too small to fill the GPU runs on c SMs at the per-SM rate, so more SMs do not
@@ -142,7 +143,8 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
                        "sm_count": sm_t, "source": tgt.source},
             "ratios": ratios,
             "method": ("per kernel shape: memory-bound work time above the table's fixed cost (its smallest "
-                       "entry's time beyond its bytes at the table's best bandwidth, kept) x source/target bandwidth; compute-bound work "
+                       "entry's time beyond its bytes at the table's best bandwidth, kept) x source/target "
+                       "bandwidth; compute-bound work "
                        f"time x per-SM rate ratio at min(blocks, SMs) ({TILE}x{TILE} tiles), or the peak ratio "
                        "without SM counts; launch and host costs kept as measured on the source"),
         })

@@ -3,7 +3,8 @@
 
 Tables (profile.py names them): GEMM efficiency by M, N, K per dtype; memory-bound kernels by bytes moved (copy,
 elementwise add, LayerNorm, GEMV); SAM's dense bias (its broadcast sum and strided copy) by attended squares x
-side; attention by implementation (sdpa with the LM's backends, sdpa with a dense additive mask as SAM runs it, the reference's eager softmax attention, flash) over heads x query x key x head dim,
+side; attention by implementation (sdpa with the LM's backends, sdpa with a dense additive mask as SAM runs it,
+the reference's eager softmax attention, flash) over heads x query x key x head dim,
 and causal over heads x length x head dim; grouped expert GEMMs (torch._grouped_mm, or bmm where it cannot run)
 by tokens per expert x N x K; and the per-launch costs: an empty kernel inside a CUDA graph, an eager launch
 queued behind a busy GPU, the host time of one eager op, a host synchronisation, a graph replay's host time.

@@ -37,7 +37,6 @@ and compared with its first measurement (measure/order_check.py); the result is 
 """
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import asdict, dataclass, field
 from statistics import median
@@ -280,8 +279,7 @@ def run_dataset(session: Session, store: RunStore, run_id: str, samples: Sequenc
     counts = {"done": 0, "oom": 0, "error": 0, "skipped": 0, "stopped": 0}
     total = len(samples)
     session.engine.release()  # what an earlier run kept goes now, not frozen with the rest
-    gc.collect()  # then what is alive now is left out of the run's collections (each page's, see sweep.py)
-    with older_objects_frozen():
+    with older_objects_frozen():  # each page's collections then scan only what the run allocated (sweep.py)
         for i, sample in enumerate(samples, 1):
             if should_stop is not None and should_stop():
                 counts["stopped"] = total - i + 1

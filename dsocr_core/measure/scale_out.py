@@ -22,8 +22,6 @@ Ray is imported here only, and only when a pool is started: without --workers / 
 """
 from __future__ import annotations
 
-import gc
-
 import os
 import re
 import socket
@@ -175,8 +173,7 @@ class Worker:
         _, flop_cache, warmed = self._page_state
         try:
             with session.lock:
-                gc.collect()  # one full collection per page; the page's own two (collector_paused) then stay cheap
-                with older_objects_frozen():
+                with older_objects_frozen():  # one full collection per page; the page's own then stay cheap
                     result = measure_page(session, sample, settings, flop_cache, warmed)
         except Exception as exc:  # noqa: BLE001 - one bad page must not end the run
             status, message = failure(exc)

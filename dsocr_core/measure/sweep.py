@@ -101,16 +101,17 @@ def collector_paused():
 
 @contextmanager
 def older_objects_frozen():
-    """The objects alive now (the model's modules, torch's and transformers' own: hundreds of thousands) are kept
-    out of the collector's scans until the block ends (gc.freeze), so a collection inside it scans only what the
-    block allocated: collector_paused's two collections cost milliseconds instead of a scan of the whole process
-    (0.1 s and more each, per point, on a long sweep). Garbage that existed before the block should be collected
-    before it (free_memory); after it the objects go back to the oldest generation, for the collector's next full
-    run. Freezing and the collector's switch are process-wide: callers hold the session's lock, so no other thread
-    measures meanwhile (the dashboard's job threads do)."""
-    if gc.get_freeze_count():  # already inside one: unfreezing here would release the outer block's objects
+    """The garbage collected, then the objects alive (the model's modules, torch's and transformers' own: hundreds
+    of thousands) kept out of the collector's scans until the block ends (gc.freeze), so a collection inside it
+    scans only what the block allocated: collector_paused's two collections and free_memory's cost milliseconds
+    instead of a scan of the whole process (0.1 s and more each, per point, on a long sweep). After the block the
+    objects go back to the oldest generation, for the collector's next full run. Inside another such block it
+    does nothing (the outer block's objects stay frozen). Freezing and the collector's switch are process-wide:
+    callers hold the session's lock, so no other thread measures meanwhile (the dashboard's job threads do)."""
+    if gc.get_freeze_count():
         yield
         return
+    gc.collect()
     gc.freeze()
     try:
         yield
@@ -133,8 +134,8 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
     session.engine.release()  # start from the state a fresh process has (see the module docstring)
-    free_memory(session.device)
     with older_objects_frozen():
+        free_memory(session.device)
         inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
         run = dict(no_repeat_ngram_size=0, logits=workload.logits, stop_at_eos=False, memory="none")
         for _ in range(warmup):  # compiles and graph captures leave garbage: collected before the timed runs
@@ -183,8 +184,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
     total = len(workloads)
     stopped = False
     session.engine.release()  # what an earlier run kept goes now, not frozen with the rest
-    gc.collect()  # then every object alive now is left out of the sweep's collections (free_memory's, per point)
-    with older_objects_frozen():
+    with older_objects_frozen():  # every point's collections then scan only what the sweep allocated
         for i, workload in enumerate(workloads, 1):
             if should_stop is not None and should_stop():
                 stopped = True
