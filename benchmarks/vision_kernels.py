@@ -1,0 +1,146 @@
+"""Where the fast engine's vision time goes, kernel by kernel, as the page grows: CLIP and the projector of
+several pages (Gundam tile grids, native modes, batches), each stage timed in its CUDA graph (the engine's
+default, medians over repeats) and once more with graphs off under torch.profiler, its kernels listed with their
+device time per prefill, beside the time model's prediction of the stage from a calibration profile.
+
+Why: the measured CLIP of Gundam pages is a step function of the tile count (on an H100, 4 tiles 2.03 ms, 5 tiles
+1.89 ms, 7-9 tiles 2.31-2.34 ms) while the prediction grows smoothly; the projector grows by more per tile than
+the plan has. The kernel lists show which kernels make the steps.
+
+    python benchmarks/vision_kernels.py --profile data/profiles/h100.json --out out/vision_kernels.json
+    python benchmarks/vision_kernels.py --device cpu --quick --out /tmp/vk.json     # smoke test (tiny model)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+STAGES = ("clip", "projector")
+DEFAULT_POINTS = "gundam:1x1,gundam:2x2,gundam:5x1,gundam:3x2,gundam:3x3,small:1x1:b8,base:1x1"
+
+
+def parse_point(text: str) -> dict:
+    """mode:WxH[:bN] -> {mode, grid, batch}."""
+    parts = text.split(":")
+    try:
+        w, h = (int(v) for v in parts[1].lower().split("x")) if len(parts) > 1 else (1, 1)
+        batch = int(parts[2][1:]) if len(parts) > 2 and parts[2].startswith("b") else 1
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"a point is mode:WxH[:bN] (e.g. gundam:3x2:b4), got {text!r}") from None
+    return {"mode": parts[0], "grid": (w, h), "batch": batch}
+
+
+def stage_medians(session, inputs, repeats: int) -> dict[str, float]:
+    """Median seconds of each vision stage over `repeats` prefills (the timer's CUDA events)."""
+    from dsocr_core.runtime.timing import StageTimer
+
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        timer = StageTimer(session.device)
+        session.prefill(inputs, timer=timer)
+        for name, s in timer.finish():
+            times.setdefault(name, []).append(s)
+    return {k: statistics.median(v) for k, v in times.items() if k in STAGES}
+
+
+def stage_kernels(session, inputs, passes: int) -> dict[str, list[dict]]:
+    """Per stage, the kernels of `passes` prefills under torch.profiler: name, launches and device us per
+    prefill, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dsocr_core.measure.operators import ProfiledStageTimer, group_events
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(passes):
+            session.prefill(inputs, timer=ProfiledStageTimer(session.device))
+        if session.device.type == "cuda":
+            torch.cuda.synchronize(session.device)
+    ops, _ = group_events(prof.events())
+    dev = "cuda" if session.device.type == "cuda" else "cpu"
+    out = {}
+    for stage in STAGES:
+        rows = ops[(ops.stage == stage) & (ops.device == dev)].sort_values("self_us", ascending=False)
+        out[stage] = [{"kernel": r.operator, "launches": r.calls / passes, "us": r.self_us / passes}
+                      for r in rows.itertuples()]
+    return out
+
+
+def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: str) -> dict[str, float] | None:
+    if not profile_path:
+        return None
+    from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.calibration.profile import load_profile
+    from dsocr_core.registry import get_family
+    from dsocr_core.results.prediction_check import predicted_stages
+    from dsocr_core.spec import Workload
+
+    prof = load_profile(profile_path)
+    spec = get_family(None).presets[spec_preset]()
+    w = Workload(mode=point["mode"], crops=point["grid"] if point["mode"].startswith("gundam") else None,
+                 batch=point["batch"], text_tokens=10, decode_steps=1, logits="last", dtype=dtype)
+    hw = with_profile(profile_hardware(prof), prof, "fast")
+    return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in STAGES}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", default=DEFAULT_POINTS, help="comma list of mode:WxH[:bN] (default %(default)s)")
+    ap.add_argument("--profile", help="calibration profile for the predicted column")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed prefills per point (graphs on)")
+    ap.add_argument("--top", type=int, default=8, help="kernels printed per stage")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+
+    from dsocr_core.measure.environment import capture_environment
+    from dsocr_core.runtime.inputs import synthetic_inputs
+    from dsocr_core.runtime.session import Session
+
+    points = [parse_point(p) for p in args.points.split(",") if p]
+    preset = "tiny" if args.quick else "full"
+    dtype = "float32" if args.quick else "bfloat16"
+    base = Session.load(synthetic=preset, device=args.device, dtype=dtype)
+    graphed, eager = base.with_mode("fast"), base.with_mode("fast", graphs=False)
+    result = {"benchmark": "vision_kernels", "environment": capture_environment(args.device),
+              "weights": "synthetic " + preset, "dtype": dtype, "profile": args.profile, "points": []}
+    for p in points:
+        inputs = synthetic_inputs(p["mode"], p["grid"], text_tokens=10, batch=p["batch"], seed=1,
+                                  dtype=base.torch_dtype, device=base.device)
+        for s in (graphed, eager):  # warm-up: compile, capture
+            for _ in range(2):
+                s.prefill(inputs)
+        row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats),
+               "kernels": stage_kernels(eager, inputs, 3), "predicted_s": predicted(args.profile, p, preset, dtype)}
+        result["points"].append(row)
+        label = f"{p['mode']} {p['grid'][0]}x{p['grid'][1]} b{p['batch']}"
+        for stage in STAGES:
+            ks = row["kernels"][stage]
+            pred = row["predicted_s"][stage] * 1e3 if row["predicted_s"] else float("nan")
+            print(f"== {label} {stage}: graphed {row['measured_s'][stage] * 1e3:.3f} ms, kernels "
+                  f"{sum(k['us'] for k in ks) / 1e3:.3f} ms ({sum(k['launches'] for k in ks):.0f} launches), "
+                  f"predicted {pred:.3f} ms", flush=True)
+            for k in ks[:args.top]:
+                print(f"   {k['us']:9.1f} us x{k['launches']:<4.0f} {k['kernel'][:110]}")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+    print("\npoint                 " + "  ".join(f"{s + ' meas/pred ms':>24s}" for s in STAGES))
+    for r in result["points"]:
+        cells = []
+        for s in STAGES:
+            pr = r["predicted_s"][s] * 1e3 if r["predicted_s"] else float("nan")
+            cells.append(f"{r['measured_s'][s] * 1e3:11.3f} / {pr:9.3f}")
+        print(f"{r['mode']:7s} {r['grid'][0]}x{r['grid'][1]} b{r['batch']:<3d}      " + "  ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
