@@ -41,15 +41,44 @@ from dsocr_core.results.prediction_check import relative_errors, summarize  # no
 TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
 
 
-GROUPS = ("grids", "native", "text", "batch", "confirm")
+GROUPS = ("grids", "native", "text", "batch", "confirm", "random")
 DEFAULT_GROUPS = GROUPS[:4]
 # "confirm": points none of the other groups has (other grids, text lengths, batches and step counts), measured
 # once after the model was frozen (docs/accuracy.md), so a change made while looking at the first four groups'
-# errors is checked on points it never saw
+# errors is checked on points it never saw; "random": --random-points points drawn with --seed from the whole
+# workload space (a new seed: points nobody has measured)
+
+
+def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, model: str = DEFAULT_MODEL):
+    """`n` distinct points drawn from the workload space the targets name: the family's modes (a tiling mode with
+    any vendor grid or the untiled page), batch 1-64 and text 10-3,300 tokens, both log-uniform."""
+    from dsocr_core.measure.sweep import vendor_grids
+    from dsocr_core.results.store import point_key
+    from dsocr_core.spec import Workload
+
+    fam = get_family(model)
+    rng = np.random.default_rng(seed)
+    modes = list(fam.modes)
+    out, seen = [], set()
+    for _ in range(1000 * n):
+        if len(out) == n:
+            break
+        mode = modes[rng.integers(len(modes))]
+        info = fam.modes[mode]
+        grids = [(1, 1)] + vendor_grids(*info.crop_range) if info.crop_mode else [None]
+        crops = grids[rng.integers(len(grids))]
+        batch = int(round(float(np.exp(rng.uniform(0.0, np.log(64.0))))))
+        text = int(round(float(np.exp(rng.uniform(np.log(10.0), np.log(3300.0))))))
+        w = Workload(mode=mode, crops=crops, batch=batch, text_tokens=text, decode_steps=steps, dtype=dtype,
+                     logits=logits)
+        if point_key(w) not in seen:
+            seen.add(point_key(w))
+            out.append(w)
+    return out
 
 
 def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups: tuple[str, ...] = DEFAULT_GROUPS,
-                       model: str = DEFAULT_MODEL):
+                       model: str = DEFAULT_MODEL, random_points: int = 12, seed: int = 0):
     from dsocr_core.measure.sweep import sweep_workloads, vendor_grids
     from dsocr_core.results.store import point_key
 
@@ -66,7 +95,7 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
             "confirm": [sweep_workloads(modes=(tiled,), grids=((1, 3), (3, 2)), text_tokens=(100, 1000), **common)],
         }
         chosen = ([sweep_workloads(modes=(tiled,), grids=((1, 1),), text_tokens=(10,), **common)] if quick
-                  else [g for name in groups for g in every[name]])
+                  else [g for name in groups if name != "random" for g in every[name]])
     elif quick:
         chosen = [sweep_workloads(modes=("tiny", "small"), text_tokens=(10,), batches=(1,), **common)]
     else:
@@ -81,7 +110,9 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
                                         **common),
                         sweep_workloads(modes=("small", "large"), batches=(2, 8, 32), **common)],
         }
-        chosen = [g for name in groups for g in every[name]]
+        chosen = [g for name in groups if name != "random" for g in every[name]]
+    if "random" in groups and not quick:
+        chosen.append(random_workloads(random_points, seed, steps, dtype, logits, model))
     out, seen = [], set()
     for w in (w for g in chosen for w in g):
         if point_key(w) not in seen:
@@ -180,7 +211,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="point groups (default the first four): grids (vendor tile grids + untiled page), native "
                          "(the four native modes), text (500/2000/3300 text tokens on a 2x2 page), batch (4/16/64 "
                          "pages), confirm (other grids, text lengths and batches: checked once the model is frozen; "
-                         "use it with another --decode-steps, e.g. 48)")
+                         "use it with another --decode-steps, e.g. 48), random (--random-points points drawn "
+                         "with --seed from the whole workload space)")
+    ap.add_argument("--random-points", type=int, default=12, help="points of the random group (default 12)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random group's points (default 0)")
     ap.add_argument("--model", choices=list(FAMILIES), default=DEFAULT_MODEL, help="model family (default %(default)s)")
     ap.add_argument("--synthetic", help="weights preset: full (default) or tiny (default with --quick)")
     ap.add_argument("--dtype", help="bfloat16 (default) or float32 (default with --quick on a CPU)")
@@ -236,7 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         ap.error(f"unknown --groups {unknown}; choose from {', '.join(GROUPS)}")
-    workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model)
+    workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model, args.random_points,
+                                   args.seed)
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")
     if args.predict_only and not (args.store and Path(args.store).exists()):
         ap.error("--predict-only needs --store with the measured runs")

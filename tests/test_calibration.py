@@ -12,7 +12,7 @@ import pytest
 
 from dsocr_core.calibration.derive import derive_profile
 from dsocr_core.calibration.microbench import _fill, run_microbench
-from dsocr_core.calibration.profile import (FORMAT_VERSION, ProfileError, Table, entry_work, load_profile,
+from dsocr_core.calibration.profile import (FORMAT_VERSION, ProfileError, Table, add_tables, entry_work, load_profile,
                                             profile_from_dict, uniform_profile)
 from dsocr_core.cli import main
 from dsocr_core.hardware import get_hardware
@@ -213,6 +213,22 @@ def test_stopped_calibration_fills_from_measured_neighbours():
     assert cal["stopped"] and not cal["complete"] and cal["skipped"]["budget"] == 9
 
 
+def test_tables_added_to_a_profile_keep_its_ceilings_and_say_so(tmp_path):
+    base = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16", "memory.copy"])
+    added = run_microbench("cpu", quick=True, budget_s=30, tables=["memory.transposed_cat"], add_to=base)
+    assert set(added.tables) == {"gemm.bfloat16", "memory.copy", "memory.transposed_cat"}
+    assert added.raw["ceilings"] == base.raw["ceilings"] and added.launch == base.launch
+    np.testing.assert_array_equal(added.table("gemm.bfloat16").efficiency, base.table("gemm.bfloat16").efficiency)
+    t = added.table("memory.transposed_cat")
+    assert t.measured.all() and np.all(t.efficiency > 0)
+    assert any(n.startswith("memory.transposed_cat added on ") for n in added.raw["calibration"]["notes"])
+    assert added.label().startswith(base.label() + " (+ memory.transposed_cat measured 20")
+    assert load_profile(added.save(tmp_path / "p.json")).table("memory.transposed_cat") is not None
+    other = dict(base.device, name="NVIDIA H100 80GB HBM3")
+    with pytest.raises(ProfileError, match="cannot go into a profile of a CPU"):
+        add_tables(base, {}, other, {}, {}, "2026-11-26T00:00:00+00:00")
+
+
 def test_nothing_measured_is_an_error():
     with pytest.raises(RuntimeError, match="no GEMM shape"):
         run_microbench("cpu", quick=True, budget_s=1e-9, tables=["gemm.bfloat16"])
@@ -388,6 +404,28 @@ def test_prediction_accuracy_quick_cpu_for_deepseek_ocr2(quick_profile_path, tmp
     assert {"sam", "encoder", "projector", "prefill", "decode", "ttft", "tpot"} <= set(summary)
     assert "clip" not in summary and res["settings"]["model"] == "deepseek-ocr2"
     assert all(math.isfinite(s["max_abs"]) for s in summary.values())
+
+
+@pytest.mark.parametrize("model", ["deepseek-ocr", "deepseek-ocr2"])
+def test_the_random_group_draws_distinct_points_across_the_workload_space(model):
+    spec = importlib.util.spec_from_file_location("prediction_accuracy", ROOT / "benchmarks" / "prediction_accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from dsocr_core.registry import get_family
+    from dsocr_core.results.store import point_key
+
+    points = mod.random_workloads(40, 7, 32, "bfloat16", "last", model)
+    assert len({point_key(w) for w in points}) == 40
+    assert [point_key(w) for w in points] == [point_key(w) for w in mod.random_workloads(40, 7, 32, "bfloat16",
+                                                                                           "last", model)]
+    assert [point_key(w) for w in points] != [point_key(w) for w in mod.random_workloads(40, 8, 32, "bfloat16",
+                                                                                           "last", model)]
+    assert all(1 <= w.batch <= 64 and 10 <= w.text_tokens <= 3300 and w.decode_steps == 32 for w in points)
+    assert {w.mode for w in points} <= set(get_family(model).modes)
+    tiled = [w for w in points if get_family(model).modes[w.mode].crop_mode]
+    assert tiled and all(w.crops[0] * w.crops[1] <= get_family(model).modes[w.mode].crop_range[1] for w in tiled)
+    chosen = mod.held_out_workloads(False, 32, "bfloat16", "last", ("random",), model, 5, 7)
+    assert [point_key(w) for w in chosen] == [point_key(w) for w in points[:5]]
 
 
 def test_dense_bias_ops_run_what_sam_runs_and_are_calibrated():

@@ -234,9 +234,16 @@ def common_vision(c: Call) -> Plan | None:
         return whole("gemm", dict(m=v * o * o, n=s.sam_downsample[which], k=9 * c_in), c, calls)
     if kind == "projector":  # both families: one Linear per feature (v1: CLIP+SAM concatenated, v2: queries)
         f, h, din, dt = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim, c.dt
-        return Plan([Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
-                            v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)],
-                    rest_launches=calls * 2)  # SAM features flattened, concatenation
+        linear = Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
+                        v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)
+        if not hasattr(s, "clip_width"):
+            return Plan([linear], rest_launches=calls * 2)
+        # DeepSeek-OCR: one cat of CLIP's features (CLS dropped: a view) and SAM's map flattened and transposed
+        # (a view whose channel runs are strided by the map's size, so the cat's reads of it are uncoalesced):
+        # priced on its own table, read both halves and write the concatenation
+        nbytes = v * 2 * f * din * dt
+        cat = Kernel("memory.transposed_cat", dict(bytes=nbytes / np.maximum(calls, 1.0)), 0.0, nbytes, calls)
+        return Plan([linear, cat], rest_launches=0.0)
     return None
 
 
@@ -266,8 +273,12 @@ def clip_mlp(c: Call, elementwise: float) -> Plan:
 
 
 def layout(c: Call) -> Plan:
-    """Per image: grids reshaped, newline columns, concatenations (a Python loop in every engine)."""
-    return Plan(rest_launches=8 * c.images)
+    """Per image (model/deepseek_ocr.py layout_image, a Python loop in every engine): the global grid with its
+    newline column (cat) and the final cat; a tiled image also stitches its tiles (a copy) and adds their newline
+    column (cat). DeepSeek-OCR 2 (no newlines) keeps an estimate of 8 per image."""
+    if not c.ctx.get("newlines", False):
+        return Plan(rest_launches=8 * c.images)
+    return Plan(rest_launches=2 * c.images + 2 * c.tiled)
 
 
 # ------------------------------------------------------------------------------------------------------ LM

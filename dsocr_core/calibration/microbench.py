@@ -28,8 +28,8 @@ from typing import Callable
 import numpy as np
 
 from .ops import FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, Settings, input_bytes, kernel_count, launch_costs, measure_entry
-from .profile import (BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, build_profile, entry_work,
-                      table_kind)
+from .profile import (BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, add_tables, build_profile,
+                      entry_work, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 
@@ -41,7 +41,8 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         att = {"bh": [1, 4], "q": [1, 64], "k": [16, 64], "d": [16, 64]}
         causal = {"bh": [1, 4], "s": [16, 64], "d": [32]}
         out = {"gemm.bfloat16": g, "gemm.float32": g}
-        out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]} for k in ("copy", "elementwise", "norm", "gemv")}
+        out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]}
+                for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat")}
         out |= {f"bias.{k}": {"bh": [12, 48], "side": [4, 14]} for k in BIAS_KINDS}
         for impl in ("sdpa", "eager"):  # no flash table: predictions fall back to sdpa, and say so
             out[f"attention.{impl}"] = att
@@ -57,7 +58,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
     causal = {"bh": [1, 8, 64, 512], "s": [16, 256, 1024, 4096, 8192], "d": [64, 128, 256]}
     out = {"gemm.bfloat16": gemm}
     out |= {f"memory.{k}": {"bytes": [float(4 ** i) for i in range(6, 17)]}
-            for k in ("copy", "elementwise", "norm", "gemv")}
+            for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat")}
     # SAM's windows (side 14), 640, 1024 and 1280 px global grids (40, 64, 80); bh = views x windows x heads, so at
     # least SAM's 12 heads (at bh 1 the reshape is a view: no copy to time, the entry would stay unmeasured)
     out |= {f"bias.{k}": {"bh": [12, 48, 192, 768, 3072, 12288], "side": [14, 40, 64, 80]} for k in BIAS_KINDS}
@@ -109,8 +110,10 @@ def _fill(measured: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 300.0,
                    progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-                   tables: list[str] | None = None) -> Profile:
-    """Run every table's grid (or `tables` only) within `budget_s` seconds and return the profile."""
+                   tables: list[str] | None = None, add_to: Profile | None = None) -> Profile:
+    """Run every table's grid (or `tables` only) within `budget_s` seconds and return the profile; with `add_to`
+    (a profile of the same GPU model), the tables measured against its ceilings, added to it (profile.add_tables).
+    A profile of its own needs a GEMM table."""
     import torch
 
     from ..measure.environment import capture_environment
@@ -174,10 +177,10 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
             progress(done, len(jobs), name)
     if cuda:
         torch.cuda.empty_cache()
-    if not any(np.isfinite(t).any() for n, t in raw.items() if n.startswith("gemm.")):
+    if add_to is None and not any(np.isfinite(t).any() for n, t in raw.items() if n.startswith("gemm.")):
         raise RuntimeError(f"calibration measured no GEMM shape (budget {budget_s:g} s, skipped {skipped}, "
                            f"failures {failed or 'none'}); a profile needs at least one GEMM table")
-    ceilings = _ceilings(dev_info, raw, plan, st)
+    ceilings = add_to.raw["ceilings"] if add_to is not None else _ceilings(dev_info, raw, plan, st)
     out_tables = {}
     for name, t_work in raw.items():
         measured = np.isfinite(t_work)
@@ -205,6 +208,12 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     elapsed = time.perf_counter() - start
     versions = _versions()
     env = capture_environment(device)
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if add_to is not None:
+        if not out_tables:
+            raise RuntimeError(f"calibration measured none of {', '.join(plan)} (skipped {skipped}, failures "
+                               f"{failed or 'none'})")
+        return add_tables(add_to, out_tables, dev_info, env, versions, created)
     return build_profile(
         device=dev_info, environment=env, versions=versions, ceilings=ceilings, launch=launch, tables=out_tables,
         calibration={"quick": quick, "budget_s": budget_s, "elapsed_s": round(elapsed, 2),
@@ -212,7 +221,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
                      "entries": len(jobs), "skipped": skipped, "failed": failed, "notes": st.notes,
                      "caps": {"flops_per_call": st.flops_cap, "memory_bytes": st.memory_cap},
                      "timing": "CUDA graph replay, events" if cuda else "perf_counter, eager"},
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        created=created)
 
 
 def _ceilings(dev_info: dict, raw: dict, plan: dict, st: Settings) -> dict:

@@ -87,6 +87,11 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         if what == "elementwise":
             n = max(nbytes // 6, 1)  # two reads and a write
             return lambda: (rnd(n), rnd(n)), lambda x: torch.add(x[0], x[1]), 2 * n * 2, 1
+        if what == "transposed_cat":  # [rows, 1024] beside [1024, rows].T -> [rows, 2048]: read both, write both
+            width = 1024
+            rows = max(nbytes // (8 * width), 1)
+            return (lambda: (rnd(rows, width), rnd(width, rows)),
+                    lambda x: torch.cat([x[0], x[1].t()], dim=-1), 4 * rows * width, 1)
         if what == "norm":
             width = 1024
             rows = max(nbytes // (4 * width), 1)  # read and write [rows, 1024] bf16

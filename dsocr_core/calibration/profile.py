@@ -65,7 +65,9 @@ KIND_AXES = {
     "grouped_gemm": ("tokens", "n", "k"),
     "bias": ("bh", "side"),
 }
-MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention")
+MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat")
+# transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
+# of the second strided by rows); profiles made before it price it on the elementwise table
 # bias.broadcast / bias.strided: SAM's dense relative-position bias as the reference model builds it, the broadcast
 # sum of two permuted einsum outputs and then its reshape (a copy of the non-contiguous sum), over bh (views x
 # windows x heads) and the attended square's side (its innermost runs: 14, 40 or 64 elements). Profiles made before
@@ -292,7 +294,9 @@ class Profile:
         created = self.created[:10]
         if not self.derived:
             quick = " quick" if self.quick else ""
-            return f"{self.device_name} profile, measured{quick} {created}"
+            added = "".join(f" (+ {', '.join(a.get('tables', []))} measured {str(a.get('created', '?'))[:10]})"
+                            for a in self.raw["calibration"].get("added") or [])
+            return f"{self.device_name} profile, measured{quick} {created}{added}"
         d = self.derivation or {}
         src = d.get("source", {}).get("device", "?")
         r = d.get("ratios", {})
@@ -418,6 +422,24 @@ def build_profile(*, device: dict, environment: dict, versions: dict, ceilings: 
             "environment": environment, "versions": versions, "ceilings": ceilings, "launch": launch,
             "tables": tables, "calibration": calibration, "derived": derived, "derivation": derivation}
     return profile_from_dict(json.loads(json.dumps(data, default=_jsonable)))
+
+
+def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment: dict, versions: dict,
+               created: str) -> Profile:
+    """`base` with `tables` (table name -> table as a profile file holds it) added or replaced: measured later on
+    the same GPU model against base's ceilings (microbench.run_microbench(add_to=base)), e.g. a table kind that did
+    not exist when base was measured. Said in the profile's calibration notes (every use shows them)."""
+    if device.get("name") != base.device_name:
+        raise ProfileError(f"tables of a {device.get('name')} cannot go into a profile of a {base.device_name}")
+    data = json.loads(json.dumps(base.to_dict()))
+    data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
+    data["calibration"].setdefault("added", []).append({"tables": sorted(tables), "created": created,
+                                                         "device": device.get("name")})
+    data["calibration"].setdefault("notes", []).append(
+        f"{', '.join(sorted(tables))} added on {created[:10]} from a calibration on {device.get('name')} (driver "
+        f"{environment.get('driver')}, torch {versions.get('torch')}); every other table is the "
+        f"{base.created[:10]} calibration unless another note says so")
+    return profile_from_dict(data)
 
 
 def _jsonable(v):

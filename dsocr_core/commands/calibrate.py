@@ -4,6 +4,8 @@
     python -m dsocr_core calibrate --device cpu --quick --out /tmp/cpu.json         # tiny shapes, seconds
     python -m dsocr_core calibrate --derive-from h200.json --target h100-sxm --out h100_derived.json
     python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
+    python -m dsocr_core calibrate --tables memory.transposed_cat --add-to data/profiles/h100.json \
+        --out data/profiles/h100.json          # a table kind the profile lacks, measured on the same GPU model
     python -m dsocr_core calibrate --workers 8 --out out/node.json    # every GPU of a node at once (Ray): one
                                                                       # out/node.<host>.gpu<i>.json per GPU
 """
@@ -29,6 +31,9 @@ def register(sub) -> None:
                         "their nearest measured neighbour and counted in the profile")
     p.add_argument("--tables", help="comma-separated table names to measure (default all)")
     p.add_argument("--out", help="profile file to write (.json)")
+    p.add_argument("--add-to", metavar="PROFILE", help="with --tables: measure those tables against this profile's "
+                   "ceilings and write the profile with them added or replaced (same GPU model; noted in the "
+                   "profile)")
     p.add_argument("--derive-from", help="a measured profile to derive a profile for --target from")
     p.add_argument("--target", help="GPU preset or device name the derived profile is for (e.g. h100-sxm)")
     p.add_argument("--source-hardware", help="datasheet preset of the source profile's GPU, when its name "
@@ -82,6 +87,16 @@ def run(args) -> int:
     if not args.budget_s > 0:
         raise UserError(f"calibrate: --budget-s must be positive, got {args.budget_s}")
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
+    base = None
+    if args.add_to:
+        if not tables:
+            raise UserError("calibrate: --add-to needs --tables (the tables to measure and add)")
+        if scale_out_requested(args):
+            raise UserError("calibrate: --add-to runs on one GPU (no --workers)")
+        try:
+            base = load_profile(args.add_to)
+        except (OSError, ProfileError) as exc:
+            raise UserError(f"calibrate: {exc}") from None
     if scale_out_requested(args):
         return _run_scaled(args, tables)
     from ..calibration.microbench import run_microbench
@@ -101,8 +116,8 @@ def run(args) -> int:
         bar.update(done - bar.n)
     try:
         prof = run_microbench(args.device, quick=args.quick, budget_s=args.budget_s, progress=progress,
-                              tables=tables)
-    except RuntimeError as exc:
+                              tables=tables, add_to=base)
+    except (RuntimeError, ProfileError) as exc:
         raise UserError(f"calibrate: {exc}") from None
     finally:
         if bar is not None:

@@ -56,7 +56,7 @@ class ReferencePlan:
         if c.phase == "vision":
             return _vision(c)
         if c.phase == "layout":
-            return _layout(c)
+            return layout(c)
         k = c.kind
         if k == "lm.self_attn":
             return _attention(c)
@@ -82,10 +82,6 @@ def _vision(c: Call) -> Plan:
 
         return plan_encoder(c)
     shared = common_vision(c)
-    if kind == "projector" and hasattr(s, "clip_width"):
-        # DeepSeek-OCR: one cat of CLIP's and SAM's features (flattening SAM's map and dropping CLIP's CLS token
-        # are views) beside the Linear the shared plan holds
-        shared.rest_launches = calls
     if shared is not None:
         return shared
     if kind == "sam.patch_embed":
@@ -124,15 +120,6 @@ def _sam_attention(c: Call) -> Plan:
     tables = 2 * (8 + 3 * a.resized)
     windows = 0 if glob else 2 + 2 * a.padded
     return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
-
-
-def _layout(c: Call) -> Plan:
-    """Per image (model/deepseek_ocr.py layout_image): the global grid with its newline column (cat) and the final
-    cat; a tiled image also stitches its tiles (a copy) and adds their newline column (cat). DeepSeek-OCR 2 (no
-    newlines) keeps the shared estimate."""
-    if not c.ctx.get("newlines", False):
-        return layout(c)
-    return Plan(rest_launches=2 * c.images + 2 * c.tiled)
 
 
 def _attention(c: Call) -> Plan:
