@@ -263,6 +263,29 @@ def test_compiled_falls_back_and_says_why():
         assert torch.equal(sam_block_eager(*args, "flex"), sam_block_fn(*args, "fold"))
 
 
+def test_out_of_memory_fails_the_call_without_giving_up_compiling_or_capturing():
+    """A CUDA out-of-memory error belongs to one call's size, not to the function: it reaches the caller (a sweep
+    records the point as oom) and the next call compiles, or captures, as a fresh process would. (Kept as a
+    reason to fall back for good, one large point ran every later point of a sweep on the eager fallback.)"""
+    from dsocr_core.fast.compiled import Compiled, out_of_memory
+
+    f = Compiled(lambda x: x + 1, None, dynamic=False, fallback=lambda x: x + 2)
+    calls = []
+
+    def fails_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("compile failed") from torch.OutOfMemoryError("CUDA out of memory")
+        return args[0] + 1
+
+    f.compiled = fails_once
+    with pytest.raises(RuntimeError, match="compile failed"):
+        f(torch.zeros(2))
+    assert f.error is None and torch.equal(f(torch.zeros(2)), torch.ones(2)) and f.state()["shapes"] == "static"
+    assert out_of_memory(torch.OutOfMemoryError("x")) and not out_of_memory(RuntimeError("x"))
+    # CUDA graph capture: tests/test_fast_gpu.py (capturing needs a GPU)
+
+
 def test_patch_embed_gemm_equals_conv():
     from dsocr_core.fast.vision import patch_embed
     torch.manual_seed(4)

@@ -87,3 +87,26 @@ def test_fast_engine_uses_graphs_and_compiles_without_errors(sessions):
     assert d["cuda_graphs"] and d["compile"]
     assert not d["capture_errors"], d["capture_errors"]
     assert not d["compile_errors"], d["compile_errors"]
+
+
+def test_out_of_memory_during_capture_fails_the_call_and_captures_next_time():
+    """A CUDA graph capture that runs out of memory fails that call (the sweep records its point as oom) without
+    giving up capture for good: the next call captures and replays as in a fresh process."""
+    from dsocr_core.fast.graphs import Captured
+
+    calls = []
+    out = torch.zeros(4, device="cuda")
+
+    def work():
+        calls.append(1)
+        if len(calls) == 2:  # the first capture (after one warm-up): far more than the GPU holds
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        return out.add_(1)
+
+    cap = Captured(work, enabled=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        cap()
+    assert cap.enabled and cap.error is None and cap.graph is None
+    cap()  # warm-up and capture succeed, then one replay
+    assert cap.graph is not None and cap.error is None
+    torch.cuda.synchronize()

@@ -62,8 +62,22 @@ class Compiled:
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - fall back, keep the reason for describe()
+                if out_of_memory(exc):  # this call's size, not the function: the caller fails this point, and
+                    raise  # the next point compiles as a fresh process would (no eager fallback for good)
                 self.error = f"{type(exc).__name__}: {exc}"[:800]
         return self.eager(*args, **kwargs)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from (compilers wrap what they hit), is a CUDA
+    out-of-memory error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def fresh_copy(fn):

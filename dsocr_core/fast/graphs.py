@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import torch
 
+from .compiled import out_of_memory
+
 
 class Captured:
     def __init__(self, fn: Callable[[], Any], enabled: bool, pool=None, warmup: int = 1, advances: bool = False):
@@ -54,6 +56,8 @@ class Captured:
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.fn()
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: run eagerly from now on
+            if out_of_memory(exc):  # not the op: this size; fail the call, capture again next time
+                raise
             self.enabled = False
             self.error = f"{type(exc).__name__}: {exc}"[:500]
             torch.cuda.synchronize()
