@@ -39,6 +39,8 @@ ACCURACY = {
         "H100 from the H200-derived profile": ("h100_from_h200_prediction_accuracy.json", None),
         "H100 re-measured": ("h100_prediction_accuracy_2026-11-26.json", None),
         "H100 confirmation re-measured": ("h100_prediction_accuracy_confirm_2026-11-26.json", None),
+        "H100 random": ("h100_prediction_accuracy_random_2026-11-26.json", None),
+        "H100 random, frozen": ("h100_prediction_accuracy_random_frozen_2026-11-26.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
