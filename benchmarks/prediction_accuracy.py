@@ -56,6 +56,8 @@ def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, mod
     from dsocr_core.results.store import point_key
     from dsocr_core.spec import Workload
 
+    if n < 1:
+        raise ValueError(f"the random group needs at least one point, got {n}")
     fam = get_family(model)
     rng = np.random.default_rng(seed)
     modes = list(fam.modes)
@@ -74,6 +76,8 @@ def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, mod
         if point_key(w) not in seen:
             seen.add(point_key(w))
             out.append(w)
+    if len(out) < n:
+        raise ValueError(f"drew only {len(out)} distinct points of {n} (seed {seed})")
     return out
 
 
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         ap.error(f"unknown --groups {unknown}; choose from {', '.join(GROUPS)}")
+    if "random" in groups and (quick or args.random_points < 1):
+        ap.error("--groups random draws full-size points (not with --quick) and needs --random-points >= 1")
     workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model, args.random_points,
                                    args.seed)
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")

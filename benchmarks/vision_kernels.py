@@ -31,7 +31,9 @@ def parse_point(text: str) -> dict:
     parts = text.split(":")
     try:
         w, h = (int(v) for v in parts[1].lower().split("x")) if len(parts) > 1 else (1, 1)
-        batch = int(parts[2][1:]) if len(parts) > 2 and parts[2].startswith("b") else 1
+        if len(parts) > 2 and not parts[2].startswith("b") or len(parts) > 3:
+            raise ValueError(text)
+        batch = int(parts[2][1:]) if len(parts) > 2 else 1
     except (ValueError, IndexError):
         raise argparse.ArgumentTypeError(f"a point is mode:WxH[:bN] (e.g. gundam:3x2:b4), got {text!r}") from None
     return {"mode": parts[0], "grid": (w, h), "batch": batch}
@@ -84,7 +86,9 @@ def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: st
 
     prof = load_profile(profile_path)
     spec = get_family(None).presets[spec_preset]()
-    w = Workload(mode=point["mode"], crops=point["grid"] if point["mode"].startswith("gundam") else None,
+    from dsocr_core.tiling import mode_info
+
+    w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
                  batch=point["batch"], text_tokens=10, decode_steps=1, logits="last", dtype=dtype)
     hw = with_profile(profile_hardware(prof), prof, "fast")
     return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in STAGES}
@@ -105,7 +109,10 @@ def main(argv=None) -> int:
     from dsocr_core.runtime.inputs import synthetic_inputs
     from dsocr_core.runtime.session import Session
 
-    points = [parse_point(p) for p in args.points.split(",") if p]
+    try:
+        points = [parse_point(p) for p in args.points.split(",") if p]
+    except argparse.ArgumentTypeError as exc:
+        ap.error(str(exc))
     preset = "tiny" if args.quick else "full"
     dtype = "float32" if args.quick else "bfloat16"
     base = Session.load(synthetic=preset, device=args.device, dtype=dtype)

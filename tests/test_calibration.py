@@ -222,7 +222,7 @@ def test_tables_added_to_a_profile_keep_its_ceilings_and_say_so(tmp_path):
     t = added.table("memory.transposed_cat")
     assert t.measured.all() and np.all(t.efficiency > 0)
     assert any(n.startswith("memory.transposed_cat added on ") for n in added.raw["calibration"]["notes"])
-    assert added.label().startswith(base.label() + " (+ memory.transposed_cat measured 20")
+    assert added.label().startswith(base.label() + " (+ memory.transposed_cat measured quick 20")
     assert load_profile(added.save(tmp_path / "p.json")).table("memory.transposed_cat") is not None
     other = dict(base.device, name="NVIDIA H100 80GB HBM3")
     with pytest.raises(ProfileError, match="cannot go into a profile of a CPU"):
@@ -342,6 +342,17 @@ def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
     assert main(["calibrate", "--derive-from", str(quick_profile_path), "--out", str(tmp_path / "y.json")]) == 2
     assert "--target" in capsys.readouterr().err
+    add = ["calibrate", "--device", "cpu", "--quick", "--no-progress", "--out", str(tmp_path / "a.json")]
+    assert main(add + ["--tables", "memory.transposed_cat", "--add-to", str(out)]) == 2  # a derived profile
+    assert "DERIVED" in capsys.readouterr().err
+    assert main(add + ["--tables", "memory.nope", "--add-to", str(quick_profile_path)]) == 2
+    assert "no table memory.nope" in capsys.readouterr().err
+    assert main(add[:3] + add[4:] + ["--tables", "memory.copy", "--add-to", str(quick_profile_path)]) == 2
+    assert "quick profile" in capsys.readouterr().err  # a full-grid table into a quick profile
+    assert main(add + ["--add-to", str(quick_profile_path)]) == 2
+    assert "needs --tables" in capsys.readouterr().err
+    assert main(add + ["--tables", "memory.transposed_cat", "--add-to", str(quick_profile_path)]) == 0
+    assert "memory.transposed_cat measured quick" in load_profile(tmp_path / "a.json").label()
     bad = tmp_path / "bad.json"
     bad.write_text(quick_profile_path.read_text()[:100])
     assert main(["calibrate", "--show", str(bad)]) == 2
@@ -426,6 +437,10 @@ def test_the_random_group_draws_distinct_points_across_the_workload_space(model)
     assert tiled and all(w.crops[0] * w.crops[1] <= get_family(model).modes[w.mode].crop_range[1] for w in tiled)
     chosen = mod.held_out_workloads(False, 32, "bfloat16", "last", ("random",), model, 5, 7)
     assert [point_key(w) for w in chosen] == [point_key(w) for w in points[:5]]
+    with pytest.raises(ValueError, match="at least one point"):
+        mod.random_workloads(0, 7, 32, "bfloat16", "last", model)
+    with pytest.raises(SystemExit):
+        mod.main(["--quick", "--device", "cpu", "--groups", "random"])
 
 
 def test_dense_bias_ops_run_what_sam_runs_and_are_calibrated():

@@ -267,7 +267,8 @@ def test_out_of_memory_fails_the_call_without_giving_up_compiling_or_capturing()
     """A CUDA out-of-memory error belongs to one call's size, not to the function: it reaches the caller (a sweep
     records the point as oom) and the next call compiles, or captures, as a fresh process would. (Kept as a
     reason to fall back for good, one large point ran every later point of a sweep on the eager fallback.)"""
-    from dsocr_core.fast.compiled import Compiled, out_of_memory
+    from dsocr_core.fast.compiled import Compiled
+    from dsocr_core.runtime.oom import out_of_memory
 
     f = Compiled(lambda x: x + 1, None, dynamic=False, fallback=lambda x: x + 2)
     calls = []
@@ -283,6 +284,11 @@ def test_out_of_memory_fails_the_call_without_giving_up_compiling_or_capturing()
         f(torch.zeros(2))
     assert f.error is None and torch.equal(f(torch.zeros(2)), torch.ones(2)) and f.state()["shapes"] == "static"
     assert out_of_memory(torch.OutOfMemoryError("x")) and not out_of_memory(RuntimeError("x"))
+    assert out_of_memory(RuntimeError("CUDA error: out of memory"))  # the sweep records such a point as oom
+    wrapped = RuntimeError("compile failed")
+    wrapped.__cause__ = torch.OutOfMemoryError("CUDA out of memory")
+    from dsocr_core.measure.sweep import failure
+    assert failure(wrapped)[0] == "oom" and failure(RuntimeError("shape mismatch"))[0] == "error"
     # CUDA graph capture: tests/test_fast_gpu.py (capturing needs a GPU)
 
 

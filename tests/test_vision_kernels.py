@@ -23,8 +23,9 @@ def test_points_are_parsed_and_bad_ones_named():
     vk = _script()
     assert vk.parse_point("gundam:3x2:b4") == {"mode": "gundam", "grid": (3, 2), "batch": 4}
     assert vk.parse_point("base") == {"mode": "base", "grid": (1, 1), "batch": 1}
-    with pytest.raises(Exception, match="mode:WxH"):
-        vk.parse_point("gundam:3by2")
+    for bad in ("gundam:3by2", "gundam:3x2:4", "gundam:3x2:b4:x"):
+        with pytest.raises(Exception, match="mode:WxH"):
+            vk.parse_point(bad)
 
 
 def test_each_stage_is_timed_listed_and_predicted(tmp_path):

@@ -237,7 +237,9 @@ class Predictor:
             launches = launches + k.launches
         rest_f = np.maximum(flops - used_f, 0.0)
         rest_b = np.maximum(nbytes - used_b, 0.0)
-        per = np.maximum(pl.rest_launches, 1.0)
+        # bytes per launch of the remainder: a packed group's share of a launch (fewer than 1) is looked up at
+        # the whole launch's bytes, not at this group's
+        per = np.where(np.asarray(pl.rest_launches) > 0, pl.rest_launches, 1.0)
         rb = rest_b if pl.rest_real_bytes is None else pl.rest_real_bytes
         rest = Kernel(pl.rest_table, dict(bytes=np.asarray(rb if self.engine_work else rest_b) / per), rest_f,
                       rest_b, pl.rest_launches, real_bytes=pl.rest_real_bytes)

@@ -213,7 +213,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         if not out_tables:
             raise RuntimeError(f"calibration measured none of {', '.join(plan)} (skipped {skipped}, failures "
                                f"{failed or 'none'})")
-        return add_tables(add_to, out_tables, dev_info, env, versions, created)
+        return add_tables(add_to, out_tables, dev_info, env, versions, created, quick)
     return build_profile(
         device=dev_info, environment=env, versions=versions, ceilings=ceilings, launch=launch, tables=out_tables,
         calibration={"quick": quick, "budget_s": budget_s, "elapsed_s": round(elapsed, 2),

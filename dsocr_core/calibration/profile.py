@@ -294,8 +294,9 @@ class Profile:
         created = self.created[:10]
         if not self.derived:
             quick = " quick" if self.quick else ""
-            added = "".join(f" (+ {', '.join(a.get('tables', []))} measured {str(a.get('created', '?'))[:10]})"
-                            for a in self.raw["calibration"].get("added") or [])
+            added = "".join(f" (+ {', '.join(map(str, a.get('tables', [])))} measured"
+                            f"{' quick' if a.get('quick') else ''} {str(a.get('created', '?'))[:10]})"
+                            for a in self.raw["calibration"].get("added") or [] if isinstance(a, dict))
             return f"{self.device_name} profile, measured{quick} {created}{added}"
         d = self.derivation or {}
         src = d.get("source", {}).get("device", "?")
@@ -425,16 +426,19 @@ def build_profile(*, device: dict, environment: dict, versions: dict, ceilings: 
 
 
 def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment: dict, versions: dict,
-               created: str) -> Profile:
+               created: str, quick: bool = False) -> Profile:
     """`base` with `tables` (table name -> table as a profile file holds it) added or replaced: measured later on
     the same GPU model against base's ceilings (microbench.run_microbench(add_to=base)), e.g. a table kind that did
     not exist when base was measured. Said in the profile's calibration notes (every use shows them)."""
+    if base.derived:
+        raise ProfileError("tables cannot be added to a DERIVED profile (its ceilings are another GPU's "
+                           "datasheet's); derive it again from a measured profile that has them")
     if device.get("name") != base.device_name:
         raise ProfileError(f"tables of a {device.get('name')} cannot go into a profile of a {base.device_name}")
     data = json.loads(json.dumps(base.to_dict()))
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
     data["calibration"].setdefault("added", []).append({"tables": sorted(tables), "created": created,
-                                                         "device": device.get("name")})
+                                                         "device": device.get("name"), "quick": quick})
     data["calibration"].setdefault("notes", []).append(
         f"{', '.join(sorted(tables))} added on {created[:10]} from a calibration on {device.get('name')} (driver "
         f"{environment.get('driver')}, torch {versions.get('torch')}); every other table is the "

@@ -97,6 +97,19 @@ def run(args) -> int:
             base = load_profile(args.add_to)
         except (OSError, ProfileError) as exc:
             raise UserError(f"calibrate: {exc}") from None
+        if base.derived:
+            raise UserError(f"calibrate: {args.add_to} is DERIVED (another GPU's tables scaled): add tables to the "
+                            "measured profile it was derived from, then derive it again")
+        from ..calibration.microbench import grids
+
+        known = grids(args.quick, args.device)
+        unknown = [t for t in tables if t not in known]
+        if unknown:
+            raise UserError(f"calibrate: no table {', '.join(unknown)} on {args.device} (tables: "
+                            f"{', '.join(sorted(known))})")
+        if base.quick != args.quick:
+            raise UserError(f"calibrate: {args.add_to} is a {'quick' if base.quick else 'full'} profile; add "
+                            f"tables measured the same way ({'with' if base.quick else 'without'} --quick)")
     if scale_out_requested(args):
         return _run_scaled(args, tables)
     from ..calibration.microbench import run_microbench
@@ -128,7 +141,7 @@ def run(args) -> int:
         raise UserError(f"calibrate: cannot write {args.out}: {exc}") from None
     print(_summary(prof))
     print(json.dumps({"profile": str(path), "device": prof.device_name, "elapsed_s": prof.raw["calibration"]
-                      ["elapsed_s"], "complete": prof.raw["calibration"]["complete"]}))
+                      .get("elapsed_s"), "complete": prof.raw["calibration"].get("complete")}))
     return 0
 
 

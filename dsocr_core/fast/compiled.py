@@ -5,6 +5,8 @@ import types
 
 import torch
 
+from ..runtime.oom import out_of_memory
+
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True}  # tunes the GEMV/attention reductions' block sizes
 
 
@@ -66,18 +68,6 @@ class Compiled:
                     raise  # the next point compiles as a fresh process would (no eager fallback for good)
                 self.error = f"{type(exc).__name__}: {exc}"[:800]
         return self.eager(*args, **kwargs)
-
-
-def out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it was raised from (compilers wrap what they hit), is a CUDA
-    out-of-memory error."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def fresh_copy(fn):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from .compiled import out_of_memory
+from ..runtime.oom import out_of_memory
 
 
 class Captured:
@@ -56,7 +56,8 @@ class Captured:
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.fn()
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: run eagerly from now on
-            if out_of_memory(exc):  # not the op: this size; fail the call, capture again next time
+            if out_of_memory(exc):  # not the op: this size; fail the call (a warm-up that advanced its own
+                torch.cuda.synchronize()  # state is lost with it: the point fails), capture again next time
                 raise
             self.enabled = False
             self.error = f"{type(exc).__name__}: {exc}"[:500]

@@ -114,7 +114,7 @@ class FastPlan:
             # add is one more (read both, write the sum): what moves, not the eager ops' traffic of the analytic row
             rows, cw, m = c.views * clip_tokens(s, c.side), s.clip_width, s.clip_mlp_dim
             plan.rest_real_bytes = rows * (2 * m + 3 * cw) * c.dt
-            return _clip_packed(c, plan, c.views * clip_tokens(s, c.side)) if packed else plan
+            return _clip_packed(c, plan, rows) if packed else plan
         raise KeyError(kind)
 
     def _sam_attention(self, c: Call) -> Plan:
@@ -242,9 +242,9 @@ def _mlp(c: Call) -> Plan:
         gu.coords, down.coords = dict(tokens=r.per, n=2 * im, k=h), dict(tokens=r.per, n=h, k=im)
         gu.launches, down.launches = 1.0, 1.0
         # 23 kernels per MoE layer outside the fused step, counted with the profiler on an H100 (torch 2.11's
-        # Inductor, decode batch 8; docs/fast-mode.md): the gate row's 4 (router GEMM, its split-K reduce, softmax,
-        # top-k), the two grouped GEMMs and 17 more: their two data-preparation kernels, the routing's scatters,
-        # maxima and cumulative sums (12), the gather, SwiGLU and the weighted combine + residual
+        # Inductor, decode batch 8; docs/fast-mode.md): the gate row's 4, the two grouped GEMMs and 17 more: their
+        # two data-preparation kernels, the routing's scatters, maxima and cumulative sums, the gather, SwiGLU and
+        # the weighted combine + residual. The prefill runs the same MoE code; its count was not traced
         return Plan([gu, down], rest_launches=17.0)
     if c.kind == "lm.mlp.shared_experts":
         gu, down = swiglu(c, s.shared_intermediate_size)

@@ -23,6 +23,7 @@ import torch
 
 from ..results.store import RunStore, point_key
 from ..runtime.inputs import synthetic_for_workload
+from ..runtime.oom import out_of_memory
 from ..runtime.session import Session
 from ..spec import Workload
 from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info
@@ -68,13 +69,9 @@ def workload_label(w: Workload) -> str:
     return f"{w.mode}{crops} T{w.text_tokens} B{w.batch} K{w.decode_steps}"
 
 
-def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 def failure(exc: BaseException) -> tuple[str, str]:
     """(status, one-line message) of a point that raised: 'oom' for out-of-memory, else 'error' with where."""
-    status = "oom" if is_oom(exc) else "error"
+    status = "oom" if out_of_memory(exc) else "error"
     message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
     frames = traceback.extract_tb(exc.__traceback__)
     if status == "error" and frames:
