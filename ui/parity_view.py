@@ -49,7 +49,7 @@ def run_pages(session, pages: list[Page], vendor: dict[str, tuple[str, str]], *,
               max_new_tokens: int, model_label: str) -> list[ParityResult]:
     """Both generation paths on every page, one at a time, holding the device. vendor: page -> (text, kind)."""
     from dsocr_core.measure import parity_run as parity  # imports torch: after the page's session loaded it
-    from dsocr_core.measure.sweep import is_oom
+    from dsocr_core.runtime.oom import out_of_memory
 
     results = []
     with resources.gpu_turn():
@@ -64,7 +64,7 @@ def run_pages(session, pages: list[Page], vendor: dict[str, tuple[str, str]], *,
                     res.renderings[name] = _png(assets.boxes_image)
                     res.markdown[name] = assets.markdown
             except Exception as exc:  # noqa: BLE001 - an OOM or a bad prompt is shown for this page
-                if is_oom(exc):
+                if out_of_memory(exc):
                     resources.free_device_memory()
                     res.error = (f"out of memory on {page.name} ({mode} mode, {max_new_tokens} new tokens): choose "
                                  "a smaller mode or fewer tokens, or the CPU")

@@ -280,9 +280,9 @@ def mode_text(session) -> str:
 
 
 def _load_message(exc: BaseException, model) -> str:
-    from dsocr_core.measure.sweep import is_oom
+    from dsocr_core.runtime.oom import out_of_memory
 
-    if is_oom(exc):
+    if out_of_memory(exc):
         return (f"out of memory while loading the {model.label}: choose a smaller dtype, the CPU, or the "
                 "synthetic tiny model")
     return f"cannot load the {model.label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
