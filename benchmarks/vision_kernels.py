@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-STAGES = ("clip", "projector")
+from dsocr_core.registry import DEFAULT_MODEL, get_family  # noqa: E402
+
+STAGES = get_family(DEFAULT_MODEL).vision_stages[1:]  # DeepSeek-OCR's stages after SAM: CLIP and the projector
 DEFAULT_POINTS = "gundam:1x1,gundam:2x2,gundam:5x1,gundam:3x2,gundam:3x3,small:1x1:b8,base:1x1"
 
 
