@@ -226,7 +226,9 @@ def test_tables_added_to_a_profile_keep_its_ceilings_and_say_so(tmp_path):
     assert load_profile(added.save(tmp_path / "p.json")).table("memory.transposed_cat") is not None
     other = dict(base.device, name="NVIDIA H100 80GB HBM3")
     with pytest.raises(ProfileError, match="cannot go into a profile of a CPU"):
-        add_tables(base, {}, other, {}, {}, "2026-11-26T00:00:00+00:00")
+        add_tables(base, {}, other, {}, {}, "2026-11-26T00:00:00+00:00", quick=True)
+    with pytest.raises(ProfileError, match="quick profile"):  # full-grid tables into a quick profile
+        add_tables(base, {}, base.device, {}, {}, "2026-11-26T00:00:00+00:00", quick=False)
 
 
 def test_nothing_measured_is_an_error():

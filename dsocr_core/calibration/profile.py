@@ -425,16 +425,26 @@ def build_profile(*, device: dict, environment: dict, versions: dict, ceilings: 
     return profile_from_dict(json.loads(json.dumps(data, default=_jsonable)))
 
 
+def check_addable(base: Profile, quick: bool, device_name: str | None = None) -> None:
+    """Refuse tables that cannot go into `base`: a DERIVED profile (its ceilings are another GPU's datasheet's),
+    quick tables into a full profile or the reverse, another GPU model's (when `device_name` is known). The
+    calibrate command asks before measuring; add_tables asks again."""
+    if base.derived:
+        raise ProfileError("tables cannot be added to a DERIVED profile (another GPU's tables scaled): add them to "
+                           "the measured profile it was derived from, then derive it again")
+    if base.quick != quick:
+        raise ProfileError(f"it is a {'quick' if base.quick else 'full'} profile: add tables measured the same "
+                           f"way ({'with' if base.quick else 'without'} --quick)")
+    if device_name is not None and device_name != base.device_name:
+        raise ProfileError(f"tables of a {device_name} cannot go into a profile of a {base.device_name}")
+
+
 def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment: dict, versions: dict,
                created: str, quick: bool = False) -> Profile:
     """`base` with `tables` (table name -> table as a profile file holds it) added or replaced: measured later on
     the same GPU model against base's ceilings (microbench.run_microbench(add_to=base)), e.g. a table kind that did
     not exist when base was measured. Said in the profile's calibration notes (every use shows them)."""
-    if base.derived:
-        raise ProfileError("tables cannot be added to a DERIVED profile (its ceilings are another GPU's "
-                           "datasheet's); derive it again from a measured profile that has them")
-    if device.get("name") != base.device_name:
-        raise ProfileError(f"tables of a {device.get('name')} cannot go into a profile of a {base.device_name}")
+    check_addable(base, quick, device.get("name"))
     data = json.loads(json.dumps(base.to_dict()))
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
     data["calibration"].setdefault("added", []).append({"tables": sorted(tables), "created": created,

@@ -63,7 +63,7 @@ def _summary(prof) -> str:
 
 def run(args) -> int:
     from ..cli import UserError
-    from ..calibration.profile import ProfileError, load_profile
+    from ..calibration.profile import ProfileError, check_addable, load_profile
 
     if args.show:
         print(_summary(load_profile(args.show)))
@@ -95,11 +95,9 @@ def run(args) -> int:
             raise UserError("calibrate: --add-to runs on one GPU (no --workers)")
         try:
             base = load_profile(args.add_to)
+            check_addable(base, args.quick)  # before any GPU time is spent
         except (OSError, ProfileError) as exc:
-            raise UserError(f"calibrate: {exc}") from None
-        if base.derived:
-            raise UserError(f"calibrate: {args.add_to} is DERIVED (another GPU's tables scaled): add tables to the "
-                            "measured profile it was derived from, then derive it again")
+            raise UserError(f"calibrate: {args.add_to}: {exc}") from None
         from ..calibration.microbench import grids
 
         known = grids(args.quick, args.device)
@@ -107,9 +105,6 @@ def run(args) -> int:
         if unknown:
             raise UserError(f"calibrate: no table {', '.join(unknown)} on {args.device} (tables: "
                             f"{', '.join(sorted(known))})")
-        if base.quick != args.quick:
-            raise UserError(f"calibrate: {args.add_to} is a {'quick' if base.quick else 'full'} profile; add "
-                            f"tables measured the same way ({'with' if base.quick else 'without'} --quick)")
     if scale_out_requested(args):
         return _run_scaled(args, tables)
     from ..calibration.microbench import run_microbench

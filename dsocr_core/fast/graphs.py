@@ -56,12 +56,11 @@ class Captured:
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.fn()
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: run eagerly from now on
-            if out_of_memory(exc):  # not the op: this size; fail the call (a warm-up that advanced its own
-                torch.cuda.synchronize()  # state is lost with it: the point fails), capture again next time
-                raise
+            torch.cuda.synchronize()
+            if out_of_memory(exc):  # not the op but this size: fail the call (a warm-up that advanced its own
+                raise  # state is lost with it, as the point fails) and capture again next time
             self.enabled = False
             self.error = f"{type(exc).__name__}: {exc}"[:500]
-            torch.cuda.synchronize()
             return out
         self.graph, self.outputs = graph, outputs
         if self.advances:  # the warm-up was this call's run; a replay would be a second step
