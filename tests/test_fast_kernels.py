@@ -96,6 +96,19 @@ st = graphed.engine._states[1]
 out["graph_like_pos"], out["graph_like_length"] = int(st.pos), st.cache.length
 out["graph_like_keys"] = sorted({k[3] for k in st.graphs})  # steps per launch seen
 out["graph_like_tpot"], out["graph_like_steps"] = res.timings["tpot_s"], len(res.timings["decode_steps"])
+
+# the by-expert MoE kernels (triton_kernels.moe_gemv) at batch 3: one step's logits and a generation against the
+# torch experts: 3 rows choosing 2 of 8 routed experts each (some chosen by several rows) and the shared slots
+few_b3 = synthetic_inputs("small", (1, 1), text_tokens=10, batch=3, seed=4)
+by_expert = ref.with_mode("fast", bucket=32, moe="triton")
+torch_moe = ref.with_mode("fast", bucket=32, moe="gather")
+q1, q2 = by_expert.prefill(few_b3, room=4), torch_moe.prefill(few_b3, room=4)
+tok3 = q2.logits[:, -1].argmax(-1)
+out["moe_b3_step_max_abs_diff"] = float((by_expert.decode_step(tok3, q1.cache)
+                                         - torch_moe.decode_step(tok3, q2.cache)).abs().max())
+out["moe_b3_impl"] = by_expert.engine._states[3].moe_impl
+out["moe_b3_triton"] = by_expert.generate(few_b3, max_new_tokens=6, no_repeat_ngram_size=0).generated_ids
+out["moe_b3_gather"] = torch_moe.generate(few_b3, max_new_tokens=6, no_repeat_ngram_size=0).generated_ids
 print("RESULT " + json.dumps(out))
 """
 
@@ -121,6 +134,12 @@ def test_fused_step_equals_the_torch_step(result):
 def test_fused_generation_equals_torch_generation_with_an_active_ban(result):
     assert result["fused"] == result["plain"] == result["reference"]
     assert result["plain"] != result["free"]  # the ban changed the tokens, so it was exercised
+
+
+def test_by_expert_moe_kernels_equal_the_torch_experts_at_batch_3(result):
+    assert result["moe_b3_impl"] == "triton"
+    assert result["moe_b3_step_max_abs_diff"] < 1e-5
+    assert result["moe_b3_triton"] == result["moe_b3_gather"]
 
 
 def test_fused_generation_under_graph_first_call_semantics(result):

@@ -91,7 +91,8 @@ class FastEngine:
         if attention == "triton" and not self.triton:
             raise ValueError("attention 'triton' needs a CUDA device and Triton")
         self.attention = attention
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON  # CPU tests of the kernels
+        # CPU tests of the kernels run them in Triton's interpreter
+        self.interpreted = interpreted = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
         if fused and not (self.triton or interpreted):
             raise ValueError("fused decode needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
         self.fused = self.triton if fused is None else bool(fused)
@@ -140,8 +141,8 @@ class FastEngine:
 
     def moe_impl(self, batch: int) -> str:
         if self.moe != "auto":
-            if self.moe == "triton" and not self.triton:
-                raise ValueError("moe 'triton' needs a CUDA device and Triton")
+            if self.moe == "triton" and not (self.triton or self.interpreted):
+                raise ValueError("moe 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
             return self.moe
         if self.device.type != "cuda":
             return "gather"  # torch's CPU grouped GEMM is a slow fallback; prefill still uses it

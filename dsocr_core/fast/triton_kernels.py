@@ -77,49 +77,64 @@ if HAS_TRITON:
         tl.store(o_ptr + b * sob + h * soh + d, out.to(o_ptr.dtype.element_ty))
 
     @triton.jit
-    def _moe_up(x_ptr, ids_ptr, w_ptr, out_ptr, K8, sxt, swe, swn, H: tl.constexpr, I: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr):
-        s = tl.program_id(0)
-        nb = tl.program_id(1)
-        t = s // K8
-        e = tl.load(ids_ptr + s).to(tl.int64)
-        n = nb * BN + tl.arange(0, BN)
-        nm = n < I
-        acc_g = tl.zeros([BN], dtype=tl.float32)
-        acc_u = tl.zeros([BN], dtype=tl.float32)
-        base = w_ptr + e * swe
-        for k0 in range(0, H, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < H
-            xk = tl.load(x_ptr + t * sxt + k, mask=km, other=0.0).to(tl.float32)
-            msk = nm[:, None] & km[None, :]
-            wg = tl.load(base + n[:, None] * swn + k[None, :], mask=msk, other=0.0).to(tl.float32)
-            wu = tl.load(base + (n[:, None] + I) * swn + k[None, :], mask=msk, other=0.0).to(tl.float32)
-            acc_g += tl.sum(wg * xk[None, :], axis=1)
-            acc_u += tl.sum(wu * xk[None, :], axis=1)
-        dt = out_ptr.dtype.element_ty
-        g = acc_g.to(dt).to(tl.float32)  # gate_proj output in the model dtype
-        u = acc_u.to(dt).to(tl.float32)
-        a = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * u  # silu(gate), then times up
-        tl.store(out_ptr + s * I + n, a.to(dt), mask=nm)
+    def _token_hits(ids_ptr, e, T, K8, TP: tl.constexpr, KP: tl.constexpr):
+        """Which of the T tokens chose expert e (hit [TP]) and in which of its K8 slots (slot [TP]). A token
+        chooses an expert at most once (top-k ids are distinct, the shared experts have their own ids), so an
+        expert has at most T rows."""
+        t = tl.arange(0, TP)
+        j = tl.arange(0, KP)
+        m = (t[:, None] < T) & (j[None, :] < K8)
+        eq = (tl.load(ids_ptr + t[:, None] * K8 + j[None, :], mask=m, other=-1) == e) & m
+        return t, tl.max(eq.to(tl.int32), axis=1) > 0, tl.sum(tl.where(eq, j[None, :], 0), axis=1)
 
     @triton.jit
-    def _moe_down(a_ptr, ids_ptr, w_ptr, out_ptr, swe, swn, H: tl.constexpr, I: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr):
-        s = tl.program_id(0)
+    def _moe_up(x_ptr, ids_ptr, w_ptr, out_ptr, T, K8, sxt, swe, swn, H: tl.constexpr, I: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, KP: tl.constexpr):
+        e = tl.program_id(0)
         nb = tl.program_id(1)
-        e = tl.load(ids_ptr + s).to(tl.int64)
-        n = nb * BN + tl.arange(0, BN)
-        nm = n < H
-        acc = tl.zeros([BN], dtype=tl.float32)
-        base = w_ptr + e * swe
-        for k0 in range(0, I, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < I
-            av = tl.load(a_ptr + s * I + k, mask=km, other=0.0).to(tl.float32)
-            w = tl.load(base + n[:, None] * swn + k[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
-        tl.store(out_ptr + s * H + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
+        t, hit, slot = _token_hits(ids_ptr, e, T, K8, TP, KP)
+        if tl.max(hit.to(tl.int32), axis=0) > 0:  # an expert no token chose reads nothing
+            n = nb * BN + tl.arange(0, BN)
+            nm = n < I
+            acc_g = tl.zeros([BN, TP], dtype=tl.float32)
+            acc_u = tl.zeros([BN, TP], dtype=tl.float32)
+            base = w_ptr + e.to(tl.int64) * swe
+            for k0 in range(0, H, BK):
+                k = k0 + tl.arange(0, BK)
+                km = k < H
+                xt = tl.load(x_ptr + t[None, :] * sxt + k[:, None], mask=km[:, None] & hit[None, :], other=0.0)
+                msk = nm[:, None] & km[None, :]
+                wg = tl.load(base + n[:, None] * swn + k[None, :], mask=msk, other=0.0)
+                wu = tl.load(base + (n[:, None] + I) * swn + k[None, :], mask=msk, other=0.0)
+                acc_g = tl.dot(wg, xt, acc_g, input_precision="ieee")
+                acc_u = tl.dot(wu, xt, acc_u, input_precision="ieee")
+            dt = out_ptr.dtype.element_ty
+            g = acc_g.to(dt).to(tl.float32)  # gate_proj output in the model dtype
+            u = acc_u.to(dt).to(tl.float32)
+            a = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * u  # silu(gate), then times up
+            rows = t * K8 + slot
+            tl.store(out_ptr + rows[None, :] * I + n[:, None], a.to(dt), mask=nm[:, None] & hit[None, :])
+
+    @triton.jit
+    def _moe_down(a_ptr, ids_ptr, w_ptr, out_ptr, T, K8, swe, swn, H: tl.constexpr, I: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, KP: tl.constexpr):
+        e = tl.program_id(0)
+        nb = tl.program_id(1)
+        t, hit, slot = _token_hits(ids_ptr, e, T, K8, TP, KP)
+        if tl.max(hit.to(tl.int32), axis=0) > 0:
+            rows = t * K8 + slot
+            n = nb * BN + tl.arange(0, BN)
+            nm = n < H
+            acc = tl.zeros([BN, TP], dtype=tl.float32)
+            base = w_ptr + e.to(tl.int64) * swe
+            for k0 in range(0, I, BK):
+                k = k0 + tl.arange(0, BK)
+                km = k < I
+                at = tl.load(a_ptr + rows[None, :] * I + k[:, None], mask=km[:, None] & hit[None, :], other=0.0)
+                w = tl.load(base + n[:, None] * swn + k[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+                acc = tl.dot(w, at, acc, input_precision="ieee")
+            tl.store(out_ptr + rows[None, :] * H + n[:, None], acc.to(out_ptr.dtype.element_ty),
+                     mask=nm[:, None] & hit[None, :])
 
 
 def next_pow2(n: int) -> int:
@@ -147,16 +162,21 @@ def decode_attention_splitkv(q: torch.Tensor, keys: torch.Tensor, values: torch.
 
 
 def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """x [T, H], ids [T, K] -> per-slot expert outputs [T, K, H] in x's dtype (SwiGLU experts)."""
+    """x [T, H], ids [T, K] -> per-slot expert outputs [T, K, H] in x's dtype (SwiGLU experts). One program per
+    (expert, block of output rows) over every token that chose the expert: each touched expert's weights are
+    read once whatever the batch, and no routing data is prepared (no sort, no scan, no gather)."""
     t, k = ids.shape
     hdim = x.shape[1]
     inner = w2.shape[2]
+    experts = w13.shape[0]
     ids = ids.contiguous()
-    slots = t * k
-    act = torch.empty(slots, inner, dtype=x.dtype, device=x.device)
-    _moe_up[(slots, triton.cdiv(inner, MOE_BLOCK_N))](
-        x, ids, w13, act, k, x.stride(0), w13.stride(0), w13.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N, BK=MOE_BLOCK_K, num_warps=4, num_stages=3)
-    out = torch.empty(slots, hdim, dtype=x.dtype, device=x.device)
-    _moe_down[(slots, triton.cdiv(hdim, MOE_BLOCK_N))](
-        act, ids, w2, out, w2.stride(0), w2.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N, BK=MOE_BLOCK_K, num_warps=4, num_stages=3)
+    tp, kp = max(16, next_pow2(t)), next_pow2(k)  # tl.dot needs every side >= 16
+    act = torch.empty(t * k, inner, dtype=x.dtype, device=x.device)
+    _moe_up[(experts, triton.cdiv(inner, MOE_BLOCK_N))](
+        x, ids, w13, act, t, k, x.stride(0), w13.stride(0), w13.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N,
+        BK=MOE_BLOCK_K, TP=tp, KP=kp, num_warps=4, num_stages=3)
+    out = torch.empty(t * k, hdim, dtype=x.dtype, device=x.device)
+    _moe_down[(experts, triton.cdiv(hdim, MOE_BLOCK_N))](
+        act, ids, w2, out, t, k, w2.stride(0), w2.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N, BK=MOE_BLOCK_K,
+        TP=tp, KP=kp, num_warps=4, num_stages=3)
     return out.view(t, k, hdim)

@@ -1,0 +1,169 @@
+"""Batched decode steps with the two ways the fast engine can run the MoE experts outside the fused batch-1 step,
+side by side on the GPU this runs on:
+
+  grouped   routing data prepared on the device (one-hot ranks, scans, scatters), the rows permuted into expert
+            order, two CUTLASS grouped GEMMs, the rows gathered back: about 23 kernels per MoE layer
+  triton    fast/triton_kernels.moe_gemv: one program per (expert, block of output rows) over every token that
+            chose the expert, straight from the routing ids: 2 kernels, each touched expert's weights read once
+
+For each batch: the graphed step's median time (what a serving stack's step costs), the kernels per step and their
+device time (torch.profiler, graphs off), and the Triton path's teacher-forced token parity with the reference
+session. The fast engine's default (`gather_max_rows`) takes the Triton kernels up to the batch where they stop
+winning; this benchmark is where that limit comes from.
+
+    python benchmarks/moe_decode.py --out out/moe_decode.json                      # on a GPU: full spec, bf16
+    python benchmarks/moe_decode.py --device cpu --quick --out /tmp/moe.json       # smoke test (tiny, no Triton)
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dsocr_core.fast import triton_kernels  # noqa: E402
+from dsocr_core.measure.environment import capture_environment  # noqa: E402
+from dsocr_core.measure.token_parity import compare  # noqa: E402
+from dsocr_core.model.checkpoint import synthetic_model  # noqa: E402
+from dsocr_core.runtime.inputs import synthetic_inputs  # noqa: E402
+from dsocr_core.runtime.session import Session  # noqa: E402
+from dsocr_core.runtime.timing import StageTimer  # noqa: E402
+from dsocr_core.runtime.tokenizer import load_tokenizer  # noqa: E402
+from dsocr_core.spec import ModelSpec, tiny_spec  # noqa: E402
+
+NGRAM = 20
+
+
+def inputs_for(batch: int, device, quick: bool):
+    """A 2x2 Gundam page per row (703 prompt tokens, the context session_speed's decode figures use)."""
+    grid = (1, 1) if quick else (2, 2)
+    one = synthetic_inputs("gundam", grid, text_tokens=10, batch=batch, seed=100 + batch)
+    return one.to(device, torch.bfloat16 if device.type == "cuda" else None)
+
+
+def step_ms(session: Session, inputs, steps: int) -> float:
+    """Median graphed decode step, after warm-up steps that compile and capture."""
+    pre = session.prefill(inputs, room=steps + 16)
+    token, cache = pre.logits[:, -1].argmax(-1), pre.cache
+    for _ in range(3):
+        session.engine.decode_step(token, cache)
+    timer = StageTimer(session.device)
+    for _ in range(steps):
+        with timer.stage("step"):
+            session.engine.decode_step(token, cache)
+    return statistics.median(s for _, s in timer.finish()) * 1e3
+
+
+def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
+    """Kernel launches and device time per step with graphs off (the graph replays the same kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    pre = session.prefill(inputs, room=steps + 16)
+    token, cache = pre.logits[:, -1].argmax(-1), pre.cache
+    for _ in range(3):
+        session.engine.decode_step(token, cache)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            session.engine.decode_step(token, cache)
+        if session.device.type == "cuda":
+            torch.cuda.synchronize()
+    count = busy = 0.0
+    moe = {}
+    for e in prof.key_averages():
+        if session.device.type == "cuda" and str(getattr(e, "device_type", "")).endswith("CPU"):
+            continue
+        t = getattr(e, "self_device_time_total", 0) if session.device.type == "cuda" else e.self_cpu_time_total
+        if not t or not e.count or e.key.startswith(("cuda", "Memcpy", "Memset", "ProfilerStep")):
+            continue
+        if session.device.type == "cuda" and e.key.startswith("aten::"):
+            continue
+        count += e.count
+        busy += t
+        if "moe" in e.key or "grouped" in e.key.lower() or "cutlass" in e.key.lower():
+            moe[e.key[:90]] = round(t / steps, 1)
+    return {"kernels_per_step": count / steps, "busy_us_per_step": busy / steps, "expert_kernels_us": moe}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="tiny spec, few steps (smoke test, any device)")
+    ap.add_argument("--batches", default="2,4,8,16,32,64")
+    ap.add_argument("--steps", type=int, default=48, help="graphed steps timed per batch and variant")
+    ap.add_argument("--variants", default=None, help="comma list of grouped, triton, gather (default: grouped,"
+                    "triton on a GPU; grouped,gather on a CPU)")
+    ap.add_argument("--blocks", default="16x256", help="Triton (rows x reduction) blocks to try, e.g. 16x256,32x128")
+    ap.add_argument("--profile-batches", default="8")
+    ap.add_argument("--parity-batches", default="4,16")
+    ap.add_argument("--parity-steps", type=int, default=32)
+    ap.add_argument("--out", default="out/moe_decode.json")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    variants = (args.variants or ("grouped,triton" if cuda else "grouped,gather")).split(",")
+    if "triton" in variants and not (cuda and triton_kernels.HAS_TRITON):
+        ap.error("the triton variant needs a CUDA device and Triton")
+    if args.quick:
+        args.steps = min(args.steps, 4)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    blocks = [tuple(int(v) for v in b.split("x")) for b in args.blocks.split(",") if b]
+    dtype = torch.bfloat16 if cuda else torch.float32
+    spec = tiny_spec() if args.quick else ModelSpec()
+    model = synthetic_model(spec, seed=0, dtype=dtype, device=device)
+    ref = Session(model, spec, load_tokenizer(None), device, "bfloat16" if cuda else "float32",
+                  {"source": "synthetic", "detail": "seed 0 (random weights)", "synthetic": True})
+    out: dict = {"benchmark": "moe_decode", "quick": args.quick, "environment": capture_environment(str(device)),
+                 "step_ms": {}, "kernels": {}, "parity": {}}
+    runs = [(v, None) for v in variants if v != "triton"] + [("triton", b) for b in blocks if "triton" in variants]
+    for variant, block in runs:
+        name = variant if block is None else f"triton {block[0]}x{block[1]}"
+        if block is not None:  # read by moe_gemv when a graph is captured
+            triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K = block
+        session = ref.with_mode("fast", moe=variant)
+        times = out["step_ms"][name] = {}
+        for b in batches:
+            inputs = inputs_for(b, device, args.quick)
+            times[str(b)] = step_ms(session, inputs, args.steps)
+            print(f"{name:18s} b{b:<3d} {times[str(b)]:8.3f} ms/step", flush=True)
+            if str(b) in args.profile_batches.split(","):
+                out["kernels"].setdefault(name, {})[str(b)] = kernels_per_step(ref.with_mode(
+                    "fast", moe=variant, graphs=False), inputs)
+            if variant != "grouped" and block in (None, blocks[0]) and str(b) in args.parity_batches.split(","):
+                par = compare(ref, session, inputs, args.parity_steps, NGRAM)
+                tf = par.get("teacher_forced", {})
+                out["parity"].setdefault(name, {})[str(b)] = {
+                    "tokens_equal": par["tokens_equal"], "agree": tf.get("agree"), "total": tf.get("total"),
+                    "all_rounding_flips": tf.get("all_rounding_flips"), "max_logit_abs_diff": par["max_logit_abs_diff"]}
+            session.engine.release(b)
+            del inputs
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+        del session
+        gc.collect()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    names = list(out["step_ms"])
+    print(f"\n{out['environment'].get('gpu_name') or 'cpu'}: ms per decode step (graphed, median of {args.steps})")
+    print(f"{'batch':>6s} " + " ".join(f"{n:>18s}" for n in names))
+    for b in batches:
+        print(f"{b:6d} " + " ".join(f"{out['step_ms'][n][str(b)]:18.3f}" for n in names))
+    for n, per in out["kernels"].items():
+        for b, k in per.items():
+            print(f"kernels {n} b{b}: {k['kernels_per_step']:.0f} per step, {k['busy_us_per_step']:.0f} us busy")
+    for n, per in out["parity"].items():
+        for b, p in per.items():
+            print(f"parity {n} b{b}: tokens equal {p['tokens_equal']}, teacher-forced {p['agree']}/{p['total']}, "
+                  f"all rounding flips {p['all_rounding_flips']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
