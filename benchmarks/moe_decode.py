@@ -91,6 +91,11 @@ def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
     return {"kernels_per_step": count / steps, "busy_us_per_step": busy / steps, "expert_kernels_us": moe}
 
 
+def save(out: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -141,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 out["parity"].setdefault(name, {})[str(b)] = {
                     "tokens_equal": par["tokens_equal"], "agree": tf.get("agree"), "total": tf.get("total"),
                     "all_rounding_flips": tf.get("all_rounding_flips"), "max_logit_abs_diff": par["max_logit_abs_diff"]}
+            save(out, args.out)  # a run cut short keeps what it measured
             session.engine.release(b)
             del inputs
             gc.collect()
@@ -148,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
         del session
         gc.collect()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    save(out, args.out)
     names = list(out["step_ms"])
     print(f"\n{out['environment'].get('gpu_name') or 'cpu'}: ms per decode step (graphed, median of {args.steps})")
     print(f"{'batch':>6s} " + " ".join(f"{n:>18s}" for n in names))
