@@ -88,13 +88,15 @@ def host_ops_by_kind(plan: Plan, graphs: bool) -> dict[str, Any]:
 @dataclass
 class Call:
     """What a plan sees: the row kind, one call part's cost and shape context, whether the call is the engine's
-    fused decode step, and the routing the prediction assumes (None: uniform)."""
+    fused decode step, the routing the prediction assumes (None: uniform) and, in a decode step, the path the
+    engine takes at this call's batch size (EnginePlan.decode_paths; '' where the plan has one path)."""
 
     kind: str
     cost: Cost
     ctx: dict
     fused: bool = False
     routing: Any = None  # routing.Routing: distinct experts per call; None = uniform
+    path: str = ""
 
     def __getattr__(self, name):  # ctx entries as attributes (b, sq, n, views, side, dt, spec, ...)
         try:
@@ -111,6 +113,10 @@ class EnginePlan(Protocol):
     notes: tuple[str, ...]  # options the plan does not model, said in every prediction
 
     def plan(self, c: Call) -> Plan: ...
+
+    def decode_paths(self, b, spec) -> np.ndarray:
+        """The path a decode step at each batch size in `b` takes (strings, b's shape; 'fused' for the fused
+        step): the prediction plans each group of points with its own path."""
 
 
 def whole(table: str, coords: dict, c: Call, launches=1.0, real_bytes=None) -> Plan:

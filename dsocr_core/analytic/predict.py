@@ -140,6 +140,9 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
     if name == "memory.fused_gemv":
         return [(name, same), ("memory.gemv", same), ("memory.elementwise", same), ("memory.copy", same)]
+    if name == "memory.moe_gemv":  # the by-expert Triton experts; else the fused step's weight-streaming kernels
+        return [(name, same), ("memory.fused_gemv", same), ("memory.gemv", same), ("memory.elementwise", same),
+                ("memory.copy", same)]
     if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
     if name.startswith("memory.") or name == "bias.broadcast":
@@ -151,7 +154,7 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
                "attention.flash.causal", "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
-               "memory.fused_attention", "memory.transposed_cat", "bias.broadcast", "bias.strided")
+               "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "bias.broadcast", "bias.strided")
 
 
 def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:
@@ -220,9 +223,9 @@ class Predictor:
         return real / self.efficiency(k, dtype) - share
 
     # ----------------------------------------------------------------------------------------- one call
-    def _call(self, kind: str, cost: Cost, ctx: dict, fused: bool):
-        """(roofline, kernel excess, launch, host) seconds of one call of one module."""
-        pl = self.plan.plan(Call(kind, cost, ctx, fused, self.routing))
+    def _call(self, kind: str, cost: Cost, ctx: dict, path: str):
+        """(roofline, kernel excess, launch, host) seconds of one call of one module on one decode path."""
+        pl = self.plan.plan(Call(kind, cost, ctx, path == "fused", self.routing, path))
         dtype = ctx.get("dtype", "bfloat16")
         flops, nbytes = cost.flops, cost.bytes
         roof = np.maximum(np.asarray(flops, dtype=float) / self.P, np.asarray(nbytes, dtype=float) / self.W)
@@ -257,19 +260,21 @@ class Predictor:
         return roof, excess, launch, host
 
     def call(self, kind: str, cost: Cost, ctx: dict):
-        """One call; where the engine has a fused decode step, a decode step at batch 1 is that step."""
-        if not (self.plan.fused_decode_b1 and ctx.get("phase") == "decode"):
-            return self._call(kind, cost, ctx, False)
-        one = np.asarray(ctx["b"]) == 1
-        if np.all(one):
-            return self._call(kind, cost, ctx, True)
-        if not np.any(one):
-            return self._call(kind, cost, ctx, False)
-        shape = one.shape
+        """One call. A decode step takes the path the engine takes at its batch size (plan.decode_paths: the
+        fused step at batch 1, the experts' kernels by batch): each group of points is planned with its own."""
+        if ctx.get("phase") != "decode":
+            return self._call(kind, cost, ctx, "")
+        b = np.asarray(ctx["b"])
+        first, inv = self._batch_index(ctx)  # the distinct batch sizes (cached per call context)
+        paths = np.asarray(self.plan.decode_paths(b.reshape(-1)[first], ctx["spec"]))
+        kinds = np.unique(paths)
+        if kinds.size == 1:
+            return self._call(kind, cost, ctx, str(kinds[0]))
+        shape = b.shape
         out = [np.zeros(shape) for _ in range(4)]
-        for mask, is_fused in ((one, True), (~one, False)):  # each plan on its own points only
-            idx = np.flatnonzero(mask.reshape(-1))
-            part = self._call(kind, *_subset(cost, ctx, idx, shape), is_fused)
+        for path in kinds:  # each plan on its own points only
+            idx = np.flatnonzero(np.isin(inv.reshape(-1), np.flatnonzero(paths == path)))
+            part = self._call(kind, *_subset(cost, ctx, idx, shape), str(path))
             for o, v in zip(out, part):
                 o.reshape(-1)[idx] = np.broadcast_to(v, idx.shape)
         return tuple(out)

@@ -27,7 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from .ops import FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, Settings, input_bytes, kernel_count, launch_costs, measure_entry
+from .ops import (FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
+                  launch_costs, measure_entry)
 from .profile import (BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, add_tables, build_profile,
                       entry_work, table_kind)
 
@@ -77,6 +78,8 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
         out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in
                                                    (16, 64, 256, 1024, 4096, 16384)]}
+        # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
+        out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)]}
     return out
 
 

@@ -24,6 +24,10 @@ GROUPED_EXPERTS = 64
 # for them, and the table's one axis (bytes read) then moves with the weight rows or the cached tokens.
 FUSED_WIDTH, FUSED_HEADS, FUSED_HEAD_DIM = 1280, 10, 128
 FUSED_ATTN_SLOT_BYTES = 2 * FUSED_HEADS * FUSED_HEAD_DIM * 2  # one cached token's keys and values, bf16
+# The by-expert MoE kernels likewise at the LM's expert widths, for 8 decode rows of 8 slots (6 routed experts and 2
+# shared): the table's axis (bytes read) moves with the number of distinct experts the rows touch
+MOE_INNER, MOE_TOKENS, MOE_SLOTS, MOE_MAX_EXPERTS = 896, 8, 8, 66
+MOE_EXPERT_BYTES = 3 * FUSED_WIDTH * MOE_INNER * 2  # one expert's gate, up and down weights, bf16
 
 
 @dataclass
@@ -80,6 +84,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         nbytes = max(int(c["bytes"]), 64)
         if what.startswith("fused_"):
             return _fused_op(what, nbytes, dev, rnd)
+        if what == "moe_gemv":
+            return _moe_gemv_op(nbytes, dev, rnd)
         if what == "copy":
             n = nbytes // 4  # bf16 elements: read + write = bytes
             return (lambda: (rnd(n), torch.empty(n, device=dev, dtype=torch.bfloat16)),
@@ -193,6 +199,24 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
                                 vc.stride(0), vc.stride(1), d ** -0.5, D=d, CHUNK=chunk, BS=next_pow2(splits),
                                 num_warps=warps, **launch)
     return make, attend, 2 * h * splits * chunk * d * 2, 1
+
+
+def _moe_gemv_op(nbytes: int, dev: str, rnd):
+    """The fast engine's by-expert MoE kernels (triton_kernels.moe_gemv: gate/up + SwiGLU, then down; two
+    launches) as batched decode runs them: MOE_TOKENS rows of MOE_SLOTS slots spread over as many distinct experts
+    as make `nbytes` of weights (each row's slots distinct, every expert chosen by about as many rows)."""
+    import torch
+
+    from ..fast.triton_kernels import moe_gemv
+
+    if not dev.startswith("cuda"):
+        raise RuntimeError("the by-expert MoE kernels run on a CUDA GPU only")
+    n = min(max(round(nbytes / MOE_EXPERT_BYTES), 1), MOE_MAX_EXPERTS)
+    k = min(MOE_SLOTS, n)
+    ids = (torch.arange(MOE_TOKENS, device=dev)[:, None] * k + torch.arange(k, device=dev)[None, :]) % n
+    make = lambda: (rnd(MOE_TOKENS, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731
+                    rnd(n, FUSED_WIDTH, MOE_INNER))
+    return make, lambda x: moe_gemv(x[0], ids, x[1], x[2]), n * MOE_EXPERT_BYTES + MOE_TOKENS * FUSED_WIDTH * 2, 2
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -394,7 +418,7 @@ def kernel_count(name: str) -> int:
     if kind in ("attention", "attention_causal"):
         impl = name.split(".")[1]
         return ATTN_KERNELS["eager.causal" if impl == "eager" and kind == "attention_causal" else impl]
-    return 1
+    return 2 if name == "memory.moe_gemv" else 1  # its gate/up and its down launch
 
 
 def input_bytes(name: str, c: dict, st: Settings):

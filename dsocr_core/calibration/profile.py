@@ -65,7 +65,7 @@ KIND_AXES = {
     "grouped_gemm": ("tokens", "n", "k"),
     "bias": ("bh", "side"),
 }
-MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat")
+MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv")
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
 # of the second strided by rows); profiles made before it price it on the elementwise table
 # bias.broadcast / bias.strided: SAM's dense relative-position bias as the reference model builds it, the broadcast
@@ -74,7 +74,9 @@ MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_atte
 # them price the two on the elementwise and copy tables
 BIAS_KINDS = ("broadcast", "strided")
 # fused_gemv / fused_attention: the fast engine's own batch-1 decode kernels (fast/decode_kernels.py), by bytes
-# read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so)
+# read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so).
+# moe_gemv: its by-expert MoE kernels of batched decode (fast/triton_kernels.py), by weight bytes read, the same way;
+# profiles without it price them on fused_gemv
 ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash")
 
 

@@ -45,6 +45,7 @@ from .decode_kernels import FusedDecode
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer
 from .options import DEFAULT_NEW_TOKENS  # cache room a bare prefill() leaves for decoding (grown on demand)
+from .options import decode_moe
 from .prefill import prefill_entry, prefill_key
 from .state import DecodeState, FastCache
 from .static_cache import StaticKVCache, round_up
@@ -143,11 +144,9 @@ class FastEngine:
         if self.moe != "auto":
             if self.moe == "triton" and not (self.triton or self.interpreted):
                 raise ValueError("moe 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
-            return self.moe
-        if self.device.type != "cuda":
-            return "gather"  # torch's CPU grouped GEMM is a slow fallback; prefill still uses it
-        rows = batch * (self.cfg.k + self.cfg.shared_slots)
-        return "triton" if self.triton and rows <= self.gather_max_rows else "grouped"
+        # on a CPU the gather path: torch's CPU grouped GEMM is a slow fallback (prefill still uses it)
+        return decode_moe(self.moe, batch, self.cfg.k + self.cfg.shared_slots, self.gather_max_rows,
+                          self.device.type == "cuda", self.triton)
 
     def _compiled(self, fn, options=None):
         return Compiled(fn, options) if self.compile else fn

@@ -61,7 +61,19 @@ class FastOptions(BaseModel):
             fused=triton if self.fused is None else self.fused,
             attention=attention, moe=self.moe, gather_max_rows=self.gather_max_rows,
             sam_attention="fold" if self.sam_attention == "auto" else self.sam_attention,
-            clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps)
+            clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda)
+
+
+def decode_moe(moe: str, batch: int, slots: int, gather_max_rows: int, cuda: bool, triton: bool) -> str:
+    """The experts' kernels of a decode step at `batch` outside the fused batch-1 step, as FastEngine.moe_impl
+    runs them and the kernel plan prices them: an explicit `moe` option, else on a CPU the gather path, else
+    Triton's by-expert kernels while batch x slots (routed + shared experts per token) <= gather_max_rows, and
+    the grouped GEMMs above that."""
+    if moe != "auto":
+        return moe
+    if not cuda:
+        return "gather"
+    return "triton" if triton and batch * slots <= gather_max_rows else "grouped"
 
 
 @dataclass(frozen=True)
@@ -80,3 +92,8 @@ class ResolvedFast:
     clip_packed: bool
     bucket: int
     graph_steps: int
+    cuda: bool = False
+
+    def decode_moe(self, batch, slots: int) -> str:
+        """decode_moe for this engine (Triton is assumed wherever CUDA is, as the plan assumes)."""
+        return decode_moe(self.moe, batch, slots, self.gather_max_rows, self.cuda, self.cuda)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write, layout,
                                 lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, swiglu,
-                                whole)
+                                touched_experts, whole)
 from ..analytic.vision import SOFTMAX_FLOPS, clip_tokens
 from ..registry import family_of, fast_engine_models
 from ..spec import SpecError
@@ -33,6 +33,9 @@ STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update
 # the fused step's own kernels have their own tables; a profile without them (a CPU, or one measured before they
 # existed) falls back to memory.gemv / attention.flash (analytic.predict._candidates)
 FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
+# the by-expert Triton experts of batched decode (triton_kernels.moe_gemv), by the bytes a launch streams; a profile
+# without the table falls back to memory.fused_gemv
+MOE_GEMV = "memory.moe_gemv"
 
 
 class FastPlan:
@@ -44,15 +47,24 @@ class FastPlan:
         notes = []
         if options.sam_attention == "flex":
             notes.append("fast engine sam_attention='flex' is planned as the folded bias (no FlexAttention table)")
-        if options.moe != "auto":
-            notes.append(f"fast engine moe={options.moe!r}: decode experts outside the fused step are planned as "
-                         "the grouped GEMM")
+        if options.moe == "gather":
+            notes.append("fast engine moe='gather': decode experts outside the fused step are planned as the "
+                         "grouped GEMM")
         if options.attention != ("triton" if device_kind == "cuda" else "reduce"):  # not the device's default
             notes.append(f"fast engine attention={options.attention!r}: decode attention outside the fused step is "
                          "planned as the flash kernel")
         if device_kind == "cuda" and not (options.compile and options.compile_vision and options.compile_prefill):
             notes.append("fast engine with torch.compile off in part: kernel counts are planned as compiled")
         self.notes = tuple(notes)
+
+    def decode_paths(self, b, spec) -> np.ndarray:
+        """'fused' at batch 1 with the fused step, else the experts' kernels the engine runs at that batch size
+        (options.decode_moe, the function FastEngine.moe_impl calls)."""
+        b = np.asarray(b)
+        slots = spec.num_experts_per_tok + spec.n_shared_experts
+        sizes, inv = np.unique(b, return_inverse=True)
+        moe = np.array([self.o.decode_moe(int(x), slots) for x in sizes], dtype=object)[inv].reshape(b.shape)
+        return np.where((b == 1) & self.fused_decode_b1, "fused", moe).astype(str)
 
     def plan(self, c: Call) -> Plan:
         if not family_of(c.spec).fast_engine:
@@ -68,7 +80,7 @@ class FastPlan:
         if k in ("lm.input_layernorm", "lm.post_attention_layernorm", "lm.norm"):
             return _rms(c)
         if k.startswith("lm.mlp"):
-            return _mlp(c)
+            return _by_expert_mlp(c) if c.path == "triton" else _mlp(c)
         if k == "lm.embed_tokens":
             if c.fused:  # the embedding row is read inside the first q/k/v kernel; graph_steps steps per replay
                 return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
@@ -259,3 +271,39 @@ def _mlp(c: Call) -> Plan:
         down.coords = dict(tokens=t, n=h, k=s.moe_intermediate_size)
         return Plan([gu, down], rest_launches=0.0)
     raise KeyError(c.kind)
+
+
+def _by_expert_bytes(c: Call) -> tuple[float, float]:
+    """Bytes each by-expert launch streams: the touched routed experts' and the shared experts' weights (gate/up,
+    then down) and the rows' activations."""
+    s, dt = c.spec, c.dt
+    h, im, t = s.hidden_size, s.moe_intermediate_size, c.b * c.sq
+    experts = touched_experts(c, t) + s.n_shared_experts
+    slots = t * (s.num_experts_per_tok + s.n_shared_experts)
+    return (experts * 2 * im * h + t * h + slots * im) * dt, (experts * im * h + slots * (im + h)) * dt
+
+
+def _by_expert_mlp(c: Call) -> Plan:
+    """Decode at a batch size the engine runs with Triton's by-expert kernels (fast/options.decode_moe): the
+    router as on the grouped path, then one gate/up + SwiGLU launch and one down launch over the routed and the
+    shared experts together (one program per expert and block of output rows, each touched expert read once), and
+    the weighted combine + residual. No routing data is prepared."""
+    if c.kind in ("lm.mlp.dense", "lm.mlp.gate"):
+        return _mlp(c)
+    s = c.spec
+    up_bytes, down_bytes = _by_expert_bytes(c)
+    if c.kind == "lm.mlp.experts":
+        r = routed_experts(c)
+        r.read_routed_weights()
+        gu, down, rest = r.gu, r.down, 1.0  # the combine
+    elif c.kind == "lm.mlp.shared_experts":
+        gu, down = swiglu(c, s.shared_intermediate_size)
+        gu.launches = down.launches = 0.0  # inside the routed experts' launches
+        rest = 0.0
+    else:
+        raise KeyError(c.kind)
+    gu.table = down.table = MOE_GEMV
+    gu.coords, down.coords = dict(bytes=up_bytes), dict(bytes=down_bytes)
+    if c.kind == "lm.mlp.experts":
+        gu.launches = down.launches = 1.0
+    return Plan([gu, down], rest_launches=rest)

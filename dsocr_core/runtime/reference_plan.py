@@ -52,6 +52,9 @@ class ReferencePlan:
     def __init__(self, options: ReferenceOptions, device_kind: str):
         self.options, self.device_kind = options, device_kind
 
+    def decode_paths(self, b, spec) -> np.ndarray:
+        return np.full(np.shape(b), "")  # one path at every batch size
+
     def plan(self, c: Call) -> Plan:
         if c.phase == "vision":
             return _vision(c)
