@@ -75,7 +75,7 @@ def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
         if session.device.type == "cuda":
             torch.cuda.synchronize()
     count = busy = 0.0
-    moe = {}
+    moe, rows = {}, []
     for e in prof.key_averages():
         if session.device.type == "cuda" and str(getattr(e, "device_type", "")).endswith("CPU"):
             continue
@@ -86,9 +86,11 @@ def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
             continue
         count += e.count
         busy += t
+        rows.append((round(t / steps, 1), e.count / steps, e.key[:120]))
         if "moe" in e.key or "grouped" in e.key.lower() or "cutlass" in e.key.lower():
             moe[e.key[:90]] = round(t / steps, 1)
-    return {"kernels_per_step": count / steps, "busy_us_per_step": busy / steps, "expert_kernels_us": moe}
+    return {"kernels_per_step": count / steps, "busy_us_per_step": busy / steps, "expert_kernels_us": moe,
+            "top_kernels": [{"us_per_step": t, "per_step": n, "kernel": k} for t, n, k in sorted(rows)[::-1][:40]]}
 
 
 def save(out: dict, path: str) -> None:

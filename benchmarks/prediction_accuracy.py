@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsocr_core.engines import SESSION_MODES  # noqa: E402
+from dsocr_core.engines import SESSION_MODES, run_engine  # noqa: E402
 from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes  # noqa: E402
 from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
@@ -125,10 +125,10 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
     return out
 
 
-def predicted(spec, workload, profile, mode: str, work: str, overlap: str = "row",
+def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
               routing=None) -> dict[str, float]:
-    """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps), under
-    `routing` (None: uniform)."""
+    """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps) on `engine`
+    (an EngineSpec, or a session mode: its default options), under `routing` (None: uniform)."""
     from dsocr_core.analytic.predict import profile_hardware, with_profile
     from dsocr_core.results.prediction_check import predicted_stages
 
@@ -321,19 +321,20 @@ def main(argv: list[str] | None = None) -> dict:
             from dsocr_core.results.analytic_join import observed_routing
 
             routing = observed_routing(store.get_run(run_id), store.points(run_id), spec)
+        engine = run_engine(store.get_run(run_id))[0]  # the engine the points ran on, options and all
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]
             if rec["status"] != "done":
                 rows.append({"workload": w.model_dump(mode="json"), "status": rec["status"], "error": {}})
                 continue
-            pred = predicted(spec, w, profile, mode, args.work, args.overlap, routing)
+            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing)
             meas = rec["stages"]
             err = relative_errors(pred, meas)
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
                          "predicted_s": pred, "error": err})
         summary = summarize([r for r in rows if r["status"] == "done"])
-        entry = {"run_id": run_id, "points": rows, "summary": summary,
+        entry = {"run_id": run_id, "engine": engine.to_dict(), "points": rows, "summary": summary,
                  "routing": None if routing is None else routing.to_dict(),  # re-predictions read it back
                  "measured_environment": store.get_run(run_id).get("environment"),  # where the points were measured
                  "not_done": sum(r["status"] != "done" for r in rows),

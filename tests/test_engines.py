@@ -153,6 +153,30 @@ def test_fused_clip_packing_and_sam_attention_reach_the_prediction():
     assert dense > fold  # the dense mask is written and read again
 
 
+def test_the_plan_takes_the_engines_decode_path_at_every_batch():
+    """Decode takes the fused step at batch 1, Triton's by-expert experts while batch x 8 slots <= gather_max_rows,
+    the grouped GEMMs above: the plan asks the rule the engine asks (options.decode_moe)."""
+    from dsocr_core.fast.options import decode_moe
+
+    b = np.array([1, 2, 8, 64, 65, 128])
+    spec = ModelSpec()
+    paths = lambda opts: list(EngineSpec.of("fast", opts).kernel_plan("cuda").decode_paths(b, spec))  # noqa: E731
+    assert paths({}) == ["fused", "triton", "triton", "triton", "grouped", "grouped"]
+    assert paths({"gather_max_rows": 8}) == ["fused"] + ["grouped"] * 5  # the engine before 2026-11-26
+    assert paths({"moe": "grouped", "fused": False}) == ["grouped"] * 6
+    assert paths({"gather_max_rows": 16, "fused": False}) == ["triton", "triton"] + ["grouped"] * 4
+    assert [decode_moe("auto", int(x), 8, 512, True, True) for x in b] == paths({"fused": False})
+    assert list(EngineSpec.of("fast").kernel_plan("cpu").decode_paths(b, spec)) == ["gather"] * 6
+    # the two paths price differently: by-expert kernels on their own table, no routing glue launches
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[8], decode_steps=[4], logits="last")
+    by_expert = _stages(EngineSpec.of("fast"), pts, graph_kernel_s=1.0)["decode"]["predicted_launch_s"][0]
+    grouped = _stages(EngineSpec.of("fast", {"gather_max_rows": 8}), pts, graph_kernel_s=1.0)["decode"][
+        "predicted_launch_s"][0]
+    moe_layers = spec.num_hidden_layers - spec.first_k_dense_replace
+    # per MoE layer: 2 grouped GEMMs + 17 + the gate row's 3 against 2 launches + 1 combine + 1 routing kernel
+    assert grouped - by_expert == pytest.approx(4 * moe_layers * (22 - 4))
+
+
 def test_options_the_plan_does_not_model_are_noted():
     hw = with_profile(H200, _profile(), EngineSpec.of("fast", {"moe": "gather", "compile": False}))
     evaluate(ModelSpec(), Points.grid(crops=[(1, 1)], decode_steps=[2]), hw)

@@ -4,8 +4,9 @@ What it does differently from the reference path (each point is explained in doc
 * static KV cache (static_cache.py), one per batch size, reused across requests; decode attends over a
   length bucket (a multiple of `bucket` slots) with later slots masked, so each bucket's step has fixed shapes;
 * positions, the new token and the cache write position live on the device; no `.item()`/`.tolist()` in a step;
-* MoE without host sync (moe.py): a Triton expert GEMV at batch 1 (triton_kernels.py), grouped GEMM with
-  sort-free grouping otherwise and in prefill; the shared expert runs as two extra experts;
+* MoE without host sync (moe.py): in decode up to batch 64 (`gather_max_rows` (token, slot) rows) Triton's
+  routing kernel and by-expert kernels (triton_kernels.py), grouped GEMM with sort-free grouping above that and
+  in prefill; the shared expert runs as two extra experts;
 * decode attention over the cache by a Triton split-KV kernel (torch formulations on a CPU);
 * logits for the last position only;
 * at batch 1 (with Triton) the whole step is decode_kernels.FusedDecode in one graph: 5 fused Triton kernels
@@ -64,7 +65,7 @@ class FastEngine:
     eos_check_interval = 32  # the only host syncs of a generation: look for EOS every 32 tokens
 
     def __init__(self, model, *, compile: bool | None = None, graphs: bool | None = None, moe: str = "auto",
-                 attention: str = "auto", bucket: int = 256, gather_max_rows: int = 8, sam_attention: str = "auto",
+                 attention: str = "auto", bucket: int = 256, gather_max_rows: int = 512, sam_attention: str = "auto",
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
@@ -412,9 +413,11 @@ class FastEngine:
                 torch._dynamo.maybe_mark_dynamic(o, 0)
             if not lw.moe:
                 x = fns["dense"](x, o, lw.wo, lw.ln2, lw.w13, lw.w2)
-            elif st.moe_impl == "triton":
-                from .triton_kernels import moe_gemv
-                x, h, w, ids = fns["route"](x, o, lw.wo, lw.ln2, lw.gate)
+            elif st.moe_impl == "triton":  # routing in one kernel, then the experts by expert: no routing glue
+                from .triton_kernels import moe_gemv, route_rows
+                x, h, logits = fns["logits"](x, o, lw.wo, lw.ln2, lw.gate)
+                w, ids = route_rows(logits, self.cfg.k, self.cfg.shared_slots, self.cfg.norm_topk_prob,
+                                    self.cfg.scale)
                 x = fns["combine"](x, moe_gemv(h, ids, lw.w13, lw.w2), w)
             else:
                 x = fns["moe"](x, o, lw.wo, lw.ln2, lw.w13, lw.w2, lw.gate)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..model.decoder import rotate_half
 from ..spec import ModelSpec
-from .moe import combine, moe_forward, route, swiglu, with_shared
+from .moe import combine, moe_forward, router_logits, swiglu
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch"
         new key/value written into the layer's whole cache tensors [B, heads, capacity, d] at `pos`
     dense(x, o, wo, ln2, w13, w2) -> x: o_proj + residual, then the dense SwiGLU + residual
     moe(x, o, wo, ln2, w13, w2, gate) -> x: the same with the MoE (moe_impl 'grouped' or 'gather')
-    route(x, o, wo, ln2, gate) -> (x, h, weights, ids): up to the routing, for an external expert kernel
+    logits(x, o, wo, ln2, gate) -> (x, h, float32 router logits): up to the router, for external routing and
+        expert kernels (triton_kernels.route_rows, moe_gemv)
     combine(x, y, weights) -> x: weighted sum of per-slot expert outputs + residual
     final(x, norm, lm_head) -> float32 logits [B, V]
     No host sync anywhere; pos (long [1]) and the RoPE tables stay on the device."""
@@ -129,11 +130,9 @@ def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch"
         x, h = attn_out(x, o, wo, ln2)
         return x + mlp(h, w13, w2, gate, cfg, moe_impl, gemv, topk)
 
-    def route_fn(x, o, wo, ln2, gate):
+    def logits_fn(x, o, wo, ln2, gate):
         x, h = attn_out(x, o, wo, ln2)
-        w, ids = route(h, gate, cfg.k, cfg.norm_topk_prob, cfg.scale, gemv, topk)
-        w, ids = with_shared(w, ids, cfg.n_routed, cfg.shared_slots)
-        return x, h, w, ids
+        return x, h, router_logits(h, gate, gemv)
 
     def combine_fn(x, y, w):
         return x + combine(y, w)
@@ -141,5 +140,5 @@ def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch"
     def final(x, norm, lm_head):
         return F.linear(rms_norm(x, norm, cfg.eps), lm_head).float()
 
-    return {"embed": embed, "pre": pre, "dense": dense, "moe": moe, "route": route_fn, "combine": combine_fn,
+    return {"embed": embed, "pre": pre, "dense": dense, "moe": moe, "logits": logits_fn, "combine": combine_fn,
             "final": final}

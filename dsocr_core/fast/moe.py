@@ -38,14 +38,18 @@ def topk_argmax(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.cat(vals, -1), torch.cat(ids, -1)
 
 
+def router_logits(h: torch.Tensor, gate32: torch.Tensor, gemv: str = "linear") -> torch.Tensor:
+    """h [T, H] -> float32 router logits [T, E] (the reference router's float32 GEMM)."""
+    if gemv == "reduce":  # a reduction Inductor fuses with its neighbours; same math
+        return (h.float()[:, None, :] * gate32[None]).sum(-1)
+    return h.float() @ gate32.t()
+
+
 def route(h: torch.Tensor, gate32: torch.Tensor, k: int, norm_topk_prob: bool, scale: float,
           gemv: str = "linear", topk: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """h [T, H] -> routing weights [T, k] float32 and expert ids [T, k]: fp32 logits, fp32 softmax, greedy
     top-k, optional renormalisation, times the scale (the reference router's ops)."""
-    if gemv == "reduce":  # a reduction Inductor fuses with its neighbours; same math
-        logits = (h.float()[:, None, :] * gate32[None]).sum(-1)
-    else:
-        logits = h.float() @ gate32.t()
+    logits = router_logits(h, gate32, gemv)
     scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = topk_argmax(scores, k) if topk == "argmax" else torch.topk(scores, k, dim=-1)
     if norm_topk_prob:

@@ -26,7 +26,10 @@ class FastOptions(BaseModel):
     moe: Literal["auto", "triton", "gather", "grouped"] = "auto"  # decode experts outside the fused step
     attention: Literal["auto", "triton", "reduce", "sdpa"] = "auto"  # decode attention outside the fused step
     bucket: int = Field(256, ge=1)  # static-cache length bucket: decode attends over a multiple of it
-    gather_max_rows: int = Field(8, ge=0)
+    # decode experts by Triton's by-expert kernels up to this many (token, slot) rows, grouped GEMMs above; 512 =
+    # batch 64, the largest batch benchmarks/moe_decode.py measured them faster at (every batch 2-64, on an H100).
+    # Runs measured before 2026-11-26 ran with 8 (batch 1 only)
+    gather_max_rows: int = Field(512, ge=0)
     sam_attention: Literal["auto", "flex", "fold", "dense"] = "auto"
     compile_vision: bool | None = None
     compile_prefill: bool | None = None

@@ -284,12 +284,14 @@ def _by_expert_bytes(c: Call) -> tuple[float, float]:
 
 
 def _by_expert_mlp(c: Call) -> Plan:
-    """Decode at a batch size the engine runs with Triton's by-expert kernels (fast/options.decode_moe): the
-    router as on the grouped path, then one gate/up + SwiGLU launch and one down launch over the routed and the
+    """Decode at a batch size the engine runs with Triton's routing and by-expert kernels (fast/options.decode_moe):
+    the router GEMM and one routing kernel, then one gate/up + SwiGLU launch and one down launch over the routed and the
     shared experts together (one program per expert and block of output rows, each touched expert read once), and
     the weighted combine + residual. No routing data is prepared."""
-    if c.kind in ("lm.mlp.dense", "lm.mlp.gate"):
+    if c.kind == "lm.mlp.dense":
         return _mlp(c)
+    if c.kind == "lm.mlp.gate":  # the float32 router GEMM, then softmax, top-k and the shared ids in one kernel
+        return Plan([router(c)], rest_launches=1.0)
     s = c.spec
     up_bytes, down_bytes = _by_expert_bytes(c)
     if c.kind == "lm.mlp.experts":

@@ -4,10 +4,12 @@
 * `decode_attention_splitkv`: one query per (row, head) against cache slots 0..pos, split over 64-key chunks
   (flash-decoding): every chunk computes its max, exp-sum and weighted V sum in float32, a second kernel merges
   the chunks. Enough programs to fill the GPU at batch 1, each reading whole 16-byte-vectorised K/V tiles.
-* `moe_gemv`: the chosen experts of a few tokens (decode at batch 1: 6 routed + 2 shared slices), one program
-  per (slot, block of output rows) reading its expert's weight tile directly (no copy of the weights), with the
-  SwiGLU applied in the first kernel, rounded like the reference (gate, up, silu(gate) and the product in the
-  model dtype).
+* `route_rows` + `moe_gemv`: batched decode's MoE without routing glue. One launch turns each row's router
+  logits into its slots' expert ids and weights (softmax, greedy top-k, the shared pseudo-experts); then one
+  program per (expert, block of output rows) multiplies that expert's weight tile, read in place and once, with
+  every row that chose it (an expert has at most one row per token, so a [rows, tokens] tile on the tensor cores),
+  the SwiGLU applied in the first kernel, rounded like the reference (gate, up, silu(gate) and the product in the
+  model dtype). The grouped path instead prepares routing data in ~19 kernels per layer (docs/fast-mode.md).
 
 Importing this module never fails: without Triton (CPU machines, CI) `HAS_TRITON` is False and the engine uses
 its torch formulations. With TRITON_INTERPRET=1 the kernels run on CPU tensors (slowly), which is how the CPU
@@ -26,8 +28,10 @@ except ImportError:  # pragma: no cover
     HAS_TRITON = False
 
 ATTN_CHUNK = 64  # keys per split
-MOE_BLOCK_N = 16  # output rows per program
-MOE_BLOCK_K = 256  # reduction elements per step
+# by-expert MoE blocks: output rows per program, reduction elements per step (on an H100 at batch 2-64, 64x64
+# beat 16x256 by 3-9% and 32x128 by up to 1.4%: benchmarks/moe_decode.py)
+MOE_BLOCK_N = 64
+MOE_BLOCK_K = 64
 
 
 if HAS_TRITON:
@@ -75,6 +79,36 @@ if HAS_TRITON:
         acc = tl.load(acc_ptr + (bh * n_splits + sidx)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
         tl.store(o_ptr + b * sob + h * soh + d, out.to(o_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _route_rows(lg_ptr, ids_ptr, wts_ptr, scale, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
+                    SHARED: tl.constexpr, NORM: tl.constexpr):
+        """One row's routing from its float32 router logits [E]: softmax, greedy top-k (k rounds of
+        max-and-mask, as the fused batch-1 router does), optional renormalisation, times the scale; the shared
+        pseudo-experts follow with weight 1. Writes ids [K + SHARED] (int64) and weights (float32)."""
+        t = tl.program_id(0)
+        i = tl.arange(0, EP)
+        lg = tl.load(lg_ptr + t * E + i, mask=i < E, other=float("-inf"))
+        p = tl.exp(lg - tl.max(lg, axis=0))
+        p = p / tl.sum(p, axis=0)
+        total = 0.0
+        if NORM:  # the sum of the top k, for the renormalisation
+            q = p
+            for r in tl.static_range(K):
+                total += tl.max(q, axis=0)
+                q = tl.where(i == tl.argmax(q, axis=0), -1.0, q)
+        row = t * (K + SHARED)
+        for r in tl.static_range(K):  # probabilities are >= 0: a taken one masked with -1 is never taken again
+            best = tl.max(p, axis=0)
+            arg = tl.argmax(p, axis=0)
+            if NORM:
+                best = best / (total + 1e-20)
+            tl.store(ids_ptr + row + r, arg)
+            tl.store(wts_ptr + row + r, best * scale)
+            p = tl.where(i == arg, -1.0, p)
+        for j in tl.static_range(SHARED):
+            tl.store(ids_ptr + row + K + j, E + j)
+            tl.store(wts_ptr + row + K + j, 1.0)
 
     @triton.jit
     def _token_hits(ids_ptr, e, T, K8, TP: tl.constexpr, KP: tl.constexpr):
@@ -180,3 +214,16 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Te
         act, ids, w2, out, t, k, w2.stride(0), w2.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N, BK=MOE_BLOCK_K,
         TP=tp, KP=kp, num_warps=4, num_stages=3)
     return out.view(t, k, hdim)
+
+
+def route_rows(logits: torch.Tensor, k: int, shared: int, norm_topk_prob: bool,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 router logits [T, E] -> (weights float32 [T, k + shared], ids long [T, k + shared]): moe.route and
+    moe.with_shared in one launch (one program per row)."""
+    t, e = logits.shape
+    logits = logits.contiguous()
+    ids = torch.empty(t, k + shared, dtype=torch.long, device=logits.device)
+    weights = torch.empty(t, k + shared, dtype=torch.float32, device=logits.device)
+    _route_rows[(t,)](logits, ids, weights, scale, E=e, EP=next_pow2(e), K=k, SHARED=shared, NORM=norm_topk_prob,
+                      num_warps=1)
+    return weights, ids

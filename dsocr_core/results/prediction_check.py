@@ -64,7 +64,7 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
-    overlap), with `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing"
+    overlap) on the engine the result recorded (else the mode's default engine), with `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing"
     entry), else uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. A result without that
     mode, or with settings the predictor refuses, raises a SpecError naming them."""
     from ..analytic.predict import profile_hardware, with_profile
@@ -80,7 +80,8 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None)
     if preset not in fam.presets:
         raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
     spec = fam.preset(preset)
-    hw = with_profile(profile_hardware(profile), profile, mode, settings.get("work", "engine"),
+    engine = entry.get("engine") or mode  # the engine the points ran on (results before 2026-11-26: see docs)
+    hw = with_profile(profile_hardware(profile), profile, engine, settings.get("work", "engine"),
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
