@@ -132,7 +132,7 @@ def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
     from dsocr_core.analytic.predict import profile_hardware, with_profile
     from dsocr_core.results.prediction_check import predicted_stages
 
-    return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, mode, work,
+    return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, engine, work,
                                                            overlap, routing))[0]
 
 

@@ -15,6 +15,7 @@ from dsocr_core.calibration.microbench import _fill, run_microbench
 from dsocr_core.calibration.profile import (FORMAT_VERSION, ProfileError, Table, add_tables, entry_work, load_profile,
                                             profile_from_dict, uniform_profile)
 from dsocr_core.cli import main
+from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,6 +381,7 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
             assert math.isfinite(s["max_abs"])
         for p in entry["points"]:
             assert p["predicted_s"]["ttft"] > 0 and p["measured_s"]["ttft"] > 0
+        assert entry["engine"] == EngineSpec.of(mode).to_dict()  # the engine the points ran on, recorded
     printed = capsys.readouterr().out
     assert "reference session mode" in printed and "fast session mode" in printed
     last = json.loads(printed.strip().splitlines()[-1])
