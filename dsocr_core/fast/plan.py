@@ -305,7 +305,8 @@ def _by_expert_mlp(c: Call) -> Plan:
     else:
         raise KeyError(c.kind)
     gu.table = down.table = MOE_GEMV
-    gu.coords, down.coords = dict(bytes=up_bytes), dict(bytes=down_bytes)
+    # the table times the two launches together (calibration/ops.py): each is looked up at the pair's bytes
+    gu.coords = down.coords = dict(bytes=up_bytes + down_bytes)
     if c.kind == "lm.mlp.experts":
         gu.launches = down.launches = 1.0
     return Plan([gu, down], rest_launches=rest)
