@@ -177,6 +177,20 @@ def test_the_plan_takes_the_engines_decode_path_at_every_batch():
     assert grouped - by_expert == pytest.approx(4 * moe_layers * (22 - 4))
 
 
+def test_clip_mlp_kernels_get_no_overlap_credit(monkeypatch):
+    """The fast plan names CLIP's MLP as a row of separate kernels (fc1, quick_gelu, fc2, residual add): its
+    kernels' own rooflines add up instead of the row's max(compute, memory); other rows keep the overlap."""
+    from dsocr_core.fast.plan import FastPlan
+
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1, 8], decode_steps=[0], logits="last")
+    separate = _stages(EngineSpec.of("fast"), pts)
+    monkeypatch.setattr(FastPlan, "separate_rows", frozenset())
+    credited = _stages(EngineSpec.of("fast"), pts)
+    assert np.all(separate["clip"]["predicted_roofline_s"] > credited["clip"]["predicted_roofline_s"])
+    for stage in ("sam", "projector", "prefill"):
+        np.testing.assert_array_equal(separate[stage]["predicted_s"], credited[stage]["predicted_s"])
+
+
 def test_options_the_plan_does_not_model_are_noted():
     hw = with_profile(H200, _profile(), EngineSpec.of("fast", {"moe": "gather", "compile": False}))
     evaluate(ModelSpec(), Points.grid(crops=[(1, 1)], decode_steps=[2]), hw)

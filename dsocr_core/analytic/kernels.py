@@ -111,6 +111,8 @@ class EnginePlan(Protocol):
     graphs: bool  # kernels launch from CUDA graphs: the graph gap per launch, no eager host op per launch
     fused_decode_b1: bool  # a decode step at batch 1 is the engine's fused step (Call.fused)
     notes: tuple[str, ...]  # options the plan does not model, said in every prediction
+    # optional: separate_rows, row kinds whose kernels run one after another with nothing fused across them (no
+    # overlap credit for the row: its kernels' own rooflines add up; analytic/predict.py)
 
     def plan(self, c: Call) -> Plan: ...
 

@@ -14,7 +14,7 @@ QUICK = ("its tables are the quick grids (kernel shapes up to 128 wide, a smoke 
 CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs only (the plans price a GPU's "
        "kernels and launches): its predictions are untested")
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on the H100 from the H200's profile, decode and TPOT "
-           "miss by 23-24% (median), the projector by 47%, CLIP by 7%")
+           "miss by 23-24% (median), the projector by 47%, CLIP by 10%")
 REFERENCE = ("the reference session mode misses the 15% target on every GPU measured: median errors on the H200 / "
              "H100 (re-measured 2026-11-26) of SAM 22% / 20%, CLIP 25% / 19%, projector 46% / 29%, LM prefill "
              "129% / 28%, decode 55% / 6% (the bundled H200 run: LM prefill +123%, max +206%); its host-bound "

@@ -178,6 +178,10 @@ class Predictor:
         launch = p.launch
         # the engine's plan on the profile's device kind: a fast engine on a CPU runs eagerly, without graphs
         self.plan = prediction.engine.kernel_plan(p.device.get("kind", "cuda"))
+        # rows whose kernels the engine runs one after another with nothing fused across them: their kernels'
+        # own rooflines add up, whatever the overlap setting (EnginePlan.separate_rows; none by default). Part of
+        # the engine's work: with work="analytic" every row keeps the analytic roofline
+        self.separate = frozenset(getattr(self.plan, "separate_rows", ()) if self.engine_work else ())
         prediction.notes.update(self.plan.notes)
         self.routing = prediction.routing
         self.graphs = self.plan.graphs
@@ -251,7 +255,7 @@ class Predictor:
             excess = excess + self._excess_by_batch(rest, dtype, ctx)
         else:
             excess = excess + self._excess(rest, dtype)
-        if self.kernel_overlap:  # the kernels' own rooflines, one after another
+        if self.kernel_overlap or kind in self.separate:  # the kernels' own rooflines, one after another
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
         launch = launches * self.per_launch
@@ -321,7 +325,8 @@ class Predictor:
         the profile's."""
         if not row.ctx:
             raise SpecError(f"row {row.kind} carries no kernel shapes; build rows with analytic.stages")
-        if roofline is not None and roofline[0] == self.P and roofline[1] == self.W and not self.kernel_overlap:
+        separate = self.kernel_overlap or row.kind in self.separate
+        if roofline is not None and roofline[0] == self.P and roofline[1] == self.W and not separate:
             roof_sum = roofline[2]
         else:
             roof_sum = None
@@ -333,7 +338,7 @@ class Predictor:
                 r, e, lt, h = self._by_batch(row.kind, first, c0)
                 roof, kernel, launch, host = n * r, n * e, n * lt, n * np.maximum(h - (r + e + lt), 0.0)
             else:
-                roof = None if self.kernel_overlap else (
+                roof = None if separate else (
                     roof_sum if roof_sum is not None else row.times(self.P, self.W)[2])  # exact over the steps
                 mid = Cost(tensor_flops=(first.flops + last.flops) / 2, act_read=(first.bytes + last.bytes) / 2)
                 nodes = [self.call(row.kind, first, c0),
