@@ -3,8 +3,9 @@ side by side on the GPU this runs on:
 
   grouped   routing data prepared on the device (one-hot ranks, scans, scatters), the rows permuted into expert
             order, two CUTLASS grouped GEMMs, the rows gathered back: about 23 kernels per MoE layer
-  triton    fast/triton_kernels.moe_gemv: one program per (expert, block of output rows) over every token that
-            chose the expert, straight from the routing ids: 2 kernels, each touched expert's weights read once
+  triton    fast/triton_kernels.route_rows + moe_gemv: a routing kernel, then one program per (expert, block of
+            output rows) over every token that chose the expert, straight from the routing ids: 3 kernels and the
+            combine, each touched expert's weights read once
 
 For each batch: the graphed step's median time (what a serving stack's step costs), the kernels per step and their
 device time (torch.profiler, graphs off), and the Triton path's teacher-forced token parity with the reference
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=48, help="graphed steps timed per batch and variant")
     ap.add_argument("--variants", default=None, help="comma list of grouped, triton, gather (default: grouped,"
                     "triton on a GPU; grouped,gather on a CPU)")
-    ap.add_argument("--blocks", default="16x256", help="Triton (rows x reduction) blocks to try, e.g. 16x256,32x128")
+    ap.add_argument("--blocks", default=f"{triton_kernels.MOE_BLOCK_N}x{triton_kernels.MOE_BLOCK_K}",
+                    help="Triton (rows x reduction) blocks to try, e.g. 16x256,32x128 (default: the engine's)")
     ap.add_argument("--profile-batches", default="8")
     ap.add_argument("--parity-batches", default="4,16")
     ap.add_argument("--parity-steps", type=int, default=32)
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"benchmark": "moe_decode", "quick": args.quick, "environment": capture_environment(str(device)),
                  "step_ms": {}, "kernels": {}, "parity": {}}
     runs = [(v, None) for v in variants if v != "triton"] + [("triton", b) for b in blocks if "triton" in variants]
+    engine_blocks = triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K
     for variant, block in runs:
         name = variant if block is None else f"triton {block[0]}x{block[1]}"
         if block is not None:  # read by moe_gemv when a graph is captured
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
         del session
         gc.collect()
+    triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K = engine_blocks  # the engine's blocks again
     save(out, args.out)
     names = list(out["step_ms"])
     print(f"\n{out['environment'].get('gpu_name') or 'cpu'}: ms per decode step (graphed, median of {args.steps})")

@@ -173,7 +173,8 @@ def test_the_plan_takes_the_engines_decode_path_at_every_batch():
     grouped = _stages(EngineSpec.of("fast", {"gather_max_rows": 8}), pts, graph_kernel_s=1.0)["decode"][
         "predicted_launch_s"][0]
     moe_layers = spec.num_hidden_layers - spec.first_k_dense_replace
-    # per MoE layer: 2 grouped GEMMs + 17 + the gate row's 3 against 2 launches + 1 combine + 1 routing kernel
+    # per MoE layer, besides the router GEMM both run: 2 grouped GEMMs + 17 + the gate row's 3 against 2 expert
+    # launches + 1 combine + 1 routing kernel
     assert grouped - by_expert == pytest.approx(4 * moe_layers * (22 - 4))
 
 
@@ -231,3 +232,27 @@ def test_the_same_points_predict_the_same_in_a_sweep(tmp_path):
     for i in range(pts.size):
         one = _stages(eng, pts.take(np.array([i])))
         assert one["decode"]["predicted_s"][0] == pytest.approx(many["decode"]["predicted_s"][i], rel=1e-12)
+
+
+def test_the_by_expert_kernels_stop_at_their_token_tile():
+    """Batches above BY_EXPERT_MAX_TOKENS run the grouped GEMMs under 'auto' whatever gather_max_rows says, and an
+    explicit moe='triton' there is refused with the reason (its per-expert token tile), by the engine's rule and
+    so by the plan."""
+    from dsocr_core.fast.options import BY_EXPERT_MAX_TOKENS, decode_moe
+
+    assert decode_moe("auto", BY_EXPERT_MAX_TOKENS, 8, 10**6, True, True) == "triton"
+    assert decode_moe("auto", BY_EXPERT_MAX_TOKENS + 1, 8, 10**6, True, True) == "grouped"
+    assert decode_moe("triton", BY_EXPERT_MAX_TOKENS, 8, 0, True, True) == "triton"
+    with pytest.raises(SpecError, match="up to 64 rows"):
+        decode_moe("triton", BY_EXPERT_MAX_TOKENS + 1, 8, 512, True, True)
+    plan = EngineSpec.of("fast", {"moe": "triton"}).kernel_plan("cuda")
+    with pytest.raises(SpecError, match="moe='triton'"):
+        plan.decode_paths(np.array([1, 96]), ModelSpec())
+
+
+def test_results_without_an_engine_record_are_predicted_on_the_engine_of_their_time():
+    from dsocr_core.results.prediction_check import ENGINE_BEFORE_RECORDS
+
+    old = as_engine(ENGINE_BEFORE_RECORDS["fast"])
+    assert old.options["gather_max_rows"] == 8
+    assert list(old.kernel_plan("cuda").decode_paths(np.array([1, 8]), ModelSpec())) == ["fused", "grouped"]

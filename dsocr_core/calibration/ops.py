@@ -25,7 +25,7 @@ GROUPED_EXPERTS = 64
 FUSED_WIDTH, FUSED_HEADS, FUSED_HEAD_DIM = 1280, 10, 128
 FUSED_ATTN_SLOT_BYTES = 2 * FUSED_HEADS * FUSED_HEAD_DIM * 2  # one cached token's keys and values, bf16
 # The by-expert MoE kernels likewise at the LM's expert widths, for 8 decode rows of 8 slots (6 routed experts and 2
-# shared): the table's axis (bytes read) moves with the number of distinct experts the rows touch
+# shared; 9 rows for all 66): the table's axis (bytes read) moves with the number of distinct experts the rows touch
 MOE_INNER, MOE_TOKENS, MOE_SLOTS, MOE_MAX_EXPERTS = 896, 8, 8, 66
 MOE_EXPERT_BYTES = 3 * FUSED_WIDTH * MOE_INNER * 2  # one expert's gate, up and down weights, bf16
 
@@ -213,10 +213,11 @@ def _moe_gemv_op(nbytes: int, dev: str, rnd):
         raise RuntimeError("the by-expert MoE kernels run on a CUDA GPU only")
     n = min(max(round(nbytes / MOE_EXPERT_BYTES), 1), MOE_MAX_EXPERTS)
     k = min(MOE_SLOTS, n)
-    ids = (torch.arange(MOE_TOKENS, device=dev)[:, None] * k + torch.arange(k, device=dev)[None, :]) % n
-    make = lambda: (rnd(MOE_TOKENS, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731
+    tokens = max(MOE_TOKENS, -(-n // k))  # enough slots to reach every one of the n experts (9 rows for 66)
+    ids = (torch.arange(tokens, device=dev)[:, None] * k + torch.arange(k, device=dev)[None, :]) % n
+    make = lambda: (rnd(tokens, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731
                     rnd(n, FUSED_WIDTH, MOE_INNER))
-    return make, lambda x: moe_gemv(x[0], ids, x[1], x[2]), n * MOE_EXPERT_BYTES + MOE_TOKENS * FUSED_WIDTH * 2, 2
+    return make, lambda x: moe_gemv(x[0], ids, x[1], x[2]), n * MOE_EXPERT_BYTES + tokens * FUSED_WIDTH * 2, 2
 
 
 # ---------------------------------------------------------------------------------------------- timing

@@ -5,12 +5,15 @@ Python. Here the counts never leave the device, so the whole layer can be captur
 
 * `grouped`: (token, slot) pairs sorted by expert on the device, group ends found by `searchsorted`, and both
   SwiGLU projections run as ONE grouped GEMM each (`torch._grouped_mm`, bf16 CUTLASS kernels on Hopper; experts
-  that received no rows are skipped, so each touched expert's weights are read once). Prefill and batched decode.
+  that received no rows are skipped, so each touched expert's weights are read once). Prefill, and decode above
+  the Triton kernels' batch limit.
   The grouping itself needs no sort: a one-hot [rows, experts] matrix, its column sums (group sizes) and its
   running sum down the rows (each row's rank inside its expert) give every row its place, in the order a stable
   sort would give (on an H200 torch.sort's radix sort cost 26 us per layer at batch 64).
-* `triton` (batch-1 decode on a GPU): triton_kernels.moe_gemv, one program per (slot, block of output rows)
-  reading the chosen expert's weight tile in place: each chosen expert's weights are read once, nothing copied.
+* `triton` (decode at batch 2-64 on a GPU; batch 1 is the fused step): the engine routes with
+  triton_kernels.route_rows and runs triton_kernels.moe_gemv, one program per (expert, block of output rows) over
+  every token that chose the expert, reading its weight tile in place: each touched expert's weights are read
+  once, nothing copied, no routing data prepared (this module's route/combine are not used for it).
 * `gather`: each (token, slot) row multiplies its expert's weights gathered by id (`bmm` copies the chosen
   weights first, `reduce` is a multiply-sum Inductor can fuse). CPU path and fallback.
 

@@ -26,7 +26,8 @@ class FastOptions(BaseModel):
     moe: Literal["auto", "triton", "gather", "grouped"] = "auto"  # decode experts outside the fused step
     attention: Literal["auto", "triton", "reduce", "sdpa"] = "auto"  # decode attention outside the fused step
     bucket: int = Field(256, ge=1)  # static-cache length bucket: decode attends over a multiple of it
-    # decode experts by Triton's by-expert kernels up to this many (token, slot) rows, grouped GEMMs above; 512 =
+    # (named for the gather kernels it once chose) decode experts by Triton's routing and by-expert kernels up to
+    # this many (token, slot) rows and BY_EXPERT_MAX_TOKENS rows, grouped GEMMs above; 512 =
     # batch 64, the largest batch benchmarks/moe_decode.py measured them faster at (every batch 2-64, on an H100).
     # Runs measured before 2026-11-26 ran with 8 (batch 1 only)
     gather_max_rows: int = Field(512, ge=0)
@@ -67,16 +68,26 @@ class FastOptions(BaseModel):
             clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda)
 
 
+# the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
+# (beyond that the tile would spill registers and outgrow shared memory; they were measured up to batch 64)
+BY_EXPERT_MAX_TOKENS = 64
+
+
 def decode_moe(moe: str, batch: int, slots: int, gather_max_rows: int, cuda: bool, triton: bool) -> str:
     """The experts' kernels of a decode step at `batch` outside the fused batch-1 step, as FastEngine.moe_impl
     runs them and the kernel plan prices them: an explicit `moe` option, else on a CPU the gather path, else
-    Triton's by-expert kernels while batch x slots (routed + shared experts per token) <= gather_max_rows, and
-    the grouped GEMMs above that."""
+    Triton's by-expert kernels while batch x slots (routed + shared experts per token) <= gather_max_rows (and
+    the batch <= BY_EXPERT_MAX_TOKENS), and the grouped GEMMs above that. An explicit 'triton' above
+    BY_EXPERT_MAX_TOKENS is refused (SpecError)."""
+    if moe == "triton" and batch > BY_EXPERT_MAX_TOKENS:
+        raise SpecError(f"fast engine option moe='triton' runs decode batches of up to {BY_EXPERT_MAX_TOKENS} rows "
+                        f"(its per-expert token tile), got batch {batch}: use 'auto' or 'grouped'")
     if moe != "auto":
         return moe
     if not cuda:
         return "gather"
-    return "triton" if triton and batch * slots <= gather_max_rows else "grouped"
+    fits = batch * slots <= gather_max_rows and batch <= BY_EXPERT_MAX_TOKENS
+    return "triton" if triton and fits else "grouped"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from .options import BY_EXPERT_MAX_TOKENS
+
 try:  # pragma: no cover - depends on the machine
     import triton
     import triton.language as tl
@@ -198,8 +200,12 @@ def decode_attention_splitkv(q: torch.Tensor, keys: torch.Tensor, values: torch.
 def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """x [T, H], ids [T, K] -> per-slot expert outputs [T, K, H] in x's dtype (SwiGLU experts). One program per
     (expert, block of output rows) over every token that chose the expert: each touched expert's weights are
-    read once whatever the batch, and no routing data is prepared (no sort, no scan, no gather)."""
+    read once whatever the batch, and no routing data is prepared (no sort, no scan, no gather).
+    Preconditions: each row's K ids are distinct (top-k ids and the shared experts' ids are; a repeated id would
+    send two slots to one output row) and T <= options.BY_EXPERT_MAX_TOKENS (ValueError otherwise)."""
     t, k = ids.shape
+    if t > BY_EXPERT_MAX_TOKENS:
+        raise ValueError(f"moe_gemv takes up to {BY_EXPERT_MAX_TOKENS} tokens (its per-expert token tile), got {t}")
     hdim = x.shape[1]
     inner = w2.shape[2]
     experts = w13.shape[0]
@@ -219,7 +225,9 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Te
 def route_rows(logits: torch.Tensor, k: int, shared: int, norm_topk_prob: bool,
                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 router logits [T, E] -> (weights float32 [T, k + shared], ids long [T, k + shared]): moe.route and
-    moe.with_shared in one launch (one program per row)."""
+    moe.with_shared in one launch (one program per row). The softmax uses Triton's exp and its own summation
+    order, so weights can differ from torch's in the last bits (a near-tie could pick the other expert: a
+    rounding difference, like the fused batch-1 router's)."""
     t, e = logits.shape
     logits = logits.contiguous()
     ids = torch.empty(t, k + shared, dtype=torch.long, device=logits.device)

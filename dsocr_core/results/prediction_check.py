@@ -61,12 +61,18 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
     return out
 
 
+# Accuracy results record their engine since 2026-11-26; one without that record was measured before, when the
+# fast engine's batched decode ran the grouped GEMMs (gather_max_rows 8, the default of the time)
+ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8}}}
+
+
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
-    overlap) on the engine the result recorded (else the mode's default engine), with `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing"
-    entry), else uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. A result without that
-    mode, or with settings the predictor refuses, raises a SpecError naming them."""
+    overlap) on the engine the result recorded (else the engine of the time: ENGINE_BEFORE_RECORDS), with
+    `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing" entry), else
+    uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. A result without that mode, or with
+    settings the predictor refuses, raises a SpecError naming them."""
     from ..analytic.predict import profile_hardware, with_profile
 
     settings = result.get("settings") or {}
@@ -80,7 +86,7 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None)
     if preset not in fam.presets:
         raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
     spec = fam.preset(preset)
-    engine = entry.get("engine") or mode  # the engine the points ran on (results before 2026-11-26: see docs)
+    engine = entry.get("engine") or ENGINE_BEFORE_RECORDS.get(mode, mode)  # the engine the points ran on
     hw = with_profile(profile_hardware(profile), profile, engine, settings.get("work", "engine"),
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
