@@ -41,7 +41,8 @@ ENGINES: dict[str, EngineKind] = {
         "dsocr_core.runtime.reference_plan:ReferencePlan"),
     "fast": EngineKind(
         "fast", "Fast",
-        "the fast engine (static KV cache, CUDA graphs, fused Triton decode kernels); it needs a CUDA GPU",
+        "the fast engine (static KV cache, CUDA graphs, fused Triton decode kernels at batch 1, Triton routing and "
+        "by-expert MoE kernels at batch 2-64); it needs a CUDA GPU",
         True, "dsocr_core.fast.options:FastOptions", "dsocr_core.fast.engine:FastEngine",
         "dsocr_core.fast.plan:FastPlan"),
 }
