@@ -12,7 +12,7 @@ device time (torch.profiler, graphs off), and the Triton path's teacher-forced t
 session. The fast engine's default (`gather_max_rows`) takes the Triton kernels up to the batch where they stop
 winning; this benchmark is where that limit comes from.
 
-    python benchmarks/moe_decode.py --out out/moe_decode.json                      # on a GPU: full spec, bf16
+    python benchmarks/moe_decode.py --profile data/profiles/h100.json --out out/moe_decode.json   # on a GPU
     python benchmarks/moe_decode.py --device cpu --quick --out /tmp/moe.json       # smoke test (tiny, no Triton)
 """
 from __future__ import annotations
@@ -39,6 +39,27 @@ from dsocr_core.runtime.tokenizer import load_tokenizer  # noqa: E402
 from dsocr_core.spec import ModelSpec, tiny_spec  # noqa: E402
 
 NGRAM = 20
+# the engine each variant runs (the plan the time model prices for it)
+ENGINES = {"grouped": {"moe": "grouped"}, "triton": {"moe": "triton"}, "gather": {"moe": "gather"}}
+
+
+def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path: str | None = None) -> float:
+    """The time model's device time of one graphed decode step of `variant` at `batch` (2x2 Gundam pages, the
+    benchmark's context): the step's prediction without its per-step host term, which a graph replay of
+    decode_step does not run. Routing from `routing_path` (a routing profile), else uniform."""
+    from dsocr_core.analytic import Points, evaluate
+    from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.analytic.routing import load_routing
+    from dsocr_core.calibration.profile import load_profile
+    from dsocr_core.engines import EngineSpec
+
+    profile = load_profile(profile_path)
+    routing = load_routing(routing_path) if routing_path else None
+    engine = EngineSpec.of("fast", ENGINES[variant.split()[0]])
+    hw = with_profile(profile_hardware(profile), profile, engine, "engine", "row", routing)
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[batch], decode_steps=[1], logits="last")
+    d = evaluate(ModelSpec(), pts, hw)["decode"]
+    return float(d["predicted_s"][0] - d["predicted_host_s"][0]) * 1e3
 
 
 def inputs_for(batch: int, device, quick: bool):
@@ -112,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-batches", default="8")
     ap.add_argument("--parity-batches", default="4,16")
     ap.add_argument("--parity-steps", type=int, default=32)
+    ap.add_argument("--profile", help="calibration profile: print the time model's step beside each measured one")
+    ap.add_argument("--routing", help="routing profile for that prediction (default: uniform)")
     ap.add_argument("--out", default="out/moe_decode.json")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -136,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         name = variant if block is None else f"triton {block[0]}x{block[1]}"
         if block is not None:  # read by moe_gemv when a graph is captured
             triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K = block
-        session = ref.with_mode("fast", moe=variant)
+        session = ref.with_mode("fast", **ENGINES[variant])
         times = out["step_ms"][name] = {}
         for b in batches:
             inputs = inputs_for(b, device, args.quick)
@@ -162,10 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K = engine_blocks  # the engine's blocks again
     save(out, args.out)
     names = list(out["step_ms"])
-    print(f"\n{out['environment'].get('gpu_name') or 'cpu'}: ms per decode step (graphed, median of {args.steps})")
+    if args.profile and not args.quick:  # the tiny smoke model has no prediction to compare
+        out["predicted_ms"] = {n: {str(b): predicted_step_ms(args.profile, n, b, args.routing) for b in batches}
+                               for n in names}
+        out["prediction"] = {"profile": args.profile, "routing": args.routing or "uniform (assumed)"}
+        save(out, args.out)
+    print(f"\n{out['environment'].get('gpu_name') or 'cpu'}: ms per decode step (graphed, median of {args.steps})"
+          + (" / predicted" if "predicted_ms" in out else ""))
     print(f"{'batch':>6s} " + " ".join(f"{n:>18s}" for n in names))
     for b in batches:
-        print(f"{b:6d} " + " ".join(f"{out['step_ms'][n][str(b)]:18.3f}" for n in names))
+        cells = [f"{out['step_ms'][n][str(b)]:.3f}" + (f" / {out['predicted_ms'][n][str(b)]:.3f}"
+                                                      if "predicted_ms" in out else "") for n in names]
+        print(f"{b:6d} " + " ".join(f"{c:>18s}" for c in cells))
     for n, per in out["kernels"].items():
         for b, k in per.items():
             print(f"kernels {n} b{b}: {k['kernels_per_step']:.0f} per step, {k['busy_us_per_step']:.0f} us busy")
