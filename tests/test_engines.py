@@ -256,3 +256,16 @@ def test_results_without_an_engine_record_are_predicted_on_the_engine_of_their_t
     old = as_engine(ENGINE_BEFORE_RECORDS["fast"])
     assert old.options["gather_max_rows"] == 8
     assert list(old.kernel_plan("cuda").decode_paths(np.array([1, 8]), ModelSpec())) == ["fused", "grouped"]
+
+
+def test_the_engine_and_its_plan_choose_the_same_decode_experts(tiny_model):
+    """FastEngine.moe_impl and FastPlan.decode_paths ask one rule: on this CPU, for every option set, the engine's
+    choice per batch is the plan's path (batch 1 aside, where the plan names the fused step when it is on)."""
+    from dsocr_core.fast.engine import FastEngine
+    from dsocr_core.spec import tiny_spec
+
+    batches = np.array([1, 2, 7, 33, 64])
+    for opts in ({}, {"moe": "grouped"}, {"moe": "gather"}, {"gather_max_rows": 8}):
+        engine = FastEngine(tiny_model, **opts)
+        plan = EngineSpec.of("fast", opts).kernel_plan("cpu")
+        assert [engine.moe_impl(int(b)) for b in batches] == list(plan.decode_paths(batches, tiny_spec())), opts
