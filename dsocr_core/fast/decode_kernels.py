@@ -35,6 +35,8 @@ from .triton_kernels import HAS_TRITON, next_pow2, tl, triton
 if HAS_TRITON:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+    from .triton_kernels import pick_experts
+
     @triton.jit
     def _after_predecessor(PDL: tl.constexpr):
         """Programmatic dependent launch (Hopper): let the next kernel launch now, so its launch and scheduling
@@ -188,25 +190,7 @@ if HAS_TRITON:
         if done == NR - 1:
             i = tl.arange(0, EP)
             lg = tl.load(lg_ptr + i, mask=i < E, other=float("-inf"), cache_modifier=".cg")
-            p = tl.exp(lg - tl.max(lg, axis=0))
-            p = p / tl.sum(p, axis=0)
-            total = 0.0
-            if NORM:  # the sum of the top k, for the renormalisation
-                q = p
-                for r in tl.static_range(K):
-                    total += tl.max(q, axis=0)
-                    q = tl.where(i == tl.argmax(q, axis=0), -1.0, q)
-            for r in tl.static_range(K):  # greedy top-k: k rounds of max-and-mask (probabilities are >= 0)
-                best = tl.max(p, axis=0)
-                arg = tl.argmax(p, axis=0)
-                if NORM:
-                    best = best / (total + 1e-20)
-                tl.store(ids_ptr + r, arg)
-                tl.store(wts_ptr + r, best * scale)
-                p = tl.where(i == arg, -1.0, p)
-            for j in tl.static_range(SHARED):
-                tl.store(ids_ptr + K + j, E + j)
-                tl.store(wts_ptr + K + j, 1.0)
+            pick_experts(lg, i, ids_ptr, wts_ptr, scale, E, K, SHARED, NORM)
             tl.store(cnt_ptr, 0)
 
     @triton.jit

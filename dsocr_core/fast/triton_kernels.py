@@ -83,14 +83,12 @@ if HAS_TRITON:
         tl.store(o_ptr + b * sob + h * soh + d, out.to(o_ptr.dtype.element_ty))
 
     @triton.jit
-    def _route_rows(lg_ptr, ids_ptr, wts_ptr, scale, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
-                    SHARED: tl.constexpr, NORM: tl.constexpr):
-        """One row's routing from its float32 router logits [E]: softmax, greedy top-k (k rounds of
-        max-and-mask, as the fused batch-1 router does), optional renormalisation, times the scale; the shared
-        pseudo-experts follow with weight 1. Writes ids [K + SHARED] (int64) and weights (float32)."""
-        t = tl.program_id(0)
-        i = tl.arange(0, EP)
-        lg = tl.load(lg_ptr + t * E + i, mask=i < E, other=float("-inf"))
+    def pick_experts(lg, i, ids_ptr, wts_ptr, scale, E: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr,
+                     NORM: tl.constexpr):
+        """One token's routing from its float32 router logits `lg` (lanes i; padding lanes -inf): softmax,
+        greedy top-k (k rounds of max-and-mask), optional renormalisation, times the scale; the SHARED
+        pseudo-experts (ids E, E+1, ...) follow with weight 1. Stores the K + SHARED ids and weights at ids_ptr
+        and wts_ptr. The fused batch-1 router (decode_kernels._route) and route_rows both route with it."""
         p = tl.exp(lg - tl.max(lg, axis=0))
         p = p / tl.sum(p, axis=0)
         total = 0.0
@@ -99,18 +97,28 @@ if HAS_TRITON:
             for r in tl.static_range(K):
                 total += tl.max(q, axis=0)
                 q = tl.where(i == tl.argmax(q, axis=0), -1.0, q)
-        row = t * (K + SHARED)
         for r in tl.static_range(K):  # probabilities are >= 0: a taken one masked with -1 is never taken again
             best = tl.max(p, axis=0)
             arg = tl.argmax(p, axis=0)
             if NORM:
                 best = best / (total + 1e-20)
-            tl.store(ids_ptr + row + r, arg)
-            tl.store(wts_ptr + row + r, best * scale)
+            tl.store(ids_ptr + r, arg)
+            tl.store(wts_ptr + r, best * scale)
             p = tl.where(i == arg, -1.0, p)
         for j in tl.static_range(SHARED):
-            tl.store(ids_ptr + row + K + j, E + j)
-            tl.store(wts_ptr + row + K + j, 1.0)
+            tl.store(ids_ptr + K + j, E + j)
+            tl.store(wts_ptr + K + j, 1.0)
+
+    @triton.jit
+    def _route_rows(lg_ptr, ids_ptr, wts_ptr, scale, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
+                    SHARED: tl.constexpr, NORM: tl.constexpr):
+        """Row t's routing (pick_experts) from its float32 router logits [E]: ids [K + SHARED] (int64) and
+        weights (float32) at row t of the outputs."""
+        t = tl.program_id(0)
+        i = tl.arange(0, EP)
+        lg = tl.load(lg_ptr + t * E + i, mask=i < E, other=float("-inf"))
+        row = t * (K + SHARED)
+        pick_experts(lg, i, ids_ptr + row, wts_ptr + row, scale, E, K, SHARED, NORM)
 
     @triton.jit
     def _token_hits(ids_ptr, e, T, K8, TP: tl.constexpr, KP: tl.constexpr):
