@@ -305,9 +305,10 @@ def main(argv: list[str] | None = None) -> dict:
             key["model"] = args.model
         run_id = next((r["id"] for r in store.list_runs("sweep") if (r.get("meta") or {}).get("accuracy_key") == key),
                       None)  # resume the same settings' run: finished points are skipped
-        if run_id and session is not None and run_engine(store.get_run(run_id))[0] != session.engine_spec:
-            print(f"run {run_id[:12]} ran on another engine ({run_engine(store.get_run(run_id))[0].label()}); "
-                  f"measuring {session.engine_spec.label()} in a new run", flush=True)
+        ran_on = run_engine(store.get_run(run_id))[0] if run_id else None
+        if session is not None and ran_on is not None and ran_on != session.engine_spec:
+            print(f"run {run_id[:12]} ran on another engine ({ran_on.label()}); measuring "
+                  f"{session.engine_spec.label()} in a new run", flush=True)
             run_id = None  # never mix two engines' points in one run
         if session is None:
             if run_id is None:

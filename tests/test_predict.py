@@ -159,7 +159,7 @@ def test_eager_ops_are_priced_at_their_kinds_host_cost():
     costs = {"gemm": 2e-3, "attention": 3e-3, "other": 5e-4, "view": 1e-4}
     kinds = Predictor(Prediction(_profile(**mean, host_op_s_by_kind=costs), EngineSpec.of("reference")))
     (experts,) = [r for r in rows if r.kind == "lm.mlp.experts" and r.stage == "prefill"]
-    plan = kinds.plan.plan(Call(experts.kind, experts.cost, experts.ctx[0], False, None))
+    plan = kinds.plan.plan(Call(experts.kind, experts.cost, experts.ctx[0]))
     ops = host_ops_by_kind(plan, graphs=False)
     assert float(np.sum(ops["view"])) > 0 and float(np.sum(ops["gemm"])) > 0  # the expert loop's slices, GEMMs
     want = sum(np.asarray(n) * costs[k] for k, n in ops.items())  # no sync cost in this profile
@@ -173,7 +173,7 @@ def test_eager_attention_is_host_priced_as_its_matmuls_and_ops_not_as_one_sdpa()
     for attn, want_gemm, want_attention in (("eager", 4 + 2, 0), ("sdpa", 4, 1)):
         pts = Points.from_workload(Workload(mode="base", text_tokens=20, attn=attn))
         (row,) = [r for r in prefill_rows(spec, pts) if r.kind == "lm.self_attn"]
-        plan = EngineSpec.of("reference").kernel_plan("cuda").plan(Call(row.kind, row.cost, row.ctx[0], False))
+        plan = EngineSpec.of("reference").kernel_plan("cuda").plan(Call(row.kind, row.cost, row.ctx[0]))
         ops = {k: float(np.sum(v)) for k, v in host_ops_by_kind(plan, graphs=False).items()}
         launches = sum(float(np.sum(k.launches)) for k in plan.kernels) + float(np.sum(plan.rest_launches))
         assert (ops["gemm"], ops["attention"]) == (want_gemm, want_attention), attn  # q/k/v/o projections + ...
@@ -238,8 +238,8 @@ def test_kernel_shares_never_exceed_the_row(mode):
             parts = [(row.steps[0], row.ctx[0]), (row.steps[1], row.ctx[1])] if row.steps else \
                 list(zip(row.parts or (row.cost,), row.ctx))
             for cost, ctx in parts:
-                for fused in ((False, True) if mode == "fast" and ctx["phase"] == "decode" else (False,)):
-                    pl = EngineSpec.of(mode).kernel_plan("cuda").plan(Call(row.kind, cost, ctx, fused))
+                for path in (("", "fused", "triton") if mode == "fast" and ctx["phase"] == "decode" else ("",)):
+                    pl = EngineSpec.of(mode).kernel_plan("cuda").plan(Call(row.kind, cost, ctx, path))
                     f = sum((k.flops for k in pl.kernels), 0.0)
                     b = sum((k.nbytes for k in pl.kernels), 0.0)
                     assert np.all(f <= cost.flops * (1 + 1e-12) + 1e-6), row.kind

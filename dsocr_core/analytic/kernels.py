@@ -87,16 +87,20 @@ def host_ops_by_kind(plan: Plan, graphs: bool) -> dict[str, Any]:
 
 @dataclass
 class Call:
-    """What a plan sees: the row kind, one call part's cost and shape context, whether the call is the engine's
-    fused decode step, the routing the prediction assumes (None: uniform) and, in a decode step, the path the
-    engine takes at this call's batch size (EnginePlan.decode_paths; '' where the plan has one path)."""
+    """What a plan sees: the row kind, one call part's cost and shape context, in a decode step the path the
+    engine takes at this call's batch size (EnginePlan.decode_paths: 'fused' for the fused step; '' where the
+    plan has one path) and the routing the prediction assumes (None: uniform)."""
 
     kind: str
     cost: Cost
     ctx: dict
-    fused: bool = False
-    routing: Any = None  # routing.Routing: distinct experts per call; None = uniform
     path: str = ""
+    routing: Any = None  # routing.Routing: distinct experts per call; None = uniform
+
+    @property
+    def fused(self) -> bool:
+        """The call is the engine's fused decode step."""
+        return self.path == "fused"
 
     def __getattr__(self, name):  # ctx entries as attributes (b, sq, n, views, side, dt, spec, ...)
         try:
@@ -109,7 +113,6 @@ class EnginePlan(Protocol):
     """An engine's kernel plan on one device kind (built by engines.EngineSpec.kernel_plan)."""
 
     graphs: bool  # kernels launch from CUDA graphs: the graph gap per launch, no eager host op per launch
-    fused_decode_b1: bool  # a decode step at batch 1 is the engine's fused step (Call.fused)
     notes: tuple[str, ...]  # options the plan does not model, said in every prediction
     # optional: separate_rows, row kinds whose kernels run one after another with nothing fused across them (no
     # overlap credit for the row: its kernels' own rooflines add up; analytic/predict.py)

@@ -229,7 +229,7 @@ class Predictor:
     # ----------------------------------------------------------------------------------------- one call
     def _call(self, kind: str, cost: Cost, ctx: dict, path: str):
         """(roofline, kernel excess, launch, host) seconds of one call of one module on one decode path."""
-        pl = self.plan.plan(Call(kind, cost, ctx, path == "fused", self.routing, path))
+        pl = self.plan.plan(Call(kind, cost, ctx, path, self.routing))
         dtype = ctx.get("dtype", "bfloat16")
         flops, nbytes = cost.flops, cost.bytes
         roof = np.maximum(np.asarray(flops, dtype=float) / self.P, np.asarray(nbytes, dtype=float) / self.W)

@@ -48,7 +48,6 @@ class FastPlan:
         self.o = options
         self.device_kind = device_kind
         self.graphs = options.graphs
-        self.fused_decode_b1 = options.fused
         notes = []
         if options.sam_attention == "flex":
             notes.append("fast engine sam_attention='flex' is planned as the folded bias (no FlexAttention table)")
@@ -69,7 +68,7 @@ class FastPlan:
         slots = spec.num_experts_per_tok + spec.n_shared_experts
         sizes, inv = np.unique(b, return_inverse=True)
         moe = np.array([self.o.decode_moe(int(x), slots) for x in sizes], dtype=object)[inv].reshape(b.shape)
-        return np.where((b == 1) & self.fused_decode_b1, "fused", moe).astype(str)
+        return np.where((b == 1) & self.o.fused, "fused", moe).astype(str)
 
     def plan(self, c: Call) -> Plan:
         if not family_of(c.spec).fast_engine:

@@ -271,7 +271,7 @@ def planned_rows(predictors: dict, rows_by_stage: dict[str, list]) -> dict[str, 
             for key, v in pred.row(row).items():
                 entry.predicted[key] += row.count * _scalar(v)
             for part, ctx in zip(row.parts or (row.cost,), row.ctx):
-                pl = pred.plan.plan(Call(row.kind, part, ctx, False, pred.routing))
+                pl = pred.plan.plan(Call(row.kind, part, ctx, routing=pred.routing))
                 entry.kernels += [_kernel_record(k, row.count) for k in pl.kernels]
                 if _scalar(pl.rest_launches):
                     entry.kernels.append({"table": f"rest ({pl.rest_table})", "coords": {},

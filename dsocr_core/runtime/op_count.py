@@ -263,7 +263,7 @@ def planned_ops(plan, row, routing=None) -> PlannedOps:
     out = PlannedOps()
     parts = row.parts or (row.cost,)
     for part, ctx in zip(parts, row.ctx):
-        pl = plan.plan(Call(row.kind, part, ctx, False, routing))
+        pl = plan.plan(Call(row.kind, part, ctx, routing=routing))
         launches = sum(_num(k.launches) for k in pl.kernels) + _num(pl.rest_launches)
         out.launches += row.count * launches
         out.host_ops += row.count * sum(_num(n) for n in host_ops_by_kind(pl, False).values())

@@ -46,7 +46,6 @@ class ReferenceOptions(BaseModel):
 
 class ReferencePlan:
     graphs = False  # every op is launched eagerly from the host
-    fused_decode_b1 = False
     notes: tuple[str, ...] = ()
 
     def __init__(self, options: ReferenceOptions, device_kind: str):
