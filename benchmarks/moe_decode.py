@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from dsocr_core.fast import triton_kernels  # noqa: E402
 from dsocr_core.measure.environment import capture_environment  # noqa: E402
+from dsocr_core.measure.operators import group_events  # noqa: E402
 from dsocr_core.measure.token_parity import compare  # noqa: E402
 from dsocr_core.model.checkpoint import synthetic_model  # noqa: E402
 from dsocr_core.runtime.inputs import synthetic_inputs  # noqa: E402
@@ -96,23 +97,16 @@ def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
             session.engine.decode_step(token, cache)
         if session.device.type == "cuda":
             torch.cuda.synchronize()
-    count = busy = 0.0
-    moe, rows = {}, []
-    for e in prof.key_averages():
-        if session.device.type == "cuda" and str(getattr(e, "device_type", "")).endswith("CPU"):
-            continue
-        t = getattr(e, "self_device_time_total", 0) if session.device.type == "cuda" else e.self_cpu_time_total
-        if not t or not e.count or e.key.startswith(("cuda", "Memcpy", "Memset", "ProfilerStep")):
-            continue
-        if session.device.type == "cuda" and e.key.startswith("aten::"):
-            continue
-        count += e.count
-        busy += t
-        rows.append((round(t / steps, 1), e.count / steps, e.key[:120]))
-        if "moe" in e.key or "grouped" in e.key.lower() or "cutlass" in e.key.lower():
-            moe[e.key[:90]] = round(t / steps, 1)
-    return {"kernels_per_step": count / steps, "busy_us_per_step": busy / steps, "expert_kernels_us": moe,
-            "top_kernels": [{"us_per_step": t, "per_step": n, "kernel": k} for t, n, k in sorted(rows)[::-1][:40]]}
+    ops, _ = group_events(prof.events())  # the kernels (on a CPU: the ops), as every kernel table here reads them
+    # kernels only, as the shipped figures counted them (copies and fills aside)
+    ops = ops[(ops.device == ("cuda" if session.device.type == "cuda" else "cpu"))
+              & ~ops.operator.str.startswith(("Memcpy", "Memset"))]
+    ops = ops.groupby("operator", as_index=False)[["calls", "self_us"]].sum().sort_values("self_us", ascending=False)
+    experts = ops[ops.operator.str.contains("moe|grouped|cutlass", case=False)]
+    return {"kernels_per_step": float(ops.calls.sum()) / steps, "busy_us_per_step": float(ops.self_us.sum()) / steps,
+            "expert_kernels_us": {r.operator[:90]: round(r.self_us / steps, 1) for r in experts.itertuples()},
+            "top_kernels": [{"us_per_step": round(r.self_us / steps, 1), "per_step": r.calls / steps,
+                             "kernel": r.operator[:120]} for r in ops.head(40).itertuples()]}
 
 
 def save(out: dict, path: str) -> None:
