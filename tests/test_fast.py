@@ -75,6 +75,58 @@ def test_packed_clip_equals_per_group(sessions):
         assert _close(p, w) and _close(a, w)
 
 
+@pytest.mark.parametrize("grids", [[(1, 1)], [(3, 2)], [(2, 3), (1, 1), (3, 1)], [(1, 1), (1, 1), (2, 2)]])
+def test_scattered_projector_layout_equals_the_reference_loop(sessions, grids):
+    """run_projector scatters each view group's projected rows to their slots (slot_layout, once per input
+    shape) and writes the newlines and separators with one kernel each: exactly the slots the reference's
+    per-image layout_image loop writes, for untiled, tiled and mixed rows (the global views and the tiles are
+    two view groups of different sizes)."""
+    ref, _ = sessions
+    m = ref.model.model
+    torch.manual_seed(4)
+    saved = m.image_newline.detach().clone(), m.view_seperator.detach().clone()
+    try:
+        with torch.no_grad():  # layout vectors that differ from each other and from the features
+            m.image_newline.copy_(torch.randn_like(m.image_newline))
+            m.view_seperator.copy_(torch.randn_like(m.view_seperator))
+        _check_scattered_layout(ref, grids)
+    finally:  # the module's sessions share this model
+        with torch.no_grad():
+            m.image_newline.copy_(saved[0])
+            m.view_seperator.copy_(saved[1])
+
+
+def _check_scattered_layout(ref, grids):
+    from dsocr_core.fast.vision import run_projector, slot_layout, view_groups
+    m, spec = ref.model.model, ref.spec
+    px, g, t = 4 * spec.sam_patch, 4, 2
+    views = []
+    for tw, th in grids:
+        views.append(torch.zeros(1, 3, g * px, g * px))
+        if (tw, th) != (1, 1):
+            views.append(torch.zeros(tw * th, 3, t * px, t * px))
+    groups = view_groups(views)
+    width = m.vision_model.embeddings.class_embedding.shape[0]
+    sams, clips = [], []
+    for grp in groups:
+        n, side = sum(views[i].shape[0] for i in grp), views[grp[0]].shape[-1] // px
+        sams.append(torch.randn(n, spec.sam_downsample[-1], side, side))
+        clips.append(torch.randn(n, 1 + side * side, width))
+    layout = slot_layout(views, groups, grids, px)
+    with torch.no_grad():
+        got = run_projector(ref.model, groups, sams, clips, layout)
+        per_view = [None] * len(views)
+        for grp, f in zip(groups, [m.project(c, s) for c, s in zip(clips, sams)]):
+            for i, part in zip(grp, f.split([views[i].shape[0] for i in grp])):
+                per_view[i] = part
+        want, it = [], iter(per_view)
+        for tw, th in grids:
+            glob = next(it)[0]
+            want.append(m.layout_image(glob, next(it) if (tw, th) != (1, 1) else None, (tw, th)))
+    assert layout.count == sum(w.shape[0] for w in want)
+    assert torch.equal(got, torch.cat(want))
+
+
 def test_moe_grouped_and_gather_equal_reference():
     spec = tiny_spec()
     torch.manual_seed(1)
@@ -140,6 +192,18 @@ def test_fast_tokens_equal_reference(sessions, mode, grid, batch, steps):
     r = compare(ref, fast, inputs, steps, no_repeat_ngram_size=20, teacher_forced=False)
     assert r["tokens_equal"], r["first_divergence"]
     assert r["max_logit_abs_diff"] < 1e-4
+
+
+def test_the_per_image_projector_layout_gives_the_same_tokens(sessions):
+    """projector_layout='per_image' (the reference's cats per image, how runs before 2026-11-27 ran) stays
+    selectable and gives what the default scatter gives."""
+    ref, fast = sessions
+    per_image = ref.with_mode("fast", bucket=32, projector_layout="per_image")
+    assert per_image.engine.describe()["projector_layout"] == "per_image"
+    inputs = synthetic_inputs("gundam", (2, 1), text_tokens=10, batch=2, seed=12)
+    r = compare(fast, per_image, inputs, 12, no_repeat_ngram_size=20, teacher_forced=False)
+    assert r["tokens_equal"], r["first_divergence"]
+    assert r["max_logit_abs_diff"] == 0.0
 
 
 def test_generate_matches_reference_with_active_ngram_ban(sessions):

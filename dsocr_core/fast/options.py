@@ -35,6 +35,10 @@ class FastOptions(BaseModel):
     compile_vision: bool | None = None
     compile_prefill: bool | None = None
     clip_packed: bool = True  # every view group's CLIP rows through each layer at once
+    # how the projector lays the images' features out in their slots: 'scatter', one kernel per view group and
+    # one per layout vector (fast/vision.run_projector); 'per_image', the reference's loop of cats per image, which
+    # every run measured before 2026-11-27 ran
+    projector_layout: Literal["scatter", "per_image"] = "scatter"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
     compile_options: dict | None = None
@@ -65,7 +69,8 @@ class FastOptions(BaseModel):
             fused=triton if self.fused is None else self.fused,
             attention=attention, moe=self.moe, gather_max_rows=self.gather_max_rows,
             sam_attention="fold" if self.sam_attention == "auto" else self.sam_attention,
-            clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda)
+            clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda,
+            projector_layout=self.projector_layout)
 
 
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
@@ -107,6 +112,7 @@ class ResolvedFast:
     bucket: int
     graph_steps: int
     cuda: bool = False
+    projector_layout: str = "scatter"
 
     def decode_moe(self, batch, slots: int) -> str:
         """decode_moe for this engine (Triton is assumed wherever CUDA is, as the plan assumes)."""

@@ -9,6 +9,8 @@ What the options decide here:
   down + combine (MoE), the lm_head with the greedy choice; `graph_steps` steps share one graph replay;
 * `bucket`: decode attention outside the fused step reads the static cache up to the current bucket's end;
 * `clip_packed`: every view group's CLIP rows go through each layer at once (one GEMM per layer);
+* `projector_layout`: 'scatter' writes every image's slots with one kernel per view group and per layout vector,
+  'per_image' with the reference's cats per image;
 * `sam_attention`: 'fold' folds the relative-position bias into q/k so a flash kernel runs (no dense mask);
   'dense' runs the reference's dense-mask SDPA.
 Options the plan does not model (the decode experts' and attention's kernel choice outside the fused step, eager
@@ -77,7 +79,7 @@ class FastPlan:
         if c.phase == "vision":
             return self._vision(c)
         if c.phase == "layout":
-            return layout(c)
+            return _scattered_layout(c) if self.o.projector_layout == "scatter" else layout(c)
         k = c.kind
         if k == "lm.self_attn":
             return self._attention(c)
@@ -206,6 +208,18 @@ def _clip_packed(c: Call, plan: Plan, rows, skip: tuple[int, ...] = ()) -> Plan:
         k.real_bytes = k.nbytes - c.calls * weights + share * weights
     plan.rest_launches = plan.rest_launches * share
     return plan
+
+
+
+def _scattered_layout(c: Call) -> Plan:
+    """fast/vision.run_projector's layout: each view group's projected rows scattered to their image slots (one
+    index_copy per group: the global views, and the tiles where the images are tiled), then the newlines and the
+    separators written (one index_put each), whatever the batch. It reads the features and writes them to their
+    slots; the layout vectors' writes are the remainder."""
+    groups = 1.0 + (np.asarray(c.tiled) > 0)
+    moved = 2.0 * np.asarray(c.cost.act_read, dtype=float)  # read each feature row, write it to its slot
+    scatter = Kernel("memory.copy", dict(bytes=moved / groups), 0.0, np.minimum(moved, c.cost.bytes), groups)
+    return Plan([scatter], rest_launches=2.0)
 
 
 def _rms(c: Call) -> Plan:

@@ -11,7 +11,8 @@ from ..model.deepseek_ocr import view_list
 from .compiled import cudnn_benchmark
 from .graphs import Captured
 from .lm import rms_norm
-from .vision import embed_with_images, run_clip, run_projector, run_sam, view_groups
+from .vision import (embed_with_images, run_clip, run_projector, run_projector_per_image, run_sam, slot_layout,
+                     view_groups)
 
 
 def prefill_key(engine, inputs, t: int, logits: str) -> tuple[tuple, dict]:
@@ -44,6 +45,10 @@ def prefill_entry(engine, st, ids, feed: dict, logits: str) -> dict:
         bufs["views"] = [torch.empty_like(v) for v in views]
         bufs["slots"] = torch.empty_like(feed["slots"])
         groups = view_groups(views)
+        layout = slot_layout(views, groups, grids, 4 * engine.spec.sam_patch).to(ids.device)
+        if layout.count != feed["slots"].numel():
+            raise ValueError(f"the images give {layout.count} image slots, images_seq_mask has "
+                             f"{feed['slots'].numel()}")
         pf = engine.prefill_fns()
 
         def sam():
@@ -54,8 +59,9 @@ def prefill_entry(engine, st, ids, feed: dict, logits: str) -> dict:
             ("sam", cap(sam)),
             ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], engine.clip_packed,
                                           engine.positions))),
-            ("projector", cap(lambda: run_projector(model, bufs["views"], groups, grids, outs["sam"],
-                                                    outs["clip"]))),
+            ("projector", cap(lambda: run_projector(model, groups, outs["sam"], outs["clip"], layout)
+                              if engine.projector_layout == "scatter" else
+                              run_projector_per_image(model, bufs["views"], groups, grids, outs["sam"], outs["clip"]))),
         ]
 
     def lm():

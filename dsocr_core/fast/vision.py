@@ -6,6 +6,7 @@ the reference (sam, clip, projector) so each can be timed on its own.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -148,8 +149,72 @@ def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn
     return out
 
 
-def run_projector(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:
-    """Features of each group -> each row's image slots [slots, H] (reference layout)."""
+@dataclass
+class SlotLayout:
+    """Where the projector's output goes: the image slots of every row laid end to end (the order the
+    reference's layout_image writes them), as index tensors. Per view group, the slot of each of its projected
+    feature rows (in the group's row order); the slots of the newlines and of the separators; the slot count."""
+
+    features: list[torch.Tensor]
+    newlines: torch.Tensor
+    separators: torch.Tensor
+    count: int
+
+    def to(self, device) -> "SlotLayout":
+        return SlotLayout([f.to(device) for f in self.features], self.newlines.to(device),
+                          self.separators.to(device), self.count)
+
+
+def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[tuple[int, int]],
+                px: int) -> SlotLayout:
+    """The SlotLayout of one input shape, computed on the host once (`px`: pixels per feature side). Per row
+    (DeepSeekOCRModel.layout_image): the crops stitched into one (th*t) x (tw*t) map with a newline after every
+    map row, then the global g x g grid with a newline after every row, then the separator."""
+    per_view: list[torch.Tensor | None] = [None] * len(views)
+    newlines, separators, base = [], [], 0
+    order = iter(range(len(views)))
+    for tw, th in grids:
+        glob = next(order)
+        if views[glob].shape[0] != 1:
+            raise ValueError(f"a row's global view must be one view, got {tuple(views[glob].shape)}")
+        if (tw, th) != (1, 1):
+            local = next(order)
+            t = views[local].shape[-1] // px
+            tile, inner = torch.arange(tw * th * t * t).div(t * t, rounding_mode="floor"), torch.arange(t * t)
+            inner = inner.repeat(tw * th)
+            width = tw * t + 1  # a stitched map row and its newline
+            per_view[local] = base + ((tile // tw) * t + inner // t) * width + (tile % tw) * t + inner % t
+            newlines.append(base + torch.arange(th * t) * width + tw * t)
+            base += th * t * width
+        g = views[glob].shape[-1] // px
+        j = torch.arange(g * g)
+        per_view[glob] = base + (j // g) * (g + 1) + j % g
+        newlines.append(base + torch.arange(g) * (g + 1) + g)
+        base += g * (g + 1)
+        separators.append(torch.tensor([base]))
+        base += 1
+    return SlotLayout([torch.cat([per_view[i] for i in g]) for g in groups], torch.cat(newlines),
+                      torch.cat(separators), base)
+
+
+def run_projector(model, groups: list[list[int]], sams, clips, layout: SlotLayout) -> torch.Tensor:
+    """Features of each group -> every row's image slots, end to end [slots, H] (the reference's layout). Each
+    group's projected rows are scattered to their slots in one kernel and the layout vectors written in one each,
+    where the reference lays out each image with a Python loop of cats (two to four kernels per image)."""
+    m = model.model
+    feats = [m.project(c, s) for c, s in zip(clips, sams)]
+    h = feats[0].shape[-1]
+    slots = feats[0].new_empty(layout.count, h)
+    for f, where in zip(feats, layout.features):
+        slots.index_copy_(0, where, f.reshape(-1, h))
+    slots.index_put_((layout.newlines,), m.image_newline.to(slots.dtype))
+    slots.index_put_((layout.separators,), m.view_seperator.to(slots.dtype))
+    return slots
+
+
+def run_projector_per_image(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:
+    """The engine option projector_layout='per_image' (how every run before 2026-11-27 laid images out): the
+    reference's layout_image per image, each row's slots [slots, H] on its own."""
     m = model.model
     feats = [m.project(c, s) for c, s in zip(clips, sams)]
     per_view: list[torch.Tensor | None] = [None] * len(views)
@@ -166,11 +231,13 @@ def run_projector(model, views, groups, grids, sams, clips) -> list[torch.Tensor
 
 
 def embed_with_images(model, input_ids: torch.Tensor, slot_index: torch.Tensor | None,
-                      image_rows: list[torch.Tensor] | None) -> torch.Tensor:
+                      image_slots: torch.Tensor | list[torch.Tensor] | None) -> torch.Tensor:
     """Token embeddings [B, T, H] with the image slots (flat row-major positions `slot_index`, the rows' slots
-    in order) replaced by the image embeddings: the values the reference's masked_scatter writes."""
+    in order: run_projector's output, or run_projector_per_image's rows) replaced by the image embeddings: the
+    values the reference's masked_scatter writes."""
     x = model.model.embed_tokens(input_ids)
-    if image_rows:
+    if image_slots is not None and len(image_slots):
+        image_slots = torch.cat(image_slots) if isinstance(image_slots, list) else image_slots
         b, t, h = x.shape
-        x.view(b * t, h).index_copy_(0, slot_index, torch.cat(image_rows).to(x.dtype))
+        x.view(b * t, h).index_copy_(0, slot_index, image_slots.to(x.dtype))
     return x
