@@ -77,7 +77,8 @@ def stage_kernels(session, inputs, passes: int) -> dict[str, list[dict]]:
     return out
 
 
-def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: str) -> dict[str, float] | None:
+def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: str,
+              options: dict | None = None) -> dict[str, float] | None:
     if not profile_path:
         return None
     from dsocr_core.analytic.predict import profile_hardware, with_profile
@@ -92,7 +93,9 @@ def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: st
 
     w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
                  batch=point["batch"], text_tokens=10, decode_steps=1, logits="last", dtype=dtype)
-    hw = with_profile(profile_hardware(prof), prof, "fast")
+    from dsocr_core.engines import EngineSpec
+
+    hw = with_profile(profile_hardware(prof), prof, EngineSpec.of("fast", options))
     return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in STAGES}
 
 
@@ -104,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
     ap.add_argument("--repeats", type=int, default=10, help="timed prefills per point (graphs on)")
     ap.add_argument("--top", type=int, default=8, help="kernels printed per stage")
+    ap.add_argument("--engine-options", type=json.loads, default={},
+                    help='fast engine options as JSON, e.g. \'{"projector_layout": "per_image"}\' (measured and '
+                         'predicted with them)')
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -118,8 +124,10 @@ def main(argv=None) -> int:
     preset = "tiny" if args.quick else "full"
     dtype = "float32" if args.quick else "bfloat16"
     base = Session.load(synthetic=preset, device=args.device, dtype=dtype)
-    graphed, eager = base.with_mode("fast"), base.with_mode("fast", graphs=False)
+    opts = args.engine_options
+    graphed, eager = base.with_mode("fast", **opts), base.with_mode("fast", **{**opts, "graphs": False})
     result = {"benchmark": "vision_kernels", "environment": capture_environment(args.device),
+              "engine": {"kind": "fast", "options": opts},
               "weights": "synthetic " + preset, "dtype": dtype, "profile": args.profile, "points": []}
     for p in points:
         inputs = synthetic_inputs(p["mode"], p["grid"], text_tokens=10, batch=p["batch"], seed=1,
@@ -128,7 +136,7 @@ def main(argv=None) -> int:
             for _ in range(2):
                 s.prefill(inputs)
         row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats),
-               "kernels": stage_kernels(eager, inputs, 3), "predicted_s": predicted(args.profile, p, preset, dtype)}
+               "kernels": stage_kernels(eager, inputs, 3), "predicted_s": predicted(args.profile, p, preset, dtype, opts)}
         result["points"].append(row)
         label = f"{p['mode']} {p['grid'][0]}x{p['grid'][1]} b{p['batch']}"
         for stage in STAGES:
