@@ -76,11 +76,11 @@ def test_packed_clip_equals_per_group(sessions):
 
 
 @pytest.mark.parametrize("grids", [[(1, 1)], [(3, 2)], [(2, 3), (1, 1), (3, 1)], [(1, 1), (1, 1), (2, 2)]])
-def test_scattered_projector_layout_equals_the_reference_loop(sessions, grids):
-    """run_projector scatters each view group's projected rows to their slots (slot_layout, once per input
-    shape) and writes the newlines and separators with one kernel each: exactly the slots the reference's
-    per-image layout_image loop writes, for untiled, tiled and mixed rows (the global views and the tiles are
-    two view groups of different sizes)."""
+def test_gathered_projector_layout_equals_the_reference_loop(sessions, grids):
+    """run_projector writes each view group's projected rows into one source beside the layout vectors and
+    gathers every slot from it (slot_layout, once per input shape): exactly the slots the reference's per-image
+    layout_image loop writes, for untiled, tiled and mixed rows (the global views and the tiles are two view
+    groups of different sizes)."""
     ref, _ = sessions
     m = ref.model.model
     torch.manual_seed(4)
@@ -89,14 +89,14 @@ def test_scattered_projector_layout_equals_the_reference_loop(sessions, grids):
         with torch.no_grad():  # layout vectors that differ from each other and from the features
             m.image_newline.copy_(torch.randn_like(m.image_newline))
             m.view_seperator.copy_(torch.randn_like(m.view_seperator))
-        _check_scattered_layout(ref, grids)
+        _check_gathered_layout(ref, grids)
     finally:  # the module's sessions share this model
         with torch.no_grad():
             m.image_newline.copy_(saved[0])
             m.view_seperator.copy_(saved[1])
 
 
-def _check_scattered_layout(ref, grids):
+def _check_gathered_layout(ref, grids):
     from dsocr_core.fast.vision import run_projector, slot_layout, view_groups
     m, spec = ref.model.model, ref.spec
     px, g, t = 4 * spec.sam_patch, 4, 2
@@ -114,7 +114,7 @@ def _check_scattered_layout(ref, grids):
         clips.append(torch.randn(n, 1 + side * side, width))
     layout = slot_layout(views, groups, grids, px)
     with torch.no_grad():
-        got = run_projector(ref.model, groups, sams, clips, layout)
+        got = run_projector(ref.model, groups, sams, clips, layout, layout.source(ref.model, sams[0]))
         per_view = [None] * len(views)
         for grp, f in zip(groups, [m.project(c, s) for c, s in zip(clips, sams)]):
             for i, part in zip(grp, f.split([views[i].shape[0] for i in grp])):
@@ -196,7 +196,7 @@ def test_fast_tokens_equal_reference(sessions, mode, grid, batch, steps):
 
 def test_the_per_image_projector_layout_gives_the_same_tokens(sessions):
     """projector_layout='per_image' (the reference's cats per image, how runs before 2026-11-27 ran) stays
-    selectable and gives what the default scatter gives."""
+    selectable and gives what the default gather gives."""
     ref, fast = sessions
     per_image = ref.with_mode("fast", bucket=32, projector_layout="per_image")
     assert per_image.engine.describe()["projector_layout"] == "per_image"

@@ -154,7 +154,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
                "attention.flash.causal", "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
-               "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "bias.broadcast", "bias.strided")
+               "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
+               "bias.broadcast", "bias.strided")
 
 
 def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:

@@ -43,7 +43,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         causal = {"bh": [1, 4], "s": [16, 64], "d": [32]}
         out = {"gemm.bfloat16": g, "gemm.float32": g}
         out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]}
-                for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat")}
+                for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows")}
         out |= {f"bias.{k}": {"bh": [12, 48], "side": [4, 14]} for k in BIAS_KINDS}
         for impl in ("sdpa", "eager"):  # no flash table: predictions fall back to sdpa, and say so
             out[f"attention.{impl}"] = att
@@ -59,7 +59,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
     causal = {"bh": [1, 8, 64, 512], "s": [16, 256, 1024, 4096, 8192], "d": [64, 128, 256]}
     out = {"gemm.bfloat16": gemm}
     out |= {f"memory.{k}": {"bytes": [float(4 ** i) for i in range(6, 17)]}
-            for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat")}
+            for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows")}
     # SAM's windows (side 14), 640, 1024 and 1280 px global grids (40, 64, 80); bh = views x windows x heads, so at
     # least SAM's 12 heads (at bh 1 the reshape is a view: no copy to time, the entry would stay unmeasured)
     out |= {f"bias.{k}": {"bh": [12, 48, 192, 768, 3072, 12288], "side": [14, 40, 64, 80]} for k in BIAS_KINDS}

@@ -98,6 +98,13 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             rows = max(nbytes // (8 * width), 1)
             return (lambda: (rnd(rows, width), rnd(width, rows)),
                     lambda x: torch.cat([x[0], x[1].t()], dim=-1), 4 * rows * width, 1)
+        if what == "gather_rows":  # index_select of [rows, 1280] bf16 rows (the fast projector's layout): read, write
+            width = 1280
+            rows = max(nbytes // (4 * width), 1)
+            where = torch.arange(rows, device=dev)
+            where[16::17] = rows  # every 17th slot from one extra row, as a newline column every 16 features
+            return (lambda: (rnd(rows + 1, width), where),
+                    lambda x: x[0].index_select(0, x[1]), 4 * rows * width, 1)
         if what == "norm":
             width = 1024
             rows = max(nbytes // (4 * width), 1)  # read and write [rows, 1024] bf16

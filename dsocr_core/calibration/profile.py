@@ -65,9 +65,11 @@ KIND_AXES = {
     "grouped_gemm": ("tokens", "n", "k"),
     "bias": ("bh", "side"),
 }
-MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv")
+MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
+                "gather_rows")
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
-# of the second strided by rows); profiles made before it price it on the elementwise table
+# of the second strided by rows); profiles made before it price it on the elementwise table. gather_rows: whole
+# rows gathered by an index (index_select), the fast projector's layout; profiles made before it use elementwise
 # bias.broadcast / bias.strided: SAM's dense relative-position bias as the reference model builds it, the broadcast
 # sum of two permuted einsum outputs and then its reshape (a copy of the non-contiguous sum), over bh (views x
 # windows x heads) and the attended square's side (its innermost runs: 14, 40 or 64 elements). Profiles made before

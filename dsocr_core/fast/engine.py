@@ -69,15 +69,15 @@ class FastEngine:
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
-                 graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "scatter"):
+                 graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "gather"):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
             raise ValueError(f"attention must be 'auto', 'triton', 'reduce' or 'sdpa', got {attention!r}")
         if sam_attention not in ("auto", *SAM_ATTENTION):
             raise ValueError(f"sam_attention must be 'auto' or one of {SAM_ATTENTION}, got {sam_attention!r}")
-        if projector_layout not in ("scatter", "per_image"):
-            raise ValueError(f"projector_layout must be 'scatter' or 'per_image', got {projector_layout!r}")
+        if projector_layout not in ("gather", "per_image"):
+            raise ValueError(f"projector_layout must be 'gather' or 'per_image', got {projector_layout!r}")
         self.projector_layout = projector_layout
         self.model = model.eval()
         self.spec = model.spec

@@ -35,10 +35,10 @@ class FastOptions(BaseModel):
     compile_vision: bool | None = None
     compile_prefill: bool | None = None
     clip_packed: bool = True  # every view group's CLIP rows through each layer at once
-    # how the projector lays the images' features out in their slots: 'scatter', one kernel per view group and
-    # one per layout vector (fast/vision.run_projector); 'per_image', the reference's loop of cats per image, which
-    # every run measured before 2026-11-27 ran
-    projector_layout: Literal["scatter", "per_image"] = "scatter"
+    # how the projector lays the images' features out in their slots: 'gather', one gather of every slot from the
+    # projected rows and the layout vectors (fast/vision.run_projector); 'per_image', the reference's loop of cats
+    # per image, which every run measured before 2026-11-27 ran
+    projector_layout: Literal["gather", "per_image"] = "gather"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
     compile_options: dict | None = None
@@ -112,7 +112,7 @@ class ResolvedFast:
     bucket: int
     graph_steps: int
     cuda: bool = False
-    projector_layout: str = "scatter"
+    projector_layout: str = "gather"
 
     def decode_moe(self, batch, slots: int) -> str:
         """decode_moe for this engine (Triton is assumed wherever CUDA is, as the plan assumes)."""

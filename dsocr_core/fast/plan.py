@@ -9,8 +9,8 @@ What the options decide here:
   down + combine (MoE), the lm_head with the greedy choice; `graph_steps` steps share one graph replay;
 * `bucket`: decode attention outside the fused step reads the static cache up to the current bucket's end;
 * `clip_packed`: every view group's CLIP rows go through each layer at once (one GEMM per layer);
-* `projector_layout`: 'scatter' writes every image's slots with one kernel per view group and per layout vector,
-  'per_image' with the reference's cats per image;
+* `projector_layout`: 'gather' lays out every image's slots with one gather, 'per_image' with the reference's cats
+  per image;
 * `sam_attention`: 'fold' folds the relative-position bias into q/k so a flash kernel runs (no dense mask);
   'dense' runs the reference's dense-mask SDPA.
 Options the plan does not model (the decode experts' and attention's kernel choice outside the fused step, eager
@@ -38,6 +38,9 @@ FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
 # the by-expert Triton experts of batched decode (triton_kernels.moe_gemv), by the bytes a launch streams; a profile
 # without the table falls back to memory.fused_gemv
 MOE_GEMV = "memory.moe_gemv"
+# gathers of whole rows (index_select), the projector's layout; a profile without the table falls back to
+# memory.elementwise
+GATHER_ROWS = "memory.gather_rows"
 
 
 class FastPlan:
@@ -79,7 +82,7 @@ class FastPlan:
         if c.phase == "vision":
             return self._vision(c)
         if c.phase == "layout":
-            return _scattered_layout(c) if self.o.projector_layout == "scatter" else layout(c)
+            return _gathered_layout(c) if self.o.projector_layout == "gather" else layout(c)
         k = c.kind
         if k == "lm.self_attn":
             return self._attention(c)
@@ -211,15 +214,13 @@ def _clip_packed(c: Call, plan: Plan, rows, skip: tuple[int, ...] = ()) -> Plan:
 
 
 
-def _scattered_layout(c: Call) -> Plan:
-    """fast/vision.run_projector's layout: each view group's projected rows scattered to their image slots (one
-    index_copy per group: the global views, and the tiles where the images are tiled), then the newlines and the
-    separators written (one index_put each), whatever the batch. It reads the features and writes them to their
-    slots; the layout vectors' writes are the remainder."""
-    groups = 1.0 + (np.asarray(c.tiled) > 0)
-    moved = 2.0 * np.asarray(c.cost.act_read, dtype=float)  # read each feature row, write it to its slot
-    scatter = Kernel("memory.copy", dict(bytes=moved / groups), 0.0, np.minimum(moved, c.cost.bytes), groups)
-    return Plan([scatter], rest_launches=2.0)
+def _gathered_layout(c: Call) -> Plan:
+    """fast/vision.run_projector's layout: one gather of every image slot from the projected rows and the layout
+    vectors (the projector's GEMMs write their rows into its source), whatever the batch: it reads and writes
+    each slot's row."""
+    moved = 2.0 * np.asarray(c.cost.act_write, dtype=float)
+    gather = Kernel(GATHER_ROWS, dict(bytes=moved), 0.0, c.cost.bytes, 1.0, real_bytes=moved)
+    return Plan([gather], rest_launches=0.0)
 
 
 def _rms(c: Call) -> Plan:

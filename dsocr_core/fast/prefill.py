@@ -46,6 +46,7 @@ def prefill_entry(engine, st, ids, feed: dict, logits: str) -> dict:
         bufs["slots"] = torch.empty_like(feed["slots"])
         groups = view_groups(views)
         layout = slot_layout(views, groups, grids, 4 * engine.spec.sam_patch).to(ids.device)
+        bufs["source"] = layout.source(model, engine.model.lm_head.weight)  # static: outside the graphs' pool
         if layout.count != feed["slots"].numel():
             raise ValueError(f"the images give {layout.count} image slots, images_seq_mask has "
                              f"{feed['slots'].numel()}")
@@ -59,8 +60,8 @@ def prefill_entry(engine, st, ids, feed: dict, logits: str) -> dict:
             ("sam", cap(sam)),
             ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], engine.clip_packed,
                                           engine.positions))),
-            ("projector", cap(lambda: run_projector(model, groups, outs["sam"], outs["clip"], layout)
-                              if engine.projector_layout == "scatter" else
+            ("projector", cap(lambda: run_projector(model, groups, outs["sam"], outs["clip"], layout, bufs["source"])
+                              if engine.projector_layout == "gather" else
                               run_projector_per_image(model, bufs["views"], groups, grids, outs["sam"], outs["clip"]))),
         ]
 

@@ -151,18 +151,30 @@ def run_clip(model, sams: list[torch.Tensor], layer_fn: Callable = clip_layer_fn
 
 @dataclass
 class SlotLayout:
-    """Where the projector's output goes: the image slots of every row laid end to end (the order the
-    reference's layout_image writes them), as index tensors. Per view group, the slot of each of its projected
-    feature rows (in the group's row order); the slots of the newlines and of the separators; the slot count."""
+    """Where the projector's output goes, for one input shape. The projected rows of every view group and the two
+    layout vectors (newline, separator) sit end to end in one source buffer: group g's rows at
+    `segments[g]` = (first row, rows), then the newline, then the separator. `source_index[j]` is the source row of
+    image slot j, the slots of every row laid end to end in the order the reference's layout_image writes them."""
 
-    features: list[torch.Tensor]
-    newlines: torch.Tensor
-    separators: torch.Tensor
-    count: int
+    segments: list[tuple[int, int]]
+    source_index: torch.Tensor
+    rows: int  # projected rows of all groups (the newline is source row `rows`, the separator `rows + 1`)
+
+    @property
+    def count(self) -> int:
+        return int(self.source_index.numel())
 
     def to(self, device) -> "SlotLayout":
-        return SlotLayout([f.to(device) for f in self.features], self.newlines.to(device),
-                          self.separators.to(device), self.count)
+        return SlotLayout(self.segments, self.source_index.to(device), self.rows)
+
+    def source(self, model, like: torch.Tensor) -> torch.Tensor:
+        """A source buffer [rows + 2, H] (dtype and device of `like`) holding the layout vectors in its last two
+        rows; the projector writes the features into the rest. Written once: an engine's weights never change."""
+        m = model.model
+        src = like.new_empty(self.rows + 2, m.image_newline.shape[-1])
+        src[self.rows] = m.image_newline.to(src.dtype)
+        src[self.rows + 1] = m.view_seperator.to(src.dtype)
+        return src
 
 
 def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[tuple[int, int]],
@@ -170,7 +182,7 @@ def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[
     """The SlotLayout of one input shape, computed on the host once (`px`: pixels per feature side). Per row
     (DeepSeekOCRModel.layout_image): the crops stitched into one (th*t) x (tw*t) map with a newline after every
     map row, then the global g x g grid with a newline after every row, then the separator."""
-    per_view: list[torch.Tensor | None] = [None] * len(views)
+    per_view: list[torch.Tensor | None] = [None] * len(views)  # each view's feature rows -> their slots
     newlines, separators, base = [], [], 0
     order = iter(range(len(views)))
     for tw, th in grids:
@@ -180,8 +192,8 @@ def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[
         if (tw, th) != (1, 1):
             local = next(order)
             t = views[local].shape[-1] // px
-            tile, inner = torch.arange(tw * th * t * t).div(t * t, rounding_mode="floor"), torch.arange(t * t)
-            inner = inner.repeat(tw * th)
+            tile = torch.arange(tw * th * t * t).div(t * t, rounding_mode="floor")
+            inner = torch.arange(t * t).repeat(tw * th)
             width = tw * t + 1  # a stitched map row and its newline
             per_view[local] = base + ((tile // tw) * t + inner // t) * width + (tile % tw) * t + inner % t
             newlines.append(base + torch.arange(th * t) * width + tw * t)
@@ -193,23 +205,30 @@ def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[
         base += g * (g + 1)
         separators.append(torch.tensor([base]))
         base += 1
-    return SlotLayout([torch.cat([per_view[i] for i in g]) for g in groups], torch.cat(newlines),
-                      torch.cat(separators), base)
+    source = torch.full((base,), -1, dtype=torch.long)
+    segments, start = [], 0
+    for grp in groups:
+        slots = torch.cat([per_view[i] for i in grp])
+        source[slots] = torch.arange(start, start + slots.numel())
+        segments.append((start, int(slots.numel())))
+        start += int(slots.numel())
+    source[torch.cat(newlines)] = start
+    source[torch.cat(separators)] = start + 1
+    assert int(source.min()) >= 0, "every image slot has a source row"
+    return SlotLayout(segments, source, start)
 
 
-def run_projector(model, groups: list[list[int]], sams, clips, layout: SlotLayout) -> torch.Tensor:
+def run_projector(model, groups: list[list[int]], sams, clips, layout: SlotLayout,
+                  source: torch.Tensor) -> torch.Tensor:
     """Features of each group -> every row's image slots, end to end [slots, H] (the reference's layout). Each
-    group's projected rows are scattered to their slots in one kernel and the layout vectors written in one each,
+    group's projector GEMM writes its rows into `source` (layout.source), and one gather lays out every slot,
     where the reference lays out each image with a Python loop of cats (two to four kernels per image)."""
     m = model.model
-    feats = [m.project(c, s) for c, s in zip(clips, sams)]
-    h = feats[0].shape[-1]
-    slots = feats[0].new_empty(layout.count, h)
-    for f, where in zip(feats, layout.features):
-        slots.index_copy_(0, where, f.reshape(-1, h))
-    slots.index_put_((layout.newlines,), m.image_newline.to(slots.dtype))
-    slots.index_put_((layout.separators,), m.view_seperator.to(slots.dtype))
-    return slots
+    linear = m.projector.layers
+    for (start, n), c, s in zip(layout.segments, clips, sams):
+        x = m.projector_input(c, s)
+        torch.addmm(linear.bias, x.reshape(n, -1), linear.weight.t(), out=source[start:start + n])  # = linear(x)
+    return source.index_select(0, layout.source_index)
 
 
 def run_projector_per_image(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:

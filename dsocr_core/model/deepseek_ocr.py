@@ -163,8 +163,12 @@ class DeepseekOCRModel(VisionLM):
 
     def project(self, clip: torch.Tensor, sam: torch.Tensor) -> torch.Tensor:
         """CLIP [N, 1+g*g, C] and SAM [N, C_sam, g, g] -> [N, g*g, hidden]: CLIP (CLS dropped) first, then SAM."""
-        sam_tokens = sam.flatten(2).transpose(1, 2)
-        return self.projector(torch.cat([clip[:, 1:], sam_tokens], dim=-1))
+        return self.projector(self.projector_input(clip, sam))
+
+    @staticmethod
+    def projector_input(clip: torch.Tensor, sam: torch.Tensor) -> torch.Tensor:
+        """The projector's input [N, g*g, C + C_sam]: each position's CLIP features (CLS dropped), then SAM's."""
+        return torch.cat([clip[:, 1:], sam.flatten(2).transpose(1, 2)], dim=-1)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """Views [N, 3, S, S] -> features [N, (S/64)^2, hidden] through SAM, CLIP and the projector."""
