@@ -110,6 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-options", type=json.loads, default={},
                     help='fast engine options as JSON, e.g. \'{"projector_layout": "per_image"}\' (measured and '
                          'predicted with them)')
+    ap.add_argument("--graphed-kernels", action="store_true",
+                    help="also list the kernels of the graphed stages (their replays under the profiler): a "
+                         "graphed stage's time beside its kernels' says what the graph adds")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -137,6 +140,8 @@ def main(argv=None) -> int:
                 s.prefill(inputs)
         row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats),
                "kernels": stage_kernels(eager, inputs, 3), "predicted_s": predicted(args.profile, p, preset, dtype, opts)}
+        if args.graphed_kernels:
+            row["kernels_graphed"] = stage_kernels(graphed, inputs, 3)
         result["points"].append(row)
         label = f"{p['mode']} {p['grid'][0]}x{p['grid'][1]} b{p['batch']}"
         for stage in STAGES:
@@ -147,6 +152,8 @@ def main(argv=None) -> int:
                   f"predicted {pred:.3f} ms", flush=True)
             for k in ks[:args.top]:
                 print(f"   {k['us']:9.1f} us x{k['launches']:<4.0f} {k['kernel'][:110]}")
+            for k in row.get("kernels_graphed", {}).get(stage, [])[:args.top]:
+                print(f"   graphed {k['us']:9.1f} us x{k['launches']:<4.0f} {k['kernel'][:100]}")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, default=str))
     print("\npoint                 " + "  ".join(f"{s + ' meas/pred ms':>24s}" for s in STAGES))
