@@ -393,7 +393,12 @@ def pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram
         pps = b / r["wall_s"]
         w = Workload(mode="gundam", crops=grid, text_tokens=10, batch=b, decode_steps=args.page_tokens,
                      logits="last")
-        analytic = {"h200_calibrated": capacity_summary(spec, w, cal)}
+        # this GPU's roofline (its measured ceilings, and its datasheet where a preset names it), then the H200's
+        # and the paper's A100-40G for comparison
+        analytic = {"calibrated": capacity_summary(spec, w, cal)}
+        sheet = match_device_name(cal.name)
+        if sheet is not None:
+            analytic["datasheet"] = capacity_summary(spec, w, sheet)
         for key in ("h200", "a100-sxm-40gb"):
             analytic[key] = capacity_summary(spec, w, PRESETS[key])
         out["pages"]["batches"][str(b)] = {
@@ -401,7 +406,8 @@ def pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram
             "pages_per_s": pps, "pages_per_day": pps * 86400, "analytic": analytic,
             "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
         say(f"pages b{b:<3d} {pps:6.2f} pages/s ({pps * 86400 / 1e3:.0f}k/day): prefill {r['prefill_s']:.2f} s + "
-            f"decode {r['span_s']:.2f} s; analytic H200 {analytic['h200']['pages_per_s']:.2f}, "
+            f"decode {r['span_s']:.2f} s; analytic this GPU {analytic['calibrated']['pages_per_s']:.2f} "
+            f"(measured ceilings), H200 {analytic['h200']['pages_per_s']:.2f}, "
             f"A100-40G {analytic['a100-sxm-40gb']['pages_per_s']:.2f} pages/s "
             f"(fits {analytic['a100-sxm-40gb']['fits']})")
         del inputs
@@ -590,7 +596,9 @@ def summary(out: dict) -> None:
     if "best_batch" in pg:
         row = pg["batches"][str(pg["best_batch"])]
         say(f"pages/s (3x2 page, {pg['output_tokens']} tokens), best batch {pg['best_batch']}: "
-            f"{pg['best_pages_per_s']:.2f} measured; analytic H200 {row['analytic']['h200']['pages_per_s']:.2f}, "
+            f"{pg['best_pages_per_s']:.2f} measured; analytic this GPU "
+            f"{row['analytic']['calibrated']['pages_per_s']:.2f} (measured ceilings), H200 "
+            f"{row['analytic']['h200']['pages_per_s']:.2f}, "
             f"A100-40G {row['analytic']['a100-sxm-40gb']['pages_per_s']:.2f}; paper A100-40G "
             f"{pg['paper_a100_40g_pages_per_s']:.2f}")
 
