@@ -93,7 +93,11 @@ class EngineSpec(BaseModel):
         extra = set(data) - {"kind", "options"}
         if extra:
             raise SpecError(f"unknown engine description fields {sorted(extra)}")
-        return cls.of(data["kind"], data.get("options"))
+        options = data.get("options")
+        upgrade = getattr(load(engine_kind(data["kind"]).options), "from_stored", None)  # options added later
+        if upgrade is not None and isinstance(options, Mapping):
+            options = upgrade(dict(options))
+        return cls.of(data["kind"], options)
 
     def validated(self):
         """The options as the kind's options model."""

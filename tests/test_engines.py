@@ -269,3 +269,15 @@ def test_the_engine_and_its_plan_choose_the_same_decode_experts(tiny_model):
         engine = FastEngine(tiny_model, **opts)
         plan = EngineSpec.of("fast", opts).kernel_plan("cpu")
         assert [engine.moe_impl(int(b)) for b in batches] == list(plan.decode_paths(batches, tiny_spec())), opts
+
+
+def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with():
+    """A stored description holds every option of its time: one written before projector_layout existed ran the
+    per-image layout, and is read back so (not as today's default); a partial description gets the defaults."""
+    stored = EngineSpec.of("fast", {"gather_max_rows": 8}).to_dict()
+    del stored["options"]["projector_layout"]
+    assert EngineSpec.from_dict(stored).options["projector_layout"] == "per_image"
+    assert EngineSpec.from_dict({"kind": "fast", "options": {"bucket": 64}}).options["projector_layout"] == "gather"
+    assert EngineSpec.of("fast").options["projector_layout"] == "gather"
+    fresh = EngineSpec.of("fast").to_dict()
+    assert EngineSpec.from_dict(fresh) == EngineSpec.of("fast")

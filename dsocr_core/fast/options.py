@@ -48,6 +48,16 @@ class FastOptions(BaseModel):
     graph_steps: int = Field(2, ge=1)  # fused batch-1 generation: decode steps per graph replay
     min_room: int = Field(DEFAULT_NEW_TOKENS, ge=0)
 
+    @classmethod
+    def from_stored(cls, options: dict) -> dict:
+        """Options read back from a stored engine description. EngineSpec.to_dict writes every option of its
+        time, so a description holding every option but projector_layout was written before that option existed,
+        when the projector laid images out per image: it gets 'per_image', not today's default."""
+        before = set(cls.model_fields) - {"projector_layout"}
+        if "projector_layout" not in options and before <= set(options):
+            return {**options, "projector_layout": "per_image"}
+        return options
+
     def resolved(self, device_kind: str) -> "ResolvedFast":
         cuda = device_kind == "cuda"
         triton = cuda  # Triton ships with torch's CUDA builds; the engine checks it where it runs
