@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
     ap.add_argument("--repeats", type=int, default=10, help="timed prefills per point (graphs on)")
     ap.add_argument("--top", type=int, default=8, help="kernels printed per stage")
-    ap.add_argument("--engine-options", type=json.loads, default={},
+    ap.add_argument("--engine-options", default="",
                     help='fast engine options as JSON, e.g. \'{"projector_layout": "per_image"}\' (measured and '
                          'predicted with them)')
     ap.add_argument("--graphed-kernels", action="store_true",
@@ -127,10 +127,17 @@ def main(argv=None) -> int:
     preset = "tiny" if args.quick else "full"
     dtype = "float32" if args.quick else "bfloat16"
     base = Session.load(synthetic=preset, device=args.device, dtype=dtype)
-    opts = args.engine_options
+    from dsocr_core.engines import EngineSpec, parse_options
+    from dsocr_core.spec import SpecError
+
+    try:
+        opts = parse_options(args.engine_options)
+        engine = EngineSpec.of("fast", opts)  # validated, every option recorded
+    except SpecError as exc:
+        ap.error(str(exc))
     graphed, eager = base.with_mode("fast", **opts), base.with_mode("fast", **{**opts, "graphs": False})
     result = {"benchmark": "vision_kernels", "environment": capture_environment(args.device),
-              "engine": {"kind": "fast", "options": opts},
+              "engine": engine.to_dict(),
               "weights": "synthetic " + preset, "dtype": dtype, "profile": args.profile, "points": []}
     for p in points:
         inputs = synthetic_inputs(p["mode"], p["grid"], text_tokens=10, batch=p["batch"], seed=1,

@@ -281,3 +281,29 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     assert EngineSpec.of("fast").options["projector_layout"] == "gather"
     fresh = EngineSpec.of("fast").to_dict()
     assert EngineSpec.from_dict(fresh) == EngineSpec.of("fast")
+    # the rule reads the option set of that time, not today's: a later option does not switch it off
+    from dsocr_core.fast.options import OPTIONS_BEFORE_PROJECTOR_LAYOUT, FastOptions
+
+    old = {k: v for k, v in stored["options"].items() if k in OPTIONS_BEFORE_PROJECTOR_LAYOUT}
+    assert set(old) == OPTIONS_BEFORE_PROJECTOR_LAYOUT  # every option of that time is still an option
+    assert FastOptions.from_stored(old)["projector_layout"] == "per_image"
+    assert "projector_layout" not in FastOptions.from_stored({k: old[k] for k in list(old)[1:]})
+
+
+def test_the_projector_layout_reaches_the_plan():
+    """The gathered layout is one kernel per call whatever the batch; the per-image loop is 2 per image plus 2 per
+    tiled image, and one more concatenation before the LM's embedding. A profile without memory.gather_rows
+    prices the gather on memory.elementwise and says so."""
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1, 8], decode_steps=[1], logits="last")
+    gather = _stages(EngineSpec.of("fast"), pts, graph_kernel_s=1.0)
+    loop = _stages(EngineSpec.of("fast", {"projector_layout": "per_image"}), pts, graph_kernel_s=1.0)
+    # projector rows: per view group (global views, tiles) the transposed cat and the GEMM, then the layout
+    assert list(gather["projector"]["predicted_launch_s"]) == pytest.approx([2 * 2 + 1, 2 * 2 + 1])
+    assert list(loop["projector"]["predicted_launch_s"]) == pytest.approx([2 * 2 + 4, 2 * 2 + 4 * 8])
+    assert loop["prefill"]["predicted_launch_s"][0] == pytest.approx(gather["prefill"]["predicted_launch_s"][0] + 1)
+    older = _profile().to_dict()
+    del older["tables"]["memory.gather_rows"]  # a profile measured before the table existed
+    hw = with_profile(H200, profile_from_dict(older), EngineSpec.of("fast"))
+    fallback = evaluate(ModelSpec(), pts, hw)
+    assert any("memory.gather_rows" in n and "memory.elementwise" in n for n in hw.prediction.notes)
+    assert np.all(fallback["projector"]["predicted_s"] > 0)

@@ -78,7 +78,7 @@ def test_packed_clip_equals_per_group(sessions):
 @pytest.mark.parametrize("grids", [[(1, 1)], [(3, 2)], [(2, 3), (1, 1), (3, 1)], [(1, 1), (1, 1), (2, 2)]])
 def test_gathered_projector_layout_equals_the_reference_loop(sessions, grids):
     """run_projector writes each view group's projected rows into one source beside the layout vectors and
-    gathers every slot from it (slot_layout, once per input shape): exactly the slots the reference's per-image
+    gathers every slot from it (slot_sources, once per input shape): exactly the slots the reference's per-image
     layout_image loop writes, for untiled, tiled and mixed rows (the global views and the tiles are two view
     groups of different sizes)."""
     ref, _ = sessions
@@ -97,7 +97,7 @@ def test_gathered_projector_layout_equals_the_reference_loop(sessions, grids):
 
 
 def _check_gathered_layout(ref, grids):
-    from dsocr_core.fast.vision import run_projector, slot_layout, view_groups
+    from dsocr_core.fast.vision import run_projector, run_projector_per_image, slot_sources, view_groups
     m, spec = ref.model.model, ref.spec
     px, g, t = 4 * spec.sam_patch, 4, 2
     views = []
@@ -112,17 +112,12 @@ def _check_gathered_layout(ref, grids):
         n, side = sum(views[i].shape[0] for i in grp), views[grp[0]].shape[-1] // px
         sams.append(torch.randn(n, spec.sam_downsample[-1], side, side))
         clips.append(torch.randn(n, 1 + side * side, width))
-    layout = slot_layout(views, groups, grids, px)
+    layout = slot_sources(views, groups, grids, px)
     with torch.no_grad():
         got = run_projector(ref.model, groups, sams, clips, layout, layout.source(ref.model, sams[0]))
-        per_view = [None] * len(views)
-        for grp, f in zip(groups, [m.project(c, s) for c, s in zip(clips, sams)]):
-            for i, part in zip(grp, f.split([views[i].shape[0] for i in grp])):
-                per_view[i] = part
-        want, it = [], iter(per_view)
-        for tw, th in grids:
-            glob = next(it)[0]
-            want.append(m.layout_image(glob, next(it) if (tw, th) != (1, 1) else None, (tw, th)))
+        want = run_projector_per_image(ref.model, views, groups, grids, sams, clips)  # layout_image per image
+    assert [w.shape[0] for w in want] == [
+        (th * t * (tw * t + 1) if (tw, th) != (1, 1) else 0) + g * (g + 1) + 1 for tw, th in grids]
     assert layout.count == sum(w.shape[0] for w in want)
     assert torch.equal(got, torch.cat(want))
 
@@ -195,7 +190,7 @@ def test_fast_tokens_equal_reference(sessions, mode, grid, batch, steps):
 
 
 def test_the_per_image_projector_layout_gives_the_same_tokens(sessions):
-    """projector_layout='per_image' (the reference's cats per image, how runs before 2026-11-27 ran) stays
+    """projector_layout='per_image' (the reference's cats per image, how runs before that option ran) stays
     selectable and gives what the default gather gives."""
     ref, fast = sessions
     per_image = ref.with_mode("fast", bucket=32, projector_layout="per_image")

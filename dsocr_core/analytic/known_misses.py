@@ -24,7 +24,7 @@ BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routin
            "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +33% to +59% (median); predicted "
            "with a run's observed routing, 2-10% on the H100 and the H200; reference up to +729%")
 PROJECTOR = ("the projector (0.015-0.3 ms) is under-predicted in the fast mode: by 21% (median, max 33%) on a "
-             "held-out H100 set of the current engine (its layout one gather, 2026-11-27), about 50% on the H200 "
+             "held-out H100 set of the current engine (its layout one gather, 2026-11-26), about 50% on the H200 "
              "(its profile has no table for the projector's transposed concatenation); the stage runs 3-48 us "
              "longer inside its CUDA graph than its kernels do outside it, more at larger batches")
 

@@ -18,6 +18,13 @@ from ..spec import SpecError
 DEFAULT_NEW_TOKENS = 1024  # cache room a bare prefill leaves for decoding (engine.DEFAULT_NEW_TOKENS)
 
 
+# every option a stored description held before projector_layout existed (frozen: later options must not move it)
+OPTIONS_BEFORE_PROJECTOR_LAYOUT = frozenset({
+    "compile", "graphs", "moe", "attention", "bucket", "gather_max_rows", "sam_attention", "compile_vision",
+    "compile_prefill", "clip_packed", "topk", "cudnn_benchmark", "compile_options", "fused", "fused_blocks", "pdl",
+    "graph_steps", "min_room"})
+
+
 class FastOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -37,7 +44,7 @@ class FastOptions(BaseModel):
     clip_packed: bool = True  # every view group's CLIP rows through each layer at once
     # how the projector lays the images' features out in their slots: 'gather', one gather of every slot from the
     # projected rows and the layout vectors (fast/vision.run_projector); 'per_image', the reference's loop of cats
-    # per image, which every run measured before 2026-11-27 ran
+    # per image, which every run measured before this option existed ran
     projector_layout: Literal["gather", "per_image"] = "gather"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
@@ -51,10 +58,9 @@ class FastOptions(BaseModel):
     @classmethod
     def from_stored(cls, options: dict) -> dict:
         """Options read back from a stored engine description. EngineSpec.to_dict writes every option of its
-        time, so a description holding every option but projector_layout was written before that option existed,
-        when the projector laid images out per image: it gets 'per_image', not today's default."""
-        before = set(cls.model_fields) - {"projector_layout"}
-        if "projector_layout" not in options and before <= set(options):
+        time, so a description holding every option of the set before projector_layout existed, and not that one,
+        was written when the projector laid images out per image: it gets 'per_image', not today's default."""
+        if "projector_layout" not in options and OPTIONS_BEFORE_PROJECTOR_LAYOUT <= set(options):
             return {**options, "projector_layout": "per_image"}
         return options
 

@@ -96,7 +96,8 @@ class FastPlan:
                             graph_launches=1.0 / self.o.graph_steps)
             if c.phase == "decode":
                 return Plan(rest_launches=1.0 + STEP_OPS, host_ops=STEP_OPS, graph_launches=1.0)
-            return Plan(rest_launches=2.0, graph_launches=1.0)  # embedding, image-slot index_copy
+            # embedding, image-slot index_copy (with the per-image layout, the rows' concatenation before it)
+            return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0)
         if k == "lm.lm_head":
             head = lm_head(c)
             if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice

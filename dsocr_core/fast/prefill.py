@@ -11,7 +11,7 @@ from ..model.deepseek_ocr import view_list
 from .compiled import cudnn_benchmark
 from .graphs import Captured
 from .lm import rms_norm
-from .vision import (embed_with_images, run_clip, run_projector, run_projector_per_image, run_sam, slot_layout,
+from .vision import (embed_with_images, run_clip, run_projector, run_projector_per_image, run_sam, slot_sources,
                      view_groups)
 
 
@@ -45,11 +45,16 @@ def prefill_entry(engine, st, ids, feed: dict, logits: str) -> dict:
         bufs["views"] = [torch.empty_like(v) for v in views]
         bufs["slots"] = torch.empty_like(feed["slots"])
         groups = view_groups(views)
-        layout = slot_layout(views, groups, grids, 4 * engine.spec.sam_patch).to(ids.device)
-        bufs["source"] = layout.source(model, engine.model.lm_head.weight)  # static: outside the graphs' pool
-        if layout.count != feed["slots"].numel():
-            raise ValueError(f"the images give {layout.count} image slots, images_seq_mask has "
-                             f"{feed['slots'].numel()}")
+        if engine.projector_layout == "gather":  # where each slot comes from, once per input shape
+            layout = slot_sources(views, groups, grids, 4 * engine.spec.sam_patch).to(ids.device)
+            # static (outside the graphs' pool), in the projector's dtype: its GEMMs write into it
+            bufs["source"] = layout.source(model, model.model.projector.layers.weight)
+
+            def projector():
+                return run_projector(model, groups, outs["sam"], outs["clip"], layout, bufs["source"])
+        else:
+            def projector():
+                return run_projector_per_image(model, bufs["views"], groups, grids, outs["sam"], outs["clip"])
         pf = engine.prefill_fns()
 
         def sam():
@@ -60,9 +65,7 @@ def prefill_entry(engine, st, ids, feed: dict, logits: str) -> dict:
             ("sam", cap(sam)),
             ("clip", cap(lambda: run_clip(model, outs["sam"], pf["clip_layer"], engine.clip_packed,
                                           engine.positions))),
-            ("projector", cap(lambda: run_projector(model, groups, outs["sam"], outs["clip"], layout, bufs["source"])
-                              if engine.projector_layout == "gather" else
-                              run_projector_per_image(model, bufs["views"], groups, grids, outs["sam"], outs["clip"]))),
+            ("projector", cap(projector)),
         ]
 
     def lm():

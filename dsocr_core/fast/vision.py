@@ -177,9 +177,10 @@ class SlotLayout:
         return src
 
 
-def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[tuple[int, int]],
+def slot_sources(views: list[torch.Tensor], groups: list[list[int]], grids: list[tuple[int, int]],
                 px: int) -> SlotLayout:
-    """The SlotLayout of one input shape, computed on the host once (`px`: pixels per feature side). Per row
+    """The SlotLayout of one input shape, computed on the host once (`px`: pixels per feature side); the rows'
+    slot counts are checked against images_seq_mask before (prefill.check_slots). Per row
     (DeepSeekOCRModel.layout_image): the crops stitched into one (th*t) x (tw*t) map with a newline after every
     map row, then the global g x g grid with a newline after every row, then the separator."""
     per_view: list[torch.Tensor | None] = [None] * len(views)  # each view's feature rows -> their slots
@@ -191,6 +192,8 @@ def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[
             raise ValueError(f"a row's global view must be one view, got {tuple(views[glob].shape)}")
         if (tw, th) != (1, 1):
             local = next(order)
+            if views[local].shape[0] != tw * th:
+                raise ValueError(f"grid {tw}x{th} needs {tw * th} crops, got {tuple(views[local].shape)}")
             t = views[local].shape[-1] // px
             tile = torch.arange(tw * th * t * t).div(t * t, rounding_mode="floor")
             inner = torch.arange(t * t).repeat(tw * th)
@@ -214,7 +217,8 @@ def slot_layout(views: list[torch.Tensor], groups: list[list[int]], grids: list[
         start += int(slots.numel())
     source[torch.cat(newlines)] = start
     source[torch.cat(separators)] = start + 1
-    assert int(source.min()) >= 0, "every image slot has a source row"
+    if int(source.min()) < 0:
+        raise ValueError("slot_sources left an image slot without a source row")
     return SlotLayout(segments, source, start)
 
 
@@ -222,7 +226,8 @@ def run_projector(model, groups: list[list[int]], sams, clips, layout: SlotLayou
                   source: torch.Tensor) -> torch.Tensor:
     """Features of each group -> every row's image slots, end to end [slots, H] (the reference's layout). Each
     group's projector GEMM writes its rows into `source` (layout.source), and one gather lays out every slot,
-    where the reference lays out each image with a Python loop of cats (two to four kernels per image)."""
+    where the reference lays out each image with a Python loop of cats (two to four kernels per image). Inference
+    only (under no_grad, as the engine's prefill runs): addmm's out= takes no autograd."""
     m = model.model
     linear = m.projector.layers
     for (start, n), c, s in zip(layout.segments, clips, sams):
@@ -232,7 +237,7 @@ def run_projector(model, groups: list[list[int]], sams, clips, layout: SlotLayou
 
 
 def run_projector_per_image(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:
-    """The engine option projector_layout='per_image' (how every run before 2026-11-27 laid images out): the
+    """The engine option projector_layout='per_image' (how every run before that option existed laid images out): the
     reference's layout_image per image, each row's slots [slots, H] on its own."""
     m = model.model
     feats = [m.project(c, s) for c, s in zip(clips, sams)]
