@@ -150,7 +150,8 @@ def main(argv=None) -> int:
         # 1280 px pages at batch 10 took 117 us graphed against 69 us of kernels)
         row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats),
                "measured_eager_s": stage_medians(eager, inputs, args.repeats),
-               "kernels": stage_kernels(eager, inputs, 3), "predicted_s": predicted(args.profile, p, preset, dtype, opts)}
+               "kernels": stage_kernels(eager, inputs, 3),
+               "predicted_s": predicted(args.profile, p, preset, dtype, opts)}
         if args.graphed_kernels:
             row["kernels_graphed"] = stage_kernels(graphed, inputs, 3)
         result["points"].append(row)

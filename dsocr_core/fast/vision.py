@@ -178,7 +178,7 @@ class SlotLayout:
 
 
 def slot_sources(views: list[torch.Tensor], groups: list[list[int]], grids: list[tuple[int, int]],
-                px: int) -> SlotLayout:
+                 px: int) -> SlotLayout:
     """The SlotLayout of one input shape, computed on the host once (`px`: pixels per feature side); the rows'
     slot counts are checked against images_seq_mask before (prefill.check_slots). Per row
     (DeepSeekOCRModel.layout_image): the crops stitched into one (th*t) x (tw*t) map with a newline after every
@@ -237,8 +237,8 @@ def run_projector(model, groups: list[list[int]], sams, clips, layout: SlotLayou
 
 
 def run_projector_per_image(model, views, groups, grids, sams, clips) -> list[torch.Tensor]:
-    """The engine option projector_layout='per_image' (how every run before that option existed laid images out): the
-    reference's layout_image per image, each row's slots [slots, H] on its own."""
+    """The engine option projector_layout='per_image' (how every run before that option existed laid images
+    out): the reference's layout_image per image, each row's slots [slots, H] on its own."""
     m = model.model
     feats = [m.project(c, s) for c, s in zip(clips, sams)]
     per_view: list[torch.Tensor | None] = [None] * len(views)
