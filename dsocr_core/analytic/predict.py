@@ -38,6 +38,7 @@ from pydantic import ConfigDict, Field
 
 from ..engines import EngineSpec, as_engine
 from ..spec import Hardware, SpecError
+from .cost import FIELDS as COST_FIELDS
 from .cost import Cost, Row
 from .kernels import Call, Kernel, host_ops_by_kind
 
@@ -190,7 +191,7 @@ class Predictor:
         self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._batches: dict[int, tuple] = {}
+        self._batches: dict[Any, tuple] = {}  # per call context (its id): distinct batch sizes, decode paths
 
     # ----------------------------------------------------------------------------------------- one kernel
     def _table(self, name: str, dtype: str):
@@ -269,22 +270,31 @@ class Predictor:
         fused step at batch 1, the experts' kernels by batch): each group of points is planned with its own."""
         if ctx.get("phase") != "decode":
             return self._call(kind, cost, ctx, "")
-        b = np.asarray(ctx["b"])
-        first, inv = self._batch_index(ctx)  # the distinct batch sizes (cached per call context)
-        paths = np.asarray(self.plan.decode_paths(b.reshape(-1)[first], ctx["spec"]))
-        kinds = np.unique(paths)
-        if kinds.size == 1:
-            return self._call(kind, cost, ctx, str(kinds[0]))
-        shape = b.shape
+        groups = self._path_groups(ctx)
+        if len(groups) == 1:
+            return self._call(kind, cost, ctx, groups[0][0])
+        shape = np.shape(ctx["b"])
         out = [np.zeros(shape) for _ in range(4)]
-        for path in kinds:  # each plan on its own points only
-            idx = np.flatnonzero(np.isin(inv.reshape(-1), np.flatnonzero(paths == path)))
-            part = self._call(kind, *_subset(cost, ctx, idx, shape), str(path))
+        for path, idx in groups:  # each plan on its own points only
+            part = self._call(kind, *_subset(cost, ctx, idx, shape), path)
             for o, v in zip(out, part):
                 o.reshape(-1)[idx] = np.broadcast_to(v, idx.shape)
         return tuple(out)
 
     # ----------------------------------------------------------------------------------------- one row
+    def _path_groups(self, ctx: dict) -> list[tuple[str, np.ndarray]]:
+        """[(decode path, flat indices of its points)] of a decode call's points (plan.decode_paths of each distinct
+        batch size), computed once per call context: every row of a step shares it."""
+        key = ("paths", id(ctx))
+        if key not in self._batches:
+            b = np.asarray(ctx["b"])
+            first, inv = self._batch_index(ctx)
+            paths = np.asarray(self.plan.decode_paths(b.reshape(-1)[first], ctx["spec"]))
+            groups = [(str(path), np.flatnonzero(np.isin(inv.reshape(-1), np.flatnonzero(paths == path))))
+                      for path in np.unique(paths)]
+            self._batches[key] = (ctx, groups)  # ctx kept alive: its id stays unique
+        return self._batches[key][1]
+
     def _batch_index(self, ctx: dict):
         """(index of one point per distinct batch size, inverse map) of a decode call's points (cached)."""
         b = np.asarray(ctx["b"])
@@ -367,7 +377,7 @@ class Predictor:
 def _subset(cost: Cost, ctx: dict, idx: np.ndarray, shape: tuple) -> tuple[Cost, dict]:
     """The call's work and shapes at points `idx` only (arrays over the points are indexed, numbers kept)."""
     pick = lambda v: np.broadcast_to(v, shape).reshape(-1)[idx] if np.ndim(v) else v  # noqa: E731
-    small = Cost(tensor_flops=pick(cost.flops), act_read=pick(cost.bytes))
+    small = Cost(**{f: pick(getattr(cost, f)) for f in COST_FIELDS})  # every field: a plan may read any of them
     return small, {k: (pick(v) if isinstance(v, np.ndarray) else v) for k, v in ctx.items()}
 
 
