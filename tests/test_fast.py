@@ -122,6 +122,19 @@ def _check_gathered_layout(ref, grids):
     assert torch.equal(got, torch.cat(want))
 
 
+def test_slot_sources_refuses_views_that_do_not_fit_their_grid():
+    """A crop count other than the grid's, or a row with more than one global view, is a clear error (the
+    reference's layout_image raises for the first too), not a shape error inside a GEMM."""
+    from dsocr_core.fast.vision import slot_sources, view_groups
+    px = 16
+    bad = [torch.zeros(1, 3, 4 * px, 4 * px), torch.zeros(5, 3, 2 * px, 2 * px)]  # a 3x2 grid needs 6 crops
+    with pytest.raises(ValueError, match="needs 6 crops"):
+        slot_sources(bad, view_groups(bad), [(3, 2)], px)
+    two = [torch.zeros(2, 3, 4 * px, 4 * px)]
+    with pytest.raises(ValueError, match="global view must be one view"):
+        slot_sources(two, view_groups(two), [(1, 1)], px)
+
+
 def test_moe_grouped_and_gather_equal_reference():
     spec = tiny_spec()
     torch.manual_seed(1)
