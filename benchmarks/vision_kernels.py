@@ -78,7 +78,8 @@ def stage_kernels(session, inputs, passes: int) -> dict[str, list[dict]]:
 
 
 def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: str,
-              options: dict | None = None) -> dict[str, float] | None:
+              engine=None) -> dict[str, float] | None:
+    """The time model's CLIP and projector of one point on `engine` (an EngineSpec; None: the fast defaults)."""
     if not profile_path:
         return None
     from dsocr_core.analytic.predict import profile_hardware, with_profile
@@ -93,9 +94,7 @@ def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: st
 
     w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
                  batch=point["batch"], text_tokens=10, decode_steps=1, logits="last", dtype=dtype)
-    from dsocr_core.engines import EngineSpec
-
-    hw = with_profile(profile_hardware(prof), prof, EngineSpec.of("fast", options))
+    hw = with_profile(profile_hardware(prof), prof, engine or "fast")
     return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in STAGES}
 
 
@@ -151,7 +150,7 @@ def main(argv=None) -> int:
         row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats),
                "measured_eager_s": stage_medians(eager, inputs, args.repeats),
                "kernels": stage_kernels(eager, inputs, 3),
-               "predicted_s": predicted(args.profile, p, preset, dtype, opts)}
+               "predicted_s": predicted(args.profile, p, preset, dtype, engine)}
         if args.graphed_kernels:
             row["kernels_graphed"] = stage_kernels(graphed, inputs, 3)
         result["points"].append(row)

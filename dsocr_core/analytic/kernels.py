@@ -285,9 +285,9 @@ def clip_mlp(c: Call, elementwise: float) -> Plan:
 
 def layout(c: Call) -> Plan:
     """Per image (model/deepseek_ocr.py layout_image, a Python loop in the reference engine and in the fast engine's
-    projector_layout='per_image'): the global grid with its
-    newline column (cat) and the final cat; a tiled image also stitches its tiles (a copy) and adds their newline
-    column (cat). DeepSeek-OCR 2 (no newlines) keeps an estimate of 8 per image."""
+    projector_layout='per_image'): the global grid with its newline column (cat) and the final cat; a tiled image
+    also stitches its tiles (a copy) and adds their newline column (cat). DeepSeek-OCR 2 (no newlines) keeps an
+    estimate of 8 per image."""
     if not c.ctx.get("newlines", False):
         return Plan(rest_launches=8 * c.images)
     return Plan(rest_launches=2 * c.images + 2 * c.tiled)

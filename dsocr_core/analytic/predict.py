@@ -38,8 +38,7 @@ from pydantic import ConfigDict, Field
 
 from ..engines import EngineSpec, as_engine
 from ..spec import Hardware, SpecError
-from .cost import FIELDS as COST_FIELDS
-from .cost import Cost, Row
+from .cost import FIELDS as COST_FIELDS, Cost, Row
 from .kernels import Call, Kernel, host_ops_by_kind
 
 PREDICTED = ("predicted_s", "predicted_roofline_s", "predicted_kernel_s", "predicted_launch_s", "predicted_host_s")
@@ -191,7 +190,8 @@ class Predictor:
         self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._batches: dict[Any, tuple] = {}  # per call context (its id): distinct batch sizes, decode paths
+        self._batches: dict[int, tuple] = {}  # per call context (its id): its distinct batch sizes
+        self._paths: dict[int, tuple] = {}  # per call context (its id): its decode paths' points
 
     # ----------------------------------------------------------------------------------------- one kernel
     def _table(self, name: str, dtype: str):
@@ -285,15 +285,15 @@ class Predictor:
     def _path_groups(self, ctx: dict) -> list[tuple[str, np.ndarray]]:
         """[(decode path, flat indices of its points)] of a decode call's points (plan.decode_paths of each distinct
         batch size), computed once per call context: every row of a step shares it."""
-        key = ("paths", id(ctx))
-        if key not in self._batches:
+        key = id(ctx)
+        if key not in self._paths:
             b = np.asarray(ctx["b"])
             first, inv = self._batch_index(ctx)
             paths = np.asarray(self.plan.decode_paths(b.reshape(-1)[first], ctx["spec"]))
             groups = [(str(path), np.flatnonzero(np.isin(inv.reshape(-1), np.flatnonzero(paths == path))))
                       for path in np.unique(paths)]
-            self._batches[key] = (ctx, groups)  # ctx kept alive: its id stays unique
-        return self._batches[key][1]
+            self._paths[key] = (ctx, groups)  # ctx kept alive: its id stays unique
+        return self._paths[key][1]
 
     def _batch_index(self, ctx: dict):
         """(index of one point per distinct batch size, inverse map) of a decode call's points (cached)."""
@@ -351,7 +351,7 @@ class Predictor:
             else:
                 roof = None if separate else (
                     roof_sum if roof_sum is not None else row.times(self.P, self.W)[2])  # exact over the steps
-                mid = Cost(tensor_flops=(first.flops + last.flops) / 2, act_read=(first.bytes + last.bytes) / 2)
+                mid = Cost(**{f: (getattr(first, f) + getattr(last, f)) / 2 for f in COST_FIELDS})  # all affine
                 nodes = [self.call(row.kind, first, c0),
                          self.call(row.kind, mid, dict(c0, n=(c0["n"] + c1["n"]) / 2)),
                          self.call(row.kind, last, c1)]

@@ -214,7 +214,6 @@ def _clip_packed(c: Call, plan: Plan, rows, skip: tuple[int, ...] = ()) -> Plan:
     return plan
 
 
-
 def _gathered_layout(c: Call) -> Plan:
     """fast/vision.run_projector's layout: one gather of every image slot from the projected rows and the layout
     vectors (the projector's GEMMs write their rows into its source), whatever the batch: it reads and writes
