@@ -68,3 +68,76 @@ def test_the_by_expert_kernels_compile_up_to_their_token_tile(kernels):
         for fn, sig in ((tk._moe_up, UP), (tk._moe_down, DOWN)):
             k = _compile(fn, sig, shapes)
             assert k.asm["cubin"] and k.metadata.shared <= 228 * 1024
+
+
+BF16 = "*bf16"
+FUSED = {  # the fused batch-1 kernels as FusedDecode launches them for DeepSeek-OCR (blocks of decode_kernels.BLOCKS)
+    "_qkv_rope": ({"x_ptr": BF16, "ln_ptr": BF16, "w_ptr": BF16, "cos_ptr": BF16, "sin_ptr": BF16, "pos_ptr": "*i64",
+                   "q_ptr": BF16, "kc_ptr": BF16, "vc_ptr": BF16, "tok_ptr": "*i64", "emb_ptr": BF16, "s_kh": "i32",
+                   "s_kl": "i32", "s_vh": "i32", "s_vl": "i32", "eps": "fp32"},
+                  {"H": 1280, "D": 128, "BR": 2, "BK": 2048, "EMBED": False}),
+    "_oproj_residual": ({"o_ptr": BF16, "w_ptr": BF16, "x_ptr": BF16}, {"H": 1280, "BN": 2, "BK": 2048}),
+    "_router": (ROUTER, {"E": 64, "EP": 64, "K": 6, "SHARED": 2, "NORM": False, "H": 1280, "I": 896, "BE": 1,
+                         "BK": 2048, "BN_UP": 4, "BK_UP": 2048}),
+    "dense _expert_up": ({"x_ptr": BF16, "ln_ptr": BF16, "ids_ptr": "*i32", "w_ptr": BF16, "act_ptr": BF16,
+                          "eps": "fp32", "swe": "i32"}, {"H": 1280, "I": 6848, "DENSE": True, "BN": 4, "BK": 2048}),
+    "_expert_up": ({"x_ptr": BF16, "ln_ptr": BF16, "ids_ptr": "*i32", "w_ptr": BF16, "act_ptr": BF16, "eps": "fp32",
+                    "swe": "i32"}, {"H": 1280, "I": 896, "DENSE": False, "BN": 8, "BK": 256}),
+    "_expert_down": ({"act_ptr": BF16, "ids_ptr": "*i32", "wts_ptr": "*fp32", "w_ptr": BF16, "x_ptr": BF16,
+                      "ys_ptr": "*fp32", "cnt_ptr": "*i32", "swe": "i32"},
+                     {"SLOTS": 8, "H": 1280, "I": 896, "DENSE": False, "BN": 16, "BK": 128, "ROUTED": 6, "E": 64,
+                      "IP": 1024}),
+    "_attention": ({"q_ptr": BF16, "k_ptr": BF16, "v_ptr": BF16, "pos_ptr": "*i64", "m_ptr": "*fp32",
+                    "l_ptr": "*fp32", "acc_ptr": "*fp32", "cnt_ptr": "*i32", "o_ptr": BF16, "n_splits": "i32",
+                    "skh": "i32", "skl": "i32", "svh": "i32", "svl": "i32", "scale": "fp32"},
+                   {"D": 128, "CHUNK": 32, "BS": 32}),
+}
+
+
+def _loads_around_the_wait(kernel) -> tuple[int, int]:
+    """Global loads in the kernel's SASS before and after its first wait for the previous kernel (ACQBULK,
+    griddepcontrol.wait), as ptxas scheduled them: what the GPU will issue, not what the source says."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        pytest.skip("this Triton wheel ships no cuobjdump: the compiled code cannot be read here")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([str(tool), "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    lines = [ln for ln in sass.splitlines() if "LDG" in ln or "ACQBULK" in ln]
+    wait = next(i for i, ln in enumerate(lines) if "ACQBULK" in ln)
+    return wait, len(lines) - wait - 1
+
+
+def _compile_aligned(fn, signature: dict, constexprs: dict):
+    """As Triton's launcher specialises them: every pointer 16-byte aligned (vector loads)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    sig = dict(signature, **{name: "constexpr" for name in constexprs})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget(*SM90))
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_kernels_load_their_weights_before_waiting_for_the_previous_kernel(kernels, name):
+    """With programmatic dependent launch a kernel's programs start while the previous kernel runs; the weights
+    (which nothing in a step writes) are loaded before the wait, so their HBM latency overlaps the previous
+    kernel's tail. Loads of what the previous kernels write (activations, the routing, the cache) must come after
+    it: a routed expert's rows and the attention's keys wait; the shared experts' and the dense layer's do not."""
+    dk = kernels[0]
+    sig, shapes = FUSED[name]
+    before, after = _loads_around_the_wait(_compile_aligned(getattr(dk, name.split()[-1]), sig,
+                                                            dict(shapes, PDL=True)))
+    if name in ("_attention", "_expert_up"):
+        assert before == 0 and after > 0
+    else:
+        assert before > 0 and after > 0, (before, after)

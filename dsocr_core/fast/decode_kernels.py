@@ -38,14 +38,26 @@ if HAS_TRITON:
     from .triton_kernels import pick_experts
 
     @triton.jit
-    def _after_predecessor(PDL: tl.constexpr):
-        """Programmatic dependent launch (Hopper): let the next kernel launch now, so its launch and scheduling
-        overlap this kernel's run (its programs wait at this same call), then wait until the previous kernel
-        has finished and its writes are visible. Every kernel of the step calls this before it reads or writes
-        anything, so ordering stays transitive along the chain."""
+    def _launch_next(PDL: tl.constexpr):
+        """Programmatic dependent launch (Hopper): let the next kernel launch now, so its launch, scheduling and
+        weight loads overlap this kernel's run (its programs then wait in _wait_previous)."""
         if PDL:
             gdc_launch_dependents()
+
+    @triton.jit
+    def _wait_previous(PDL: tl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible. Every kernel of the step calls
+        this before it reads anything a kernel writes (activations, positions, routing, the cache) and before it
+        writes anything, so ordering stays transitive along the chain; only weights, which nothing in the step
+        writes, may be loaded before it."""
+        if PDL:
             gdc_wait()
+
+    @triton.jit
+    def _after_predecessor(PDL: tl.constexpr):
+        """_launch_next then _wait_previous: for kernels that load nothing before their inputs are ready."""
+        _launch_next(PDL)
+        _wait_previous(PDL)
 
     @triton.jit
     def _rstd(x_ptr, eps, H: tl.constexpr, BK: tl.constexpr):
@@ -68,6 +80,24 @@ if HAS_TRITON:
         return (w * h).to(dt).to(tl.float32)
 
     @triton.jit
+    def _tile(rows, rmask, H: tl.constexpr, BK: tl.constexpr):
+        """The weight rows starting at the pointers `rows` [BN] as one [BN, BK] tile (BK >= H: the whole row, masked
+        past H). Weights are never written during a step, so a kernel loads this tile before _wait_previous."""
+        k = tl.arange(0, BK)
+        return tl.load(rows[:, None] + k[None, :], mask=rmask[:, None] & (k < H)[None, :], other=0.0)
+
+    @triton.jit
+    def _normed_row(x_ptr, ln_ptr, eps, H: tl.constexpr, BK: tl.constexpr):
+        """RMSNorm(x) as one float32 [BK] row (BK >= H, zero past H), to multiply with _tile's tiles."""
+        k = tl.arange(0, BK)
+        return _normed(x_ptr, ln_ptr, k, k < H, _rstd(x_ptr, eps, H, BK))
+
+    @triton.jit
+    def _dot_rows(w, h):
+        """float32 [BN] = w [BN, BK] . h [BK]."""
+        return tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+
+    @triton.jit
     def _normed_gemv(x_ptr, ln_ptr, rows, rmask, eps, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """float32 [BN] = W . RMSNorm(x), W's rows starting at the pointers `rows` [BN] (masked by rmask)."""
         rstd = _rstd(x_ptr, eps, H, BK)
@@ -85,11 +115,20 @@ if HAS_TRITON:
                   s_kl, s_vh, s_vl, eps, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                   EMBED: tl.constexpr, PDL: tl.constexpr = False):
         """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v. EMBED (first layer): the
-        input is the token's embedding row, which program 0 also copies into x (the residual stream)."""
-        _after_predecessor(PDL)
+        input is the token's embedding row, which program 0 also copies into x (the residual stream). With BK >= H
+        the program's weight rows are loaded before it waits for the previous kernel."""
+        _launch_next(PDL)
         HALF: tl.constexpr = D // 2
         HEADS: tl.constexpr = H // D
         pid = tl.program_id(0)
+        part_head = pid // (HALF // BR)  # 0 .. 3*HEADS-1: q heads, then k heads, then v heads
+        j = (pid % (HALF // BR)) * BR + tl.arange(0, BR)
+        r1 = part_head * D + j  # rows of wqkv [3H, H]: part*H + head*D + j
+        every = j >= 0
+        if BK >= H:
+            w1 = _tile(w_ptr + r1 * H, every, H, BK)
+            w2 = _tile(w_ptr + (r1 + HALF) * H, every, H, BK)
+        _wait_previous(PDL)
         if EMBED:
             src = emb_ptr + tl.load(tok_ptr) * H
             if pid == 0:
@@ -97,20 +136,13 @@ if HAS_TRITON:
                 for k0 in tl.static_range(0, H, BK):
                     tl.store(x_ptr + k0 + kk, tl.load(src + k0 + kk, mask=k0 + kk < H), mask=k0 + kk < H)
             x_ptr = src
-        part_head = pid // (HALF // BR)  # 0 .. 3*HEADS-1: q heads, then k heads, then v heads
-        j = (pid % (HALF // BR)) * BR + tl.arange(0, BR)
-        r1 = part_head * D + j  # rows of wqkv [3H, H]: part*H + head*D + j
-        rstd = _rstd(x_ptr, eps, H, BK)
-        a1 = tl.zeros([BR], dtype=tl.float32)
-        a2 = tl.zeros([BR], dtype=tl.float32)
-        for k0 in tl.static_range(0, H, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < H
-            h = _normed(x_ptr, ln_ptr, k, km, rstd)
-            w1 = tl.load(w_ptr + r1[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
-            w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
-            a1 += tl.sum(w1.to(tl.float32) * h[None, :], axis=1)
-            a2 += tl.sum(w2.to(tl.float32) * h[None, :], axis=1)
+        if BK >= H:
+            h = _normed_row(x_ptr, ln_ptr, eps, H, BK)
+            a1 = _dot_rows(w1, h)
+            a2 = _dot_rows(w2, h)
+        else:
+            a1 = _normed_gemv(x_ptr, ln_ptr, w_ptr + r1 * H, every, eps, H, BR, BK)
+            a2 = _normed_gemv(x_ptr, ln_ptr, w_ptr + (r1 + HALF) * H, every, eps, H, BR, BK)
         dt = q_ptr.dtype.element_ty
         a1 = a1.to(dt).to(tl.float32)  # the projection's output in the model dtype
         a2 = a2.to(dt).to(tl.float32)
@@ -140,15 +172,22 @@ if HAS_TRITON:
     @triton.jit
     def _oproj_residual(o_ptr, w_ptr, x_ptr, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         PDL: tl.constexpr = False):
-        """x[n] += round(wo[n] . o) for this program's BN rows (in place: each program owns its rows)."""
-        _after_predecessor(PDL)
+        """x[n] += round(wo[n] . o) for this program's BN rows (in place: each program owns its rows). With BK >= H
+        the rows are loaded before the program waits for the previous kernel."""
+        _launch_next(PDL)
         n = tl.program_id(0) * BN + tl.arange(0, BN)
+        if BK >= H:
+            w_all = _tile(w_ptr + n * H, n >= 0, H, BK)
+        _wait_previous(PDL)
         acc = tl.zeros([BN], dtype=tl.float32)
         for k0 in tl.static_range(0, H, BK):
             k = k0 + tl.arange(0, BK)
             km = k < H
             ov = tl.load(o_ptr + k, mask=km, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
+            if BK >= H:
+                w = w_all
+            else:
+                w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=km[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * ov[None, :], axis=1)
         dt = x_ptr.dtype.element_ty
         xv = tl.load(x_ptr + n).to(tl.float32)
@@ -163,28 +202,38 @@ if HAS_TRITON:
         reference); the last of them to finish (a counter) turns all E logits into the slots' expert ids and
         weights: softmax, greedy top-k (+ renormalisation), times the scale; the shared pseudo-experts follow
         with weight 1. The programs after them compute the shared pseudo-experts' SwiGLU (_swiglu_rows), which
-        needs no routing, so it overlaps the router's latency instead of waiting for it."""
-        _after_predecessor(PDL)
+        needs no routing, so it overlaps the router's latency instead of waiting for it. Both kinds of program
+        load their weights before waiting for the previous kernel when their chunk is the whole row."""
+        _launch_next(PDL)
         NR: tl.constexpr = (E + BE - 1) // BE
         pid = tl.program_id(0)
         if pid >= NR:
             blocks: tl.constexpr = (I + BN_UP - 1) // BN_UP
             j = (pid - NR) // blocks
             n = ((pid - NR) % blocks) * BN_UP + tl.arange(0, BN_UP)
+            if BK_UP < H:
+                _wait_previous(PDL)
             _swiglu_rows(x_ptr, ln_ptr, w13_ptr + (E + j).to(tl.int64) * swe, act_ptr, K + j, n, eps, H, I,
-                         BN_UP, BK_UP)
+                         BN_UP, BK_UP, BK_UP >= H, PDL)
         else:
             _route(x_ptr, ln_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, pid, eps, scale, E, EP, K, SHARED, NORM,
-                   H, NR, BE, BK)
+                   H, NR, BE, BK, PDL)
 
     @triton.jit
     def _route(x_ptr, ln_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, pid, eps, scale, E: tl.constexpr,
                EP: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, H: tl.constexpr,
-               NR: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+               NR: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
         """The router part of _router (program pid of NR)."""
         e = pid * BE + tl.arange(0, BE)
         em = e < E
-        tl.store(lg_ptr + e, _normed_gemv(x_ptr, ln_ptr, g_ptr + e * H, em, eps, H, BE, BK), mask=em)
+        if BK >= H:
+            w = _tile(g_ptr + e * H, em, H, BK)
+            _wait_previous(PDL)
+            logits = _dot_rows(w, _normed_row(x_ptr, ln_ptr, eps, H, BK))
+        else:
+            _wait_previous(PDL)
+            logits = _normed_gemv(x_ptr, ln_ptr, g_ptr + e * H, em, eps, H, BE, BK)
+        tl.store(lg_ptr + e, logits, mask=em)
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
         if done == NR - 1:
@@ -195,23 +244,32 @@ if HAS_TRITON:
 
     @triton.jit
     def _swiglu_rows(x_ptr, ln_ptr, base, act_ptr, s, n, eps, H: tl.constexpr, I: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr):
+                     BN: tl.constexpr, BK: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
         """silu(gate) * up of inner units n of the expert at `base` ([2I, H]: gate rows, then up rows) on
         RMSNorm(x), rounded like the reference (gate, up, silu(gate) and the product in the model dtype), into
-        act[s, n]."""
+        act[s, n]. EARLY (BK >= H, and `base` known without the previous kernel's results): the rows are loaded
+        first, then the program waits for the previous kernel; otherwise the caller has already waited."""
         nm = n < I
-        rstd = _rstd(x_ptr, eps, H, BK)
-        acc_g = tl.zeros([BN], dtype=tl.float32)
-        acc_u = tl.zeros([BN], dtype=tl.float32)
-        for k0 in tl.static_range(0, H, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < H
-            h = _normed(x_ptr, ln_ptr, k, km, rstd)
-            msk = nm[:, None] & km[None, :]
-            wg = tl.load(base + n[:, None] * H + k[None, :], mask=msk, other=0.0)
-            wu = tl.load(base + (n + I)[:, None] * H + k[None, :], mask=msk, other=0.0)
-            acc_g += tl.sum(wg.to(tl.float32) * h[None, :], axis=1)
-            acc_u += tl.sum(wu.to(tl.float32) * h[None, :], axis=1)
+        if EARLY:
+            wg = _tile(base + n * H, nm, H, BK)
+            wu = _tile(base + (n + I) * H, nm, H, BK)
+            _wait_previous(PDL)
+            h = _normed_row(x_ptr, ln_ptr, eps, H, BK)
+            acc_g = _dot_rows(wg, h)
+            acc_u = _dot_rows(wu, h)
+        else:
+            rstd = _rstd(x_ptr, eps, H, BK)
+            acc_g = tl.zeros([BN], dtype=tl.float32)
+            acc_u = tl.zeros([BN], dtype=tl.float32)
+            for k0 in tl.static_range(0, H, BK):
+                k = k0 + tl.arange(0, BK)
+                km = k < H
+                h = _normed(x_ptr, ln_ptr, k, km, rstd)
+                msk = nm[:, None] & km[None, :]
+                wg = tl.load(base + n[:, None] * H + k[None, :], mask=msk, other=0.0)
+                wu = tl.load(base + (n + I)[:, None] * H + k[None, :], mask=msk, other=0.0)
+                acc_g += tl.sum(wg.to(tl.float32) * h[None, :], axis=1)
+                acc_u += tl.sum(wu.to(tl.float32) * h[None, :], axis=1)
         dt = act_ptr.dtype.element_ty
         g = acc_g.to(dt).to(tl.float32)
         u = acc_u.to(dt).to(tl.float32)
@@ -222,42 +280,70 @@ if HAS_TRITON:
     def _expert_up(x_ptr, ln_ptr, ids_ptr, w_ptr, act_ptr, eps, swe, H: tl.constexpr, I: tl.constexpr,
                    DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
         """Program (routed slot, block of BN inner units): _swiglu_rows of the slot's expert (id from _router).
-        DENSE: one slot, the dense MLP (w_ptr [2I, H])."""
-        _after_predecessor(PDL)
+        DENSE: one slot, the dense MLP (w_ptr [2I, H]), whose rows are loaded before waiting for the previous kernel
+        when BK >= H (a routed expert's rows wait for the router's choice)."""
+        _launch_next(PDL)
         s = tl.program_id(0)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         if DENSE:
-            base = w_ptr
+            if BK < H:
+                _wait_previous(PDL)
+            _swiglu_rows(x_ptr, ln_ptr, w_ptr, act_ptr, s, n, eps, H, I, BN, BK, BK >= H, PDL)
         else:
+            _wait_previous(PDL)
             base = w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe
-        _swiglu_rows(x_ptr, ln_ptr, base, act_ptr, s, n, eps, H, I, BN, BK)
+            _swiglu_rows(x_ptr, ln_ptr, base, act_ptr, s, n, eps, H, I, BN, BK, False, PDL)
+
+    @triton.jit
+    def _down_rows(act_ptr, base, s, n, nm, I: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   EARLY: tl.constexpr, PDL: tl.constexpr):
+        """float32 [BN] = w2 rows n of the expert at `base` ([H, I]) . act[s]. EARLY (BK >= I, `base` known without
+        the previous kernel's results): the rows are loaded first, then the program waits for the previous
+        kernel; otherwise the caller has already waited and the rows stream in BK-wide chunks."""
+        if EARLY:
+            w = _tile(base + n * I, nm, I, BK)
+            _wait_previous(PDL)
+            k = tl.arange(0, BK)
+            acc = _dot_rows(w, tl.load(act_ptr + s * I + k, mask=k < I, other=0.0).to(tl.float32))
+        else:
+            acc = tl.zeros([BN], dtype=tl.float32)
+            for k0 in range(0, I, BK):
+                k = k0 + tl.arange(0, BK)
+                km = k < I
+                av = tl.load(act_ptr + s * I + k, mask=km, other=0.0).to(tl.float32)
+                w = tl.load(base + n[:, None] * I + k[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+                acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
+        return acc
 
     @triton.jit
     def _expert_down(act_ptr, ids_ptr, wts_ptr, w_ptr, x_ptr, ys_ptr, cnt_ptr, swe, SLOTS: tl.constexpr,
                      H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     PDL: tl.constexpr = False):
+                     ROUTED: tl.constexpr = 0, E: tl.constexpr = 0, IP: tl.constexpr = 0, PDL: tl.constexpr = False):
         """Program (block of BN output rows, slot): the slot's expert output round(w2[expert][n] . act[slot]) times
         its routing weight, into ys[slot, n]. The block's last slot to finish (a counter per block) adds the
-        slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1."""
-        _after_predecessor(PDL)
+        slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1.
+        The weights that need no routing are loaded before waiting for the previous kernel: the dense MLP's
+        (when BK >= I) and the shared pseudo-experts' (slots ROUTED.., experts E.., as pick_experts numbers them;
+        one IP-wide chunk, IP >= I); a routed slot's rows wait for the router's choice."""
+        _launch_next(PDL)
         pid = tl.program_id(0)
         s = tl.program_id(1)
         n = pid * BN + tl.arange(0, BN)
         nm = n < H
         dt = x_ptr.dtype.element_ty
         if DENSE:
-            base = w_ptr
+            if BK < I:
+                _wait_previous(PDL)
+            acc = _down_rows(act_ptr, w_ptr, s, n, nm, I, BN, BK, BK >= I, PDL)
             wt = 1.0
         else:
-            base = w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe
+            if s >= ROUTED:
+                acc = _down_rows(act_ptr, w_ptr + (E + s - ROUTED).to(tl.int64) * swe, s, n, nm, I, BN, IP, True, PDL)
+            else:
+                _wait_previous(PDL)
+                acc = _down_rows(act_ptr, w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe, s, n, nm, I, BN, BK,
+                                 False, PDL)
             wt = tl.load(wts_ptr + s)
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for k0 in range(0, I, BK):
-            k = k0 + tl.arange(0, BK)
-            km = k < I
-            av = tl.load(act_ptr + s * I + k, mask=km, other=0.0).to(tl.float32)
-            w = tl.load(base + n[:, None] * I + k[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
         y = acc.to(dt).to(tl.float32) * wt  # each expert's output in the model dtype, then weighted
         if DENSE:
             xv = tl.load(x_ptr + n, mask=nm).to(tl.float32)
@@ -372,12 +458,14 @@ if HAS_TRITON:
 
 
 # Per kernel: (rows per program, reduction chunk, warps): the best of benchmarks/decode_kernels_tune.py on an H200
-# (2026-11-21), except the router's warps (4: 0.580 ms per token in the full step against 0.594 ms with the tuned 2).
+# (2026-11-21), except the router's warps (4: 0.580 ms per token in the full step against 0.594 ms with the tuned 2)
+# and the shared experts' blocks: whole rows, so their weights load before the wait (benchmarks/decode_b1_variants.py,
+# H100, 2026-11-26: 0.6241 ms per token against 0.6413 with 8 rows in 256-wide chunks, which wait first).
 BLOCKS = {
     "qkv": (2, 2048, 4),  # rotation pairs per program
     "oproj": (2, 2048, 8),
     "router": (1, 2048, 4),  # experts per program (the warps also serve "shared_up")
-    "shared_up": (8, 256, 0),  # the shared pseudo-experts' SwiGLU, inside the router's launch
+    "shared_up": (4, 2048, 0),  # the shared pseudo-experts' SwiGLU, inside the router's launch
     "up": (8, 256, 8),
     "down": (16, 128, 8),
     "attention": (32, 0, 1),  # cache slots per program
@@ -475,7 +563,8 @@ class FusedDecode:
                 BN=up[0], BK=min(up[1], kh), num_warps=up[2], **dep)
             _expert_down[(triton.cdiv(hd, down[0]), slots)](
                 self.act, self.ids, self.wts, lw.w2, x, self.ys, self.down_count, swe_down, SLOTS=slots, H=hd,
-                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], next_pow2(inner)), num_warps=down[2], **dep)
+                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], next_pow2(inner)), ROUTED=routed,
+                E=cfg.n_routed, IP=next_pow2(inner), num_warps=down[2], **dep)
         bn, bk, wn = blk["lm_head"]
         _lm_head[(self.n_head_blocks,)](x, w.norm, w.lm_head, st.logits, self.stamp, self.serial, self.pmax,
                                         self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn,
