@@ -85,8 +85,7 @@ FUSED = {  # the fused batch-1 kernels as FusedDecode launches them for DeepSeek
                     "swe": "i32"}, {"H": 1280, "I": 896, "DENSE": False, "BN": 8, "BK": 256}),
     "_expert_down": ({"act_ptr": BF16, "ids_ptr": "*i32", "wts_ptr": "*fp32", "w_ptr": BF16, "x_ptr": BF16,
                       "ys_ptr": "*fp32", "cnt_ptr": "*i32", "swe": "i32"},
-                     {"SLOTS": 8, "H": 1280, "I": 896, "DENSE": False, "BN": 16, "BK": 128, "ROUTED": 6, "E": 64,
-                      "IP": 1024}),
+                     {"SLOTS": 8, "H": 1280, "I": 896, "DENSE": False, "BN": 16, "BK": 1024}),
     "_attention": ({"q_ptr": BF16, "k_ptr": BF16, "v_ptr": BF16, "pos_ptr": "*i64", "m_ptr": "*fp32",
                     "l_ptr": "*fp32", "acc_ptr": "*fp32", "cnt_ptr": "*i32", "o_ptr": BF16, "n_splits": "i32",
                     "skh": "i32", "skl": "i32", "svh": "i32", "svl": "i32", "scale": "fp32"},
@@ -94,9 +93,10 @@ FUSED = {  # the fused batch-1 kernels as FusedDecode launches them for DeepSeek
 }
 
 
-def _loads_around_the_wait(kernel) -> tuple[int, int]:
+def _loads_around_the_wait(kernel) -> tuple[int, int, bool]:
     """Global loads in the kernel's SASS before and after its first wait for the previous kernel (ACQBULK,
-    griddepcontrol.wait), as ptxas scheduled them: what the GPU will issue, not what the source says."""
+    griddepcontrol.wait), as ptxas scheduled them (what the GPU will issue, not what the source says), and whether
+    it lets the next kernel launch (PREEXIT, griddepcontrol.launch_dependents) only after that wait."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -110,9 +110,11 @@ def _loads_around_the_wait(kernel) -> tuple[int, int]:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(tool), "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-    lines = [ln for ln in sass.splitlines() if "LDG" in ln or "ACQBULK" in ln]
+    lines = [ln for ln in sass.splitlines() if "LDG" in ln or "ACQBULK" in ln or "PREEXIT" in ln]
     wait = next(i for i, ln in enumerate(lines) if "ACQBULK" in ln)
-    return wait, len(lines) - wait - 1
+    launch = next(i for i, ln in enumerate(lines) if "PREEXIT" in ln)
+    loads = ["LDG" in ln for ln in lines]
+    return sum(loads[:wait]), sum(loads[wait:]), launch > wait
 
 
 def _compile_aligned(fn, signature: dict, constexprs: dict):
@@ -131,13 +133,14 @@ def _compile_aligned(fn, signature: dict, constexprs: dict):
 def test_fused_kernels_load_their_weights_before_waiting_for_the_previous_kernel(kernels, name):
     """With programmatic dependent launch a kernel's programs start while the previous kernel runs; the weights
     (which nothing in a step writes) are loaded before the wait, so their HBM latency overlaps the previous
-    kernel's tail. Loads of what the previous kernels write (activations, the routing, the cache) must come after
-    it: a routed expert's rows and the attention's keys wait; the shared experts' and the dense layer's do not."""
+    kernel's tail. Only a routed expert's gate/up rows wait (for the router's choice). The q/k/v and routed gate/up
+    kernels let the next kernel launch only after their own wait, which is what makes the attention's early loads
+    (the position and earlier steps' cache slots) and the down kernel's (the router's expert ids) safe: those two
+    must let the next kernel launch late, every other kernel as early as it can."""
     dk = kernels[0]
     sig, shapes = FUSED[name]
-    before, after = _loads_around_the_wait(_compile_aligned(getattr(dk, name.split()[-1]), sig,
-                                                            dict(shapes, PDL=True)))
-    if name in ("_attention", "_expert_up"):
-        assert before == 0 and after > 0
-    else:
-        assert before > 0 and after > 0, (before, after)
+    before, after, late = _loads_around_the_wait(_compile_aligned(getattr(dk, name.split()[-1]), sig,
+                                                                  dict(shapes, PDL=True)))
+    assert after > 0
+    assert (before == 0) == (name == "_expert_up"), (before, after)
+    assert late == (name in ("_qkv_rope", "_expert_up"))

@@ -116,8 +116,9 @@ if HAS_TRITON:
                   EMBED: tl.constexpr, PDL: tl.constexpr = False):
         """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v. EMBED (first layer): the
         input is the token's embedding row, which program 0 also copies into x (the residual stream). With BK >= H
-        the program's weight rows are loaded before it waits for the previous kernel."""
-        _launch_next(PDL)
+        the program's weight rows are loaded before it waits for the previous kernel. The attention is let launch
+        only after that wait (LATE_LAUNCH): when it starts, every kernel before this one has finished, so the cache
+        slots of earlier steps and the position are final and it loads them before waiting for this kernel."""
         HALF: tl.constexpr = D // 2
         HEADS: tl.constexpr = H // D
         pid = tl.program_id(0)
@@ -129,6 +130,7 @@ if HAS_TRITON:
             w1 = _tile(w_ptr + r1 * H, every, H, BK)
             w2 = _tile(w_ptr + (r1 + HALF) * H, every, H, BK)
         _wait_previous(PDL)
+        _launch_next(PDL)
         if EMBED:
             src = emb_ptr + tl.load(tok_ptr) * H
             if pid == 0:
@@ -281,16 +283,19 @@ if HAS_TRITON:
                    DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
         """Program (routed slot, block of BN inner units): _swiglu_rows of the slot's expert (id from _router).
         DENSE: one slot, the dense MLP (w_ptr [2I, H]), whose rows are loaded before waiting for the previous kernel
-        when BK >= H (a routed expert's rows wait for the router's choice)."""
-        _launch_next(PDL)
+        when BK >= H. A routed expert's rows wait for the router's choice, and only then is the down kernel let
+        launch: when it starts the router has finished, so it loads the chosen experts' rows before waiting for
+        this kernel (_expert_down)."""
         s = tl.program_id(0)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         if DENSE:
+            _launch_next(PDL)
             if BK < H:
                 _wait_previous(PDL)
             _swiglu_rows(x_ptr, ln_ptr, w_ptr, act_ptr, s, n, eps, H, I, BN, BK, BK >= H, PDL)
         else:
             _wait_previous(PDL)
+            _launch_next(PDL)
             base = w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe
             _swiglu_rows(x_ptr, ln_ptr, base, act_ptr, s, n, eps, H, I, BN, BK, False, PDL)
 
@@ -318,31 +323,27 @@ if HAS_TRITON:
     @triton.jit
     def _expert_down(act_ptr, ids_ptr, wts_ptr, w_ptr, x_ptr, ys_ptr, cnt_ptr, swe, SLOTS: tl.constexpr,
                      H: tl.constexpr, I: tl.constexpr, DENSE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     ROUTED: tl.constexpr = 0, E: tl.constexpr = 0, IP: tl.constexpr = 0, PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = False):
         """Program (block of BN output rows, slot): the slot's expert output round(w2[expert][n] . act[slot]) times
         its routing weight, into ys[slot, n]. The block's last slot to finish (a counter per block) adds the
         slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1.
-        The weights that need no routing are loaded before waiting for the previous kernel: the dense MLP's
-        (when BK >= I) and the shared pseudo-experts' (slots ROUTED.., experts E.., as pick_experts numbers them;
-        one IP-wide chunk, IP >= I); a routed slot's rows wait for the router's choice."""
+        With BK >= I the slot's rows are loaded before waiting for the previous kernel: the dense MLP's are fixed,
+        and a routed step's expert ids are final when this kernel starts (the routed _expert_up lets it launch only
+        after the router has finished)."""
         _launch_next(PDL)
         pid = tl.program_id(0)
         s = tl.program_id(1)
         n = pid * BN + tl.arange(0, BN)
         nm = n < H
         dt = x_ptr.dtype.element_ty
+        if BK < I:
+            _wait_previous(PDL)
         if DENSE:
-            if BK < I:
-                _wait_previous(PDL)
             acc = _down_rows(act_ptr, w_ptr, s, n, nm, I, BN, BK, BK >= I, PDL)
             wt = 1.0
         else:
-            if s >= ROUTED:
-                acc = _down_rows(act_ptr, w_ptr + (E + s - ROUTED).to(tl.int64) * swe, s, n, nm, I, BN, IP, True, PDL)
-            else:
-                _wait_previous(PDL)
-                acc = _down_rows(act_ptr, w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe, s, n, nm, I, BN, BK,
-                                 False, PDL)
+            acc = _down_rows(act_ptr, w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe, s, n, nm, I, BN, BK, BK >= I,
+                             PDL)
             wt = tl.load(wts_ptr + s)
         y = acc.to(dt).to(tl.float32) * wt  # each expert's output in the model dtype, then weighted
         if DENSE:
@@ -365,23 +366,32 @@ if HAS_TRITON:
                    svl, scale, D: tl.constexpr, CHUNK: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr = False):
         """Program (head, chunk of CHUNK cache slots): flash-decoding partial (max, exp-sum, weighted V sum in
         float32) over the chunk's slots <= pos; the head's last chunk to finish merges them into o[head] (model
-        dtype). Chunks past pos return at once."""
-        _after_predecessor(PDL)
+        dtype). Chunks past pos return at once.
+        The q/k/v kernel before this one lets it launch only once every kernel before that has finished
+        (_qkv_rope's LATE_LAUNCH), so the position (written by the previous step's _choose) and the slots before it
+        (written by earlier steps) are final: they are loaded before the wait; q and slot pos, which the q/k/v
+        kernel writes, after it."""
+        _launch_next(PDL)
         h = tl.program_id(0)
         sp = tl.program_id(1)
         pos = tl.load(pos_ptr)
         active = pos // CHUNK + 1
         if sp < active:
             d = tl.arange(0, D)
-            q = tl.load(q_ptr + h * D + d).to(tl.float32)
             offs = sp * CHUNK + tl.arange(0, CHUNK)
+            old = offs < pos
+            kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=old[:, None], other=0.0)
+            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=old[:, None], other=0.0)
+            _wait_previous(PDL)
+            q = tl.load(q_ptr + h * D + d).to(tl.float32)
+            new = (offs == pos)[:, None]
+            kt = tl.where(new, tl.load(k_ptr + h * skh + pos * skl + d)[None, :], kt)
+            vt = tl.where(new, tl.load(v_ptr + h * svh + pos * svl + d)[None, :], vt)
             valid = offs <= pos
-            kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=valid[:, None], other=0.0)
             sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
             sc = tl.where(valid, sc, float("-inf"))
             m = tl.max(sc, axis=0)  # finite: slot sp*CHUNK <= pos
             p = tl.exp(sc - m)
-            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=valid[:, None], other=0.0)
             idx = h * n_splits + sp
             tl.store(m_ptr + idx, m)
             tl.store(l_ptr + idx, tl.sum(p, axis=0))
@@ -467,8 +477,9 @@ BLOCKS = {
     "router": (1, 2048, 4),  # experts per program (the warps also serve "shared_up")
     "shared_up": (4, 2048, 0),  # the shared pseudo-experts' SwiGLU, inside the router's launch
     "up": (8, 256, 8),
-    "down": (16, 128, 8),
-    "attention": (32, 0, 1),  # cache slots per program
+    "down": (16, 1024, 8),  # whole rows: loaded before the wait
+    "attention": (32, 0, 1),  # cache slots per program (1 warp, though its early keys and values spill: 0.6124 ms
+    # per token against 0.6182 with 2 warps and 0.6295 with 4, benchmarks/decode_b1_variants.py, H100, 2026-11-27)
     "dense_up": (4, 2048, 4),
     "dense_down": (2, 8192, 8),
     "lm_head": (128, 128, 4),
@@ -563,8 +574,7 @@ class FusedDecode:
                 BN=up[0], BK=min(up[1], kh), num_warps=up[2], **dep)
             _expert_down[(triton.cdiv(hd, down[0]), slots)](
                 self.act, self.ids, self.wts, lw.w2, x, self.ys, self.down_count, swe_down, SLOTS=slots, H=hd,
-                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], next_pow2(inner)), ROUTED=routed,
-                E=cfg.n_routed, IP=next_pow2(inner), num_warps=down[2], **dep)
+                I=inner, DENSE=not lw.moe, BN=down[0], BK=min(down[1], next_pow2(inner)), num_warps=down[2], **dep)
         bn, bk, wn = blk["lm_head"]
         _lm_head[(self.n_head_blocks,)](x, w.norm, w.lm_head, st.logits, self.stamp, self.serial, self.pmax,
                                         self.parg, cfg.eps, self.vocab, H=hd, BN=bn, BK=min(bk, kh), num_warps=wn,
