@@ -4,8 +4,9 @@ Each variant is a version of `dsocr_core/fast/decode_kernels.py` (the checkout's
 given by path) with optional block overrides (`FastEngine(fused_blocks=...)`). Every round runs every variant once
 in turn (prefill of a 2x2 Gundam page, then `--steps` greedy tokens with the n-gram ban; the time per token is the
 decode loop's span over its tokens, launch gaps included, as `session_speed.py` measures it), so drift of the GPU
-hits every variant alike; the figure per variant is the median over rounds. Each variant's greedy tokens are
-compared with the first variant's (the kernels' arithmetic is the same unless blocks change a reduction's order).
+hits every variant alike; the figure per variant is the median over rounds. Each variant's greedy tokens must be
+the same in every round (a launch-order race shows as tokens that change between runs), and are compared with the
+first variant's: the first position where they differ, if any (a different reduction order can flip a near-tie).
 
     python benchmarks/decode_b1_variants.py --variant before=/tmp/old_decode_kernels.py \\
         --variant now --variant 'shared4={"shared_up": [4, 2048, 0]}' --out out/decode_b1_variants.json
@@ -107,22 +108,26 @@ def main() -> None:
     t = page.input_ids.shape[1]
     floor = decode_floor(spec, 1, list(range(t + 1, t + args.steps)), cal)["memory_floor_s"]
     times: dict[str, list[float]] = {v["name"]: [] for v in variants}
-    tokens: dict[str, list[int]] = {}
+    tokens: dict[str, list[list[int]]] = {v["name"]: [] for v in variants}
+    if len({v["name"] for v in variants}) != len(variants):
+        raise SystemExit("variant names must differ")
     for rnd in range(args.rounds):
         for v in variants:
             r = run_variant(fast, v, page, args.steps, ngram)
             times[v["name"]].append(r["step_s"])
-            tokens.setdefault(v["name"], r["tokens"])
+            tokens[v["name"]].append(r["tokens"])
             print(f"round {rnd + 1} {v['name']:<14s} {r['step_s'] * 1e3:.4f} ms/token", flush=True)
     engine_module.FusedDecode = CURRENT
     first = variants[0]["name"]
     rows = []
     for v in variants:
         name = v["name"]
-        same = sum(a == b for a, b in zip(tokens[name], tokens[first]))
+        mine, theirs = tokens[name][0], tokens[first][0]
+        diverge = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
         rows.append({"name": name, "path": v["path"], "blocks": v["blocks"], "step_s_median": med(times[name]),
                      "step_s": times[name], "vs_floor": med(times[name]) / floor,
-                     "tokens_equal_to_first": same, "tokens": len(tokens[name])})
+                     "same_tokens_every_round": all(t == mine for t in tokens[name]),
+                     "first_divergence_from_first": diverge, "tokens": len(mine)})
     out = {"benchmark": "decode_b1_variants", "environment": env, "copy_tbs": cal.bandwidth_tbs,
            "memory_floor_s": floor, "prompt_tokens": t, "steps": args.steps, "rounds": args.rounds,
            "variants": rows}
@@ -130,10 +135,12 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     print(f"\n{env.get('gpu_name')}: batch-1 decode, 2x2 page ({t} prompt tokens), {args.steps} tokens, median of "
           f"{args.rounds} rounds; memory floor {floor * 1e3:.4f} ms")
-    print(f"{'variant':<14s} {'ms/token':>9s} {'x floor':>8s} {'tokens = ' + first:>16s}")
+    print(f"{'variant':<14s} {'ms/token':>9s} {'x floor':>8s} {'same every round':>17s} "
+          f"{'differs from ' + first + ' at':>24s}")
     for r in rows:
+        d = r["first_divergence_from_first"]
         print(f"{r['name']:<14s} {r['step_s_median'] * 1e3:9.4f} {r['vs_floor']:8.3f} "
-              f"{r['tokens_equal_to_first']:>9d}/{r['tokens']}")
+              f"{'yes' if r['same_tokens_every_round'] else 'NO':>17s} {'-' if d is None else d:>24}")
 
 
 if __name__ == "__main__":

@@ -132,3 +132,29 @@ def test_routing_kernel_and_by_expert_kernels_equal_the_torch_moe(tokens):
     torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)
     got, want = moe_gemv(h, ids, w13, w2).float(), experts_grouped(h, ids, w13, w2, inner).float()
     assert float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
+
+
+def test_early_loads_under_programmatic_dependent_launch_change_no_bit(sessions):
+    """The fused kernels load their weights, and after the q/k/v and routed gate/up kernels' late launch also the
+    position, earlier steps' cache slots and the chosen experts, before waiting for the previous kernel
+    (decode_kernels._wait_previous). A mistake in that order reads stale data only now and then; the arithmetic
+    does not depend on how kernels are launched, so the same kernels launched in plain stream order (pdl=False)
+    must give bit for bit the same 300 tokens and last logits as with programmatic dependent launch, one or two
+    steps per graph, run twice."""
+    ref, _ = sessions
+    page = _page(1, 41)
+    runs = {}
+    for name, opts in (("plain", {"pdl": False, "graph_steps": 1}), ("pdl", {"pdl": True, "graph_steps": 1}),
+                       ("pdl x2", {"pdl": True, "graph_steps": 2})):
+        fast = ref.with_mode("fast", **opts)
+        for attempt in range(1 if name == "plain" else 2):
+            gen = fast.generate(page, max_new_tokens=300, no_repeat_ngram_size=20)
+            runs[f"{name} #{attempt}"] = (gen.generated_ids[0], fast.engine._states[1].logits.clone())
+        del fast
+        torch.cuda.empty_cache()
+    tokens, logits = runs["plain #0"]
+    for name, (t, lg) in runs.items():
+        assert t == tokens, (name, next(i for i, (a, b) in enumerate(zip(t, tokens)) if a != b))
+        if not name.startswith("pdl x2"):  # the same steps per launch: the last step's logits too
+            assert torch.equal(lg, logits), name
+    assert torch.equal(runs["pdl x2 #0"][1], runs["pdl x2 #1"][1])

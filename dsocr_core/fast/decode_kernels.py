@@ -329,7 +329,7 @@ if HAS_TRITON:
         slots in slot order, rounds, and adds the sum to x[n] in place. DENSE: one slot, weight 1.
         With BK >= I the slot's rows are loaded before waiting for the previous kernel: the dense MLP's are fixed,
         and a routed step's expert ids are final when this kernel starts (the routed _expert_up lets it launch only
-        after the router has finished)."""
+        after the router has finished); they are read past L1 (.cg), as _attention reads its early loads."""
         _launch_next(PDL)
         pid = tl.program_id(0)
         s = tl.program_id(1)
@@ -342,8 +342,8 @@ if HAS_TRITON:
             acc = _down_rows(act_ptr, w_ptr, s, n, nm, I, BN, BK, BK >= I, PDL)
             wt = 1.0
         else:
-            acc = _down_rows(act_ptr, w_ptr + tl.load(ids_ptr + s).to(tl.int64) * swe, s, n, nm, I, BN, BK, BK >= I,
-                             PDL)
+            expert = tl.load(ids_ptr + s, cache_modifier=".cg").to(tl.int64)
+            acc = _down_rows(act_ptr, w_ptr + expert * swe, s, n, nm, I, BN, BK, BK >= I, PDL)
             wt = tl.load(wts_ptr + s)
         y = acc.to(dt).to(tl.float32) * wt  # each expert's output in the model dtype, then weighted
         if DENSE:
@@ -370,18 +370,21 @@ if HAS_TRITON:
         The q/k/v kernel before this one lets it launch only once every kernel before that has finished
         (_qkv_rope's LATE_LAUNCH), so the position (written by the previous step's _choose) and the slots before it
         (written by earlier steps) are final: they are loaded before the wait; q and slot pos, which the q/k/v
-        kernel writes, after it."""
+        kernel writes, after it. Those early loads bypass L1 (.cg): the wait is what guarantees a fresh view of
+        memory, so before it nothing an earlier kernel left in this SM's L1 may be read."""
         _launch_next(PDL)
         h = tl.program_id(0)
         sp = tl.program_id(1)
-        pos = tl.load(pos_ptr)
+        pos = tl.load(pos_ptr, cache_modifier=".cg")
         active = pos // CHUNK + 1
         if sp < active:
             d = tl.arange(0, D)
             offs = sp * CHUNK + tl.arange(0, CHUNK)
             old = offs < pos
-            kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=old[:, None], other=0.0)
-            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=old[:, None], other=0.0)
+            kt = tl.load(k_ptr + h * skh + offs[:, None] * skl + d[None, :], mask=old[:, None], other=0.0,
+                         cache_modifier=".cg")
+            vt = tl.load(v_ptr + h * svh + offs[:, None] * svl + d[None, :], mask=old[:, None], other=0.0,
+                         cache_modifier=".cg")
             _wait_previous(PDL)
             q = tl.load(q_ptr + h * D + d).to(tl.float32)
             new = (offs == pos)[:, None]
