@@ -18,6 +18,12 @@ Why: at batch 1 a decode step is a chain of GEMVs over 1.15 GB of weights; a pro
   lm_head      final RMSNorm + lm_head GEMV -> float32 logits, and per block the best token after the n-gram ban
   ngram_ban / choose   the vendor's no-repeat-n-gram ban and the greedy choice, on the device
 
+Launch order (programmatic dependent launch, Hopper): each kernel lets the next one launch at once (_launch_next),
+loads what nothing in the step writes (its weight rows), and only then waits for the previous kernel
+(_wait_previous). The q/k/v and the routed gate/up kernels let the next kernel launch only after their own wait, so
+the attention may also load the position and earlier steps' cache slots early, and the down kernel the router's
+choice and those experts' rows (docs/fast-mode.md, "Batch 1: weights before the wait").
+
 "Last program" merges use an arrival counter per output block (atomic add with acquire/release, reset by the
 merging program) and read the partials in a fixed order, so results do not depend on scheduling.
 Reduction chunks as wide as the whole row (2048 lanes for 1280 values, the rest masked) issue every load of a
