@@ -44,6 +44,7 @@ ACCURACY = {
         "H100 random, new engine": ("h100_prediction_accuracy_random11_2026-11-26.json", None),
         "H100 native, fused kernels 2026-11-27": ("h100_prediction_accuracy_native_2026-11-27.json", None),
         "H100 text lengths, fused kernels 2026-11-27": ("h100_prediction_accuracy_text_2026-11-27.json", None),
+        "H100 random, 2026-11-27": ("h100_prediction_accuracy_random27_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
