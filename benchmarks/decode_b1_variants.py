@@ -111,13 +111,15 @@ def main() -> None:
     tokens: dict[str, list[list[int]]] = {v["name"]: [] for v in variants}
     if len({v["name"] for v in variants}) != len(variants):
         raise SystemExit("variant names must differ")
-    for rnd in range(args.rounds):
-        for v in variants:
-            r = run_variant(fast, v, page, args.steps, ngram)
-            times[v["name"]].append(r["step_s"])
-            tokens[v["name"]].append(r["tokens"])
-            print(f"round {rnd + 1} {v['name']:<14s} {r['step_s'] * 1e3:.4f} ms/token", flush=True)
-    engine_module.FusedDecode = CURRENT
+    try:
+        for rnd in range(args.rounds):
+            for v in variants:
+                r = run_variant(fast, v, page, args.steps, ngram)
+                times[v["name"]].append(r["step_s"])
+                tokens[v["name"]].append(r["tokens"])
+                print(f"round {rnd + 1} {v['name']:<14s} {r['step_s'] * 1e3:.4f} ms/token", flush=True)
+    finally:  # the engine module is shared: leave it with the checkout's kernels whatever happened
+        engine_module.FusedDecode = CURRENT
     first = variants[0]["name"]
     rows = []
     for v in variants:
