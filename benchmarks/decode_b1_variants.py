@@ -95,6 +95,8 @@ def main() -> None:
         raise SystemExit("this benchmark times the fused batch-1 kernels: it needs a CUDA GPU")
     device, dtype, ngram = torch.device("cuda"), torch.bfloat16, 20
     variants = [parse_variant(t) for t in args.variant]
+    if len({v["name"] for v in variants}) != len(variants):
+        raise SystemExit("variant names must differ")
     for v in variants:
         v["cls"] = fused_class(v["path"])
     env = capture_environment(str(device))
@@ -109,8 +111,6 @@ def main() -> None:
     floor = decode_floor(spec, 1, list(range(t + 1, t + args.steps)), cal)["memory_floor_s"]
     times: dict[str, list[float]] = {v["name"]: [] for v in variants}
     tokens: dict[str, list[list[int]]] = {v["name"]: [] for v in variants}
-    if len({v["name"] for v in variants}) != len(variants):
-        raise SystemExit("variant names must differ")
     try:
         for rnd in range(args.rounds):
             for v in variants:

@@ -25,9 +25,9 @@ BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routin
            "with a run's observed routing, 2-10% on the H100 and the H200; reference up to +729%")
 BATCHED_PREFILL = ("batch > 1 in the fast mode: the LM prefill was under-predicted at every batched point of the "
                    "latest held-out H100 set (2026-11-27, batch 2-51): by 8-20%, 14% median, TTFT by 8%, where the "
-                   "sets of the day before on the same code were within 8.5%, and the batch group re-measured the same day "
-                   "(2x2 and Base pages at batch 4-16) within 5.9%; the same point's prefill also differs by up to "
-                   "12% between H100 machines; not explained")
+                   "sets of the day before on the same code were within 8.5%, and the batch group re-measured the "
+                   "same day (2x2 and Base pages at batch 4-16) within 5.9%; the same point's prefill also differs "
+                   "by up to 12% between H100 machines; not explained")
 PROJECTOR = ("the projector (0.015-0.3 ms) is under-predicted in the fast mode: by 21% (median, max 33%) on a "
              "held-out H100 set of the current engine (its layout one gather, 2026-11-26), about 50% on the H200 "
              "(its profile has no table for the projector's transposed concatenation); the stage runs 3-48 us "

@@ -122,8 +122,8 @@ if HAS_TRITON:
                   EMBED: tl.constexpr, PDL: tl.constexpr = False):
         """Program = BR rotation pairs (rows j and j + D/2) of one head of q, k or v. EMBED (first layer): the
         input is the token's embedding row, which program 0 also copies into x (the residual stream). With BK >= H
-        the program's weight rows are loaded before it waits for the previous kernel. The attention is let launch
-        only after that wait (LATE_LAUNCH): when it starts, every kernel before this one has finished, so the cache
+        the program's weight rows are loaded before it waits for the previous kernel. It lets the attention launch
+        only after that wait: when the attention starts, every kernel before this one has finished, so the cache
         slots of earlier steps and the position are final and it loads them before waiting for this kernel."""
         HALF: tl.constexpr = D // 2
         HEADS: tl.constexpr = H // D
@@ -374,7 +374,7 @@ if HAS_TRITON:
         float32) over the chunk's slots <= pos; the head's last chunk to finish merges them into o[head] (model
         dtype). Chunks past pos return at once.
         The q/k/v kernel before this one lets it launch only once every kernel before that has finished
-        (_qkv_rope's LATE_LAUNCH), so the position (written by the previous step's _choose) and the slots before it
+        (_qkv_rope launches its successor after its own wait), so the position (written by the previous step's _choose) and the slots before it
         (written by earlier steps) are final: they are loaded before the wait; q and slot pos, which the q/k/v
         kernel writes, after it. Those early loads bypass L1 (.cg): the wait is what guarantees a fresh view of
         memory, so before it nothing an earlier kernel left in this SM's L1 may be read."""
@@ -479,7 +479,7 @@ if HAS_TRITON:
 # Per kernel: (rows per program, reduction chunk, warps): the best of benchmarks/decode_kernels_tune.py on an H200
 # (2026-11-21), except the router's warps (4: 0.580 ms per token in the full step against 0.594 ms with the tuned 2)
 # and the shared experts' blocks: whole rows, so their weights load before the wait (benchmarks/decode_b1_variants.py,
-# H100, 2026-11-26: 0.6241 ms per token against 0.6413 with 8 rows in 256-wide chunks, which wait first).
+# H100, 2026-11-27: 0.6241 ms per token against 0.6413 with 8 rows in 256-wide chunks, which wait first).
 BLOCKS = {
     "qkv": (2, 2048, 4),  # rotation pairs per program
     "oproj": (2, 2048, 8),
