@@ -1,13 +1,17 @@
-"""Where the fast engine's vision time goes, kernel by kernel, as the page grows: CLIP and the projector of
-several pages (Gundam tile grids, native modes, batches), each stage timed in its CUDA graph (the engine's
-default, medians over repeats) and once more with graphs off under torch.profiler, its kernels listed with their
-device time per prefill, beside the time model's prediction of the stage from a calibration profile.
+"""Where the fast engine's prefill time goes, kernel by kernel, as the page grows: SAM, CLIP, the projector and
+the LM prefill of several pages (Gundam tile grids, native modes, batches, text lengths), each stage timed in its
+CUDA graph (the engine's default, medians over repeats) and once more with graphs off under torch.profiler, its
+kernels listed with their device time per prefill, beside the time model's prediction of the stage from a
+calibration profile.
 
 Why: the measured CLIP of Gundam pages is a step function of the tile count (on an H100, 4 tiles 2.03 ms, 5 tiles
 1.89 ms, 7-9 tiles 2.31-2.34 ms) while the prediction grows smoothly; the projector grows by more per tile than
-the plan has. The kernel lists show which kernels make the steps.
+the plan has. The kernel lists show which kernels make the steps. Since 2026-11-27 it also covers SAM (whose error
+follows the view size: 512-640 px views under-predicted, 1024-1280 px over-predicted) and the LM prefill (batched
+prefills under-predicted by 8-20% in one held-out set), and a point may set its text length.
 
     python benchmarks/vision_kernels.py --profile data/profiles/h100.json --out out/vision_kernels.json
+    python benchmarks/vision_kernels.py --stages sam,prefill --points tiny:1x1:b4:t78,base --out out/vk.json
     python benchmarks/vision_kernels.py --device cpu --quick --out /tmp/vk.json     # smoke test (tiny model)
 """
 from __future__ import annotations
@@ -24,25 +28,39 @@ import torch  # noqa: E402
 
 from dsocr_core.registry import DEFAULT_MODEL, get_family  # noqa: E402
 
-STAGES = get_family(DEFAULT_MODEL).vision_stages[1:]  # DeepSeek-OCR's stages after SAM: CLIP and the projector
+STAGES = (*get_family(DEFAULT_MODEL).vision_stages, "prefill")  # every stage a prefill times
+DEFAULT_STAGES = "clip,projector"
 DEFAULT_POINTS = "gundam:1x1,gundam:2x2,gundam:5x1,gundam:3x2,gundam:3x3,small:1x1:b8,base:1x1"
 
 
 def parse_point(text: str) -> dict:
-    """mode:WxH[:bN] -> {mode, grid, batch}."""
+    """mode:WxH[:bN][:tN] -> {mode, grid, batch, text_tokens} (batch 1 and 10 text tokens unless given)."""
     parts = text.split(":")
     try:
         w, h = (int(v) for v in parts[1].lower().split("x")) if len(parts) > 1 else (1, 1)
-        if len(parts) > 2 and not parts[2].startswith("b") or len(parts) > 3:
+        extra = {"b": 1, "t": 10}
+        for part in parts[2:]:
+            if part[:1] not in extra or len(parts) > 4:
+                raise ValueError(text)
+            extra[part[0]] = int(part[1:])
+        if parts[2:] and [p[0] for p in parts[2:]] not in (["b"], ["t"], ["b", "t"]) or min(extra.values()) < 1:
             raise ValueError(text)
-        batch = int(parts[2][1:]) if len(parts) > 2 else 1
     except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"a point is mode:WxH[:bN] (e.g. gundam:3x2:b4), got {text!r}") from None
-    return {"mode": parts[0], "grid": (w, h), "batch": batch}
+        raise argparse.ArgumentTypeError(f"a point is mode:WxH[:bN][:tN] (e.g. gundam:3x2:b4:t500), got {text!r}"
+                                         ) from None
+    return {"mode": parts[0], "grid": (w, h), "batch": extra["b"], "text_tokens": extra["t"]}
 
 
-def stage_medians(session, inputs, repeats: int) -> dict[str, float]:
-    """Median seconds of each vision stage over `repeats` prefills (the timer's CUDA events)."""
+def parse_stages(text: str) -> tuple[str, ...]:
+    stages = tuple(s for s in text.split(",") if s)
+    bad = [s for s in stages if s not in STAGES]
+    if bad or not stages:
+        raise argparse.ArgumentTypeError(f"stages are a comma list of {', '.join(STAGES)}, got {text!r}")
+    return stages
+
+
+def stage_medians(session, inputs, repeats: int, stages=STAGES) -> dict[str, float]:
+    """Median seconds of each of `stages` over `repeats` prefills (the timer's CUDA events)."""
     from dsocr_core.runtime.timing import StageTimer
 
     times: dict[str, list[float]] = {}
@@ -51,10 +69,10 @@ def stage_medians(session, inputs, repeats: int) -> dict[str, float]:
         session.prefill(inputs, timer=timer)
         for name, s in timer.finish():
             times.setdefault(name, []).append(s)
-    return {k: statistics.median(v) for k, v in times.items() if k in STAGES}
+    return {k: statistics.median(v) for k, v in times.items() if k in stages}
 
 
-def stage_kernels(session, inputs, passes: int) -> dict[str, list[dict]]:
+def stage_kernels(session, inputs, passes: int, stages=STAGES) -> dict[str, list[dict]]:
     """Per stage, the kernels of `passes` prefills under torch.profiler: name, launches and device us per
     prefill, largest first."""
     from torch.profiler import ProfilerActivity, profile
@@ -70,7 +88,7 @@ def stage_kernels(session, inputs, passes: int) -> dict[str, list[dict]]:
     ops, _ = group_events(prof.events())
     dev = "cuda" if session.device.type == "cuda" else "cpu"
     out = {}
-    for stage in STAGES:
+    for stage in stages:
         rows = ops[(ops.stage == stage) & (ops.device == dev)].sort_values("self_us", ascending=False)
         out[stage] = [{"kernel": r.operator, "launches": r.calls / passes, "us": r.self_us / passes}
                       for r in rows.itertuples()]
@@ -78,8 +96,8 @@ def stage_kernels(session, inputs, passes: int) -> dict[str, list[dict]]:
 
 
 def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: str,
-              engine=None) -> dict[str, float] | None:
-    """The time model's CLIP and projector of one point on `engine` (an EngineSpec; None: the fast defaults)."""
+              engine=None, stages=STAGES) -> dict[str, float] | None:
+    """The time model's `stages` of one point on `engine` (an EngineSpec; None: the fast defaults)."""
     if not profile_path:
         return None
     from dsocr_core.analytic.predict import profile_hardware, with_profile
@@ -93,14 +111,42 @@ def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: st
     from dsocr_core.tiling import mode_info
 
     w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
-                 batch=point["batch"], text_tokens=10, decode_steps=1, logits="last", dtype=dtype)
+                 batch=point["batch"], text_tokens=point.get("text_tokens", 10), decode_steps=1, logits="last",
+                 dtype=dtype)
     hw = with_profile(profile_hardware(prof), prof, engine or "fast")
-    return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in STAGES}
+    return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in stages}
+
+
+def predicted_rows(profile_path: str | None, point: dict, spec_preset: str, dtype: str, engine=None,
+                   stages=STAGES) -> dict[str, dict[str, float]] | None:
+    """The same prediction by analytic row kind (e.g. sam.attn.global, lm.mlp.experts): {stage: {kind: seconds}},
+    to set beside the kernels (the rows of all layers of a kind summed)."""
+    if not profile_path:
+        return None
+    from dsocr_core.analytic.api import module_table
+    from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.calibration.profile import load_profile
+    from dsocr_core.registry import get_family
+    from dsocr_core.spec import Workload
+    from dsocr_core.tiling import mode_info
+
+    prof = load_profile(profile_path)
+    spec = get_family(None).presets[spec_preset]()
+    w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
+                 batch=point["batch"], text_tokens=point.get("text_tokens", 10), decode_steps=1, logits="last",
+                 dtype=dtype)
+    table = module_table(spec, w, with_profile(profile_hardware(prof), prof, engine or "fast"))
+    table = table[table.stage.isin(stages)]
+    sums = table.groupby(["stage", "kind"])["predicted_s"].sum()
+    return {st: {k: float(v) for (s2, k), v in sums.items() if s2 == st} for st in stages}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--points", default=DEFAULT_POINTS, help="comma list of mode:WxH[:bN] (default %(default)s)")
+    ap.add_argument("--points", default=DEFAULT_POINTS,
+                    help="comma list of mode:WxH[:bN][:tN] (default %(default)s)")
+    ap.add_argument("--stages", default=DEFAULT_STAGES,
+                    help=f"comma list of the stages to time and list, of {', '.join(STAGES)} (default %(default)s)")
     ap.add_argument("--profile", help="calibration profile for the predicted column")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
@@ -121,6 +167,7 @@ def main(argv=None) -> int:
 
     try:
         points = [parse_point(p) for p in args.points.split(",") if p]
+        stages = parse_stages(args.stages)
     except argparse.ArgumentTypeError as exc:
         ap.error(str(exc))
     preset = "tiny" if args.quick else "full"
@@ -137,9 +184,10 @@ def main(argv=None) -> int:
     graphed, eager = base.with_mode("fast", **opts), base.with_mode("fast", **{**opts, "graphs": False})
     result = {"benchmark": "vision_kernels", "environment": capture_environment(args.device),
               "engine": engine.to_dict(),
-              "weights": "synthetic " + preset, "dtype": dtype, "profile": args.profile, "points": []}
+              "weights": "synthetic " + preset, "dtype": dtype, "profile": args.profile, "stages": list(stages),
+              "points": []}
     for p in points:
-        inputs = synthetic_inputs(p["mode"], p["grid"], text_tokens=10, batch=p["batch"], seed=1,
+        inputs = synthetic_inputs(p["mode"], p["grid"], text_tokens=p["text_tokens"], batch=p["batch"], seed=1,
                                   dtype=base.torch_dtype, device=base.device)
         for s in (graphed, eager):  # warm-up: compile, capture
             for _ in range(2):
@@ -147,15 +195,16 @@ def main(argv=None) -> int:
         # the same stages launched eagerly, timed the same way: beside the graphed time and the kernels' own, it
         # says whether a stage's time beyond its kernels comes from the graph (on 2026-11-26 the projector of
         # 1280 px pages at batch 10 took 117 us graphed against 69 us of kernels)
-        row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats),
-               "measured_eager_s": stage_medians(eager, inputs, args.repeats),
-               "kernels": stage_kernels(eager, inputs, 3),
-               "predicted_s": predicted(args.profile, p, preset, dtype, engine)}
+        row = {**p, "measured_s": stage_medians(graphed, inputs, args.repeats, stages),
+               "measured_eager_s": stage_medians(eager, inputs, args.repeats, stages),
+               "kernels": stage_kernels(eager, inputs, 3, stages),
+               "predicted_s": predicted(args.profile, p, preset, dtype, engine, stages),
+               "predicted_rows": predicted_rows(args.profile, p, preset, dtype, engine, stages)}
         if args.graphed_kernels:
-            row["kernels_graphed"] = stage_kernels(graphed, inputs, 3)
+            row["kernels_graphed"] = stage_kernels(graphed, inputs, 3, stages)
         result["points"].append(row)
-        label = f"{p['mode']} {p['grid'][0]}x{p['grid'][1]} b{p['batch']}"
-        for stage in STAGES:
+        label = f"{p['mode']} {p['grid'][0]}x{p['grid'][1]} b{p['batch']} t{p['text_tokens']}"
+        for stage in stages:
             ks = row["kernels"][stage]
             pred = row["predicted_s"][stage] * 1e3 if row["predicted_s"] else float("nan")
             print(f"== {label} {stage}: graphed {row['measured_s'][stage] * 1e3:.3f} ms, eager "
@@ -166,15 +215,19 @@ def main(argv=None) -> int:
                 print(f"   {k['us']:9.1f} us x{k['launches']:<4.0f} {k['kernel'][:110]}")
             for k in row.get("kernels_graphed", {}).get(stage, [])[:args.top]:
                 print(f"   graphed {k['us']:9.1f} us x{k['launches']:<4.0f} {k['kernel'][:100]}")
+            rows = sorted((row["predicted_rows"] or {}).get(stage, {}).items(), key=lambda kv: -kv[1])
+            for kind, sec in rows[:args.top]:
+                print(f"   predicted {sec * 1e6:9.1f} us  {kind}")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, default=str))
-    print("\npoint                 " + "  ".join(f"{s + ' meas/pred ms':>24s}" for s in STAGES))
+    print("\npoint                       " + "  ".join(f"{s + ' meas/pred ms':>24s}" for s in stages))
     for r in result["points"]:
         cells = []
-        for s in STAGES:
+        for s in stages:
             pr = r["predicted_s"][s] * 1e3 if r["predicted_s"] else float("nan")
             cells.append(f"{r['measured_s'][s] * 1e3:11.3f} / {pr:9.3f}")
-        print(f"{r['mode']:7s} {r['grid'][0]}x{r['grid'][1]} b{r['batch']:<3d}      " + "  ".join(cells))
+        print(f"{r['mode']:7s} {r['grid'][0]}x{r['grid'][1]} b{r['batch']:<3d} t{r['text_tokens']:<5d}      "
+              + "  ".join(cells))
     return 0
 
 
