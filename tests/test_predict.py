@@ -294,12 +294,41 @@ def test_decode_steps_sum_by_simpson_close_to_the_step_by_step_sum():
 
 def test_missing_table_falls_back_and_says_so():
     d = _profile().to_dict()
-    for name in [n for n in d["tables"] if n.startswith("attention.flash")]:
+    for name in [n for n in d["tables"] if n.startswith(("attention.flash", "attention.default"))]:
         d["tables"].pop(name)
     prof = profile_from_dict(d)
     hw = with_profile(H200, prof, "fast")
     out = analyze(ModelSpec(), Workload(crops=(2, 2), decode_steps=4), hw)
-    assert any("attention.flash" in n and "attention.sdpa" in n for n in out["prediction"]["notes"])
+    notes = out["prediction"]["notes"]
+    # the fast engine's vision and prefill SDPA: the default-backend table, then (no flash table either) sdpa
+    assert any("no attention.default.causal" in n and "attention.sdpa.causal" in n for n in notes)
+    assert any(n.endswith("no attention.default") and "attention.sdpa" in n for n in notes)
+
+
+def test_default_backend_table_prices_the_fast_engines_sdpa_and_falls_back_to_the_old_tables():
+    """The fast plan prices SAM's folded attention, CLIP's and the LM prefill's on attention.default (torch's own
+    SDPA backend, what the compiled layers call); a profile without it gives exactly the prediction of the tables
+    used before it existed (sdpa for vision, flash for the prefill)."""
+    base = _profile().to_dict()
+    without = {**base, "tables": {k: v for k, v in base["tables"].items() if not k.startswith("attention.default")}}
+    w = Workload(crops=(2, 2), decode_steps=4)
+    old = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(without), "fast"))["stages"]
+    # the default-backend table copied from the old ones: the same prediction
+    same = {**without, "tables": {**without["tables"], "attention.default": without["tables"]["attention.sdpa"],
+                                  "attention.default.causal": without["tables"]["attention.flash.causal"]}}
+    copied = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(same), "fast"))["stages"]
+    for stage in ("sam", "clip", "prefill"):
+        assert copied[stage]["predicted_s"] == pytest.approx(old[stage]["predicted_s"], rel=1e-12)
+    # a slower default backend makes exactly those stages slower
+    slow = {**same, "tables": {**same["tables"]}}
+    for name in ("attention.default", "attention.default.causal"):
+        t = dict(slow["tables"][name])
+        t["efficiency"] = (np.asarray(t["efficiency"]) / 2).tolist()
+        slow["tables"][name] = t
+    slower = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(slow), "fast"))["stages"]
+    for stage in ("sam", "clip", "prefill"):
+        assert slower[stage]["predicted_s"] > old[stage]["predicted_s"]
+    assert slower["projector"]["predicted_s"] == pytest.approx(old["projector"]["predicted_s"], rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------ the command

@@ -130,11 +130,15 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         parts = name.split(".")
         causal = len(parts) == 3
         out = [(name, same)]
+        if parts[1] == "default" and causal:  # profiles made before it priced the fast LM prefill on flash
+            out.append(("attention.flash.causal", same))
         if parts[1] != "sdpa":
             out.append(("attention.sdpa" + (".causal" if causal else ""), same))
         if causal:  # a non-causal table at q = k = s (the causal kernel skips about half of that work)
             square = lambda c: dict(bh=c["bh"], q=c["s"], k=c["s"], d=c["d"])  # noqa: E731
             out += [(f"attention.{parts[1]}", square), ("attention.sdpa", square)]
+            if parts[1] == "default":
+                out.insert(-1, ("attention.flash", square))
         return out
     if name == "memory.fused_attention":  # the fused decode kernel; else the flash table at its shape
         return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
@@ -152,7 +156,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
-               "attention.flash.causal", "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
+               "attention.flash.causal", "attention.default", "attention.default.causal", "attention.eager",
+               "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
                "bias.broadcast", "bias.strided")

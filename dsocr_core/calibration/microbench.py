@@ -67,6 +67,9 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
             "grouped_gemm.bfloat16": {"tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096],
                                       "n": [256, 1024, 4096], "k": [256, 1024, 4096]},
             "attention.flash": att, "attention.flash.causal": causal,
+            # the fast engine's SAM (its folded q/k head dim is 92 to 224), CLIP and LM prefill
+            "attention.default": {**att, "d": [64, 128, 192, 256]},
+            "attention.default.causal": {**causal, "d": [64, 128, 192, 256]},
             "attention.sdpa_bias": {"bh": [1, 8, 64, 512, 4096], "q": [16, 256, 1024, 4096],
                                     "k": [16, 256, 1024, 4096], "d": [64, 128, 256]},
             "attention.eager": {"bh": [1, 8, 64, 512], "q": [1, 16, 256, 1024, 4096], "k": [16, 256, 1024, 4096],

@@ -18,7 +18,7 @@ from typing import Callable
 from ..spec import DTYPE_BYTES
 from .profile import table_kind
 
-ATTN_KERNELS = {"sdpa": 1, "flash": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10}
+ATTN_KERNELS = {"sdpa": 1, "flash": 1, "default": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10}
 GROUPED_EXPERTS = 64
 # The fused decode kernels are timed at the LM's widths (hidden 1280, 10 heads of 128): their block sizes are tuned
 # for them, and the table's one axis (bytes read) then moves with the weight rows or the cached tokens.
@@ -134,6 +134,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
     if impl == "sdpa_bias":  # SAM: a dense additive mask, default SDPA backends
         return (lambda: (*make(), rnd(1, bh, q, k)),
                 lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3]), nbytes + bh * q * k * 2, 1)
+    if impl == "default":  # torch's own backend choice, as the fast engine's layers call it (no sdpa_kernel)
+        return make, lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal), nbytes, 1
     backends = ([SDPBackend.FLASH_ATTENTION] if impl == "flash" else
                 [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])  # the LM's list
 

@@ -79,7 +79,11 @@ BIAS_KINDS = ("broadcast", "strided")
 # read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so).
 # moe_gemv: its by-expert MoE kernels of batched decode (fast/triton_kernels.py), by weight bytes read, the same way;
 # profiles without it price them on fused_gemv
-ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash")
+# sdpa / flash: SDPA limited to the reference LM's backends (flash, memory-efficient, math) / to flash alone;
+# default: SDPA with torch's own choice of backend, what the fast engine's compiled SAM, CLIP and LM prefill layers
+# call (on an H100 with torch 2.11 that is cuDNN's flash kernel, docs/accuracy.md); profiles made before it price
+# those calls on the sdpa (vision) and flash (LM prefill) tables
+ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash", "default")
 
 
 class ProfileError(SpecError):

@@ -41,6 +41,10 @@ MOE_GEMV = "memory.moe_gemv"
 # gathers of whole rows (index_select), the projector's layout; a profile without the table falls back to
 # memory.elementwise
 GATHER_ROWS = "memory.gather_rows"
+# the compiled SAM, CLIP and LM prefill layers call SDPA without choosing a backend: torch picks one (on an H100 with
+# torch 2.11 cuDNN's flash kernel, which the trace shows and the reference LM's backend list excludes); a profile
+# without the table falls back to attention.sdpa (vision) and attention.flash (prefill), as before it existed
+DEFAULT_SDPA = "attention.default"
 
 
 class FastPlan:
@@ -129,6 +133,7 @@ class FastPlan:
             return Plan(rest_launches=calls * 2)
         if kind == "clip.self_attn":
             plan = clip_attention(c)
+            plan.kernels[1].table = DEFAULT_SDPA  # the compiled layer's SDPA: torch's own backend choice
             return _clip_packed(c, plan, c.views * clip_tokens(s, c.side), skip=(1,)) if packed else plan
         if kind == "clip.mlp":
             plan = clip_mlp(c, 2)
@@ -154,7 +159,7 @@ class FastPlan:
         mask.real_bytes = v * (2 * n * c.spec.sam_width + a.rel + 2 * n * heads * dq) * dt
         mask.launches = calls * 3
         mask.table, mask.coords = "memory.elementwise", dict(bytes=mask.real_bytes)  # contiguous concatenations
-        sdpa.table = "attention.sdpa"  # a flash kernel, no mask; q/k head dim dq, v keeps d
+        sdpa.table = DEFAULT_SDPA  # torch's own flash kernel choice, no mask; q/k head dim dq, v keeps d
         sdpa.coords = dict(bh=v * groups * heads, q=a.seq, k=a.seq, d=(dq + d) / 2)
         sdpa.real_flops = v * (2 * a.scores * (dq + d) + SOFTMAX_FLOPS * a.scores)
         sdpa.real_bytes = v * n * heads * (2 * dq + 2 * d) * dt
@@ -167,7 +172,8 @@ class FastPlan:
         b, sq, n = c.b, c.sq, c.n
         t, sk = b * sq, n + sq
         prefill = c.phase == "prefill"
-        attn = lm_attention(c, "flash")  # flash SDPA in the prefill, the engine's decode kernel in a step
+        # SDPA with torch's own backend choice in the prefill; the engine's decode kernel in a step (flash table)
+        attn = lm_attention(c, "default" if prefill else "flash")
         kv = kv_write(c)
         attn.real_bytes = 4 * t * h * dt + b * n * 2 * h * dt  # the engine's attention never writes scores
         if not prefill:  # decode attends over the static cache up to the end of the current bucket
