@@ -46,6 +46,9 @@ ACCURACY = {
         "H100 text lengths, fused kernels 2026-11-27": ("h100_prediction_accuracy_text_2026-11-27.json", None),
         "H100 random, 2026-11-27": ("h100_prediction_accuracy_random27_2026-11-27.json", None),
         "H100 batch group, 2026-11-27": ("h100_prediction_accuracy_batch_2026-11-27.json", None),
+        "H100 random, 2026-11-27, re-measured": ("h100_prediction_accuracy_random27_rerun_2026-11-27.json", None),
+        "H100 random, seed 28": ("h100_prediction_accuracy_random28_2026-11-27.json", None),
+        "H100 random, seed 29, held out": ("h100_prediction_accuracy_random29_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
