@@ -232,6 +232,35 @@ def test_tables_added_to_a_profile_keep_its_ceilings_and_say_so(tmp_path):
         add_tables(base, {}, base.device, {}, {}, "2026-11-26T00:00:00+00:00", quick=False)
 
 
+def test_a_graph_start_cost_is_measured_added_kept_and_checked(tmp_path):
+    """launch.graph_start (what a graph replay adds between the stage timer's events) is measured with the launch
+    costs, can be added to an older profile like a table (said in its label), stays absent where it was absent, and
+    is validated like every launch cost."""
+    base = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16"])
+    assert base.graph_start_s == 0.0  # a CPU has no graphs
+    older = _valid()
+    assert "graph_start_s" not in older["launch"] and profile_from_dict(older).graph_start_s is None
+    assert "graph_start_s" not in profile_from_dict(older).to_dict()["launch"]  # absent stays absent
+    without = profile_from_dict({k: v for k, v in base.to_dict().items()})
+    raw = without.to_dict()
+    del raw["launch"]["graph_start_s"]
+    without = profile_from_dict(raw)
+    added = run_microbench("cpu", quick=True, budget_s=30, tables=["launch.graph_start"], add_to=without)
+    assert added.graph_start_s == 0.0 and set(added.tables) == set(without.tables)
+    assert "launch.graph_start measured quick" in added.label()
+    assert load_profile(added.save(tmp_path / "g.json")).graph_start_s == 0.0
+    with_cost = add_tables(without, {}, without.device, {}, {}, "2026-11-27T00:00:00+00:00", quick=True,
+                           launch={"graph_start_s": 3.5e-6})
+    assert with_cost.graph_start_s == pytest.approx(3.5e-6)
+    with pytest.raises(ProfileError, match="cannot be added"):
+        add_tables(without, {}, without.device, {}, {}, "2026-11-27T00:00:00+00:00", quick=True,
+                   launch={"sync_s": 1e-6})
+    bad = with_cost.to_dict()
+    bad["launch"]["graph_start_s"] = -1e-6
+    with pytest.raises(ProfileError, match="graph_start_s must be a non-negative"):
+        profile_from_dict(bad)
+
+
 def test_nothing_measured_is_an_error():
     with pytest.raises(RuntimeError, match="no GEMM shape"):
         run_microbench("cpu", quick=True, budget_s=1e-9, tables=["gemm.bfloat16"])
@@ -356,6 +385,8 @@ def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
     assert "needs --tables" in capsys.readouterr().err
     assert main(add + ["--tables", "memory.transposed_cat", "--add-to", str(quick_profile_path)]) == 0
     assert "memory.transposed_cat measured quick" in load_profile(tmp_path / "a.json").label()
+    assert main(add + ["--tables", "launch.graph_start", "--add-to", str(quick_profile_path)]) == 0
+    assert load_profile(tmp_path / "a.json").graph_start_s == 0.0
     bad = tmp_path / "bad.json"
     bad.write_text(quick_profile_path.read_text()[:100])
     assert main(["calibrate", "--show", str(bad)]) == 2

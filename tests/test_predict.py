@@ -305,6 +305,30 @@ def test_missing_table_falls_back_and_says_so():
     assert any(n.endswith("no attention.default") and "attention.sdpa" in n for n in notes)
 
 
+def test_the_graph_start_is_charged_once_to_the_projector_and_the_lm_prefill():
+    """A profile's launch.graph_start_s is device time each graphed stage's timer sees once: the fast plan charges it
+    to the projector and the LM prefill (SAM's and CLIP's milliseconds are left without it), to nothing in the
+    reference mode (no graphs) and to no decode step; a profile without it says so."""
+    base = _profile().to_dict()
+    w = Workload(crops=(2, 2), batch=3, decode_steps=4)
+    stages = {}
+    for cost in (None, 5e-6):
+        d = json.loads(json.dumps(base))
+        d["launch"].pop("graph_start_s", None)
+        if cost is not None:
+            d["launch"]["graph_start_s"] = cost
+        for mode in ("fast", "reference"):
+            out = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(d), mode))
+            stages[cost, mode] = out["stages"]
+            noted = any("no graph start cost" in n for n in out["prediction"]["notes"])
+            assert noted == (cost is None and mode == "fast")
+    for stage in ("sam", "clip", "projector", "prefill", "decode"):
+        added = stages[5e-6, "fast"][stage]["predicted_s"] - stages[None, "fast"][stage]["predicted_s"]
+        assert added == pytest.approx(5e-6 if stage in ("projector", "prefill") else 0.0, abs=1e-12), stage
+        assert stages[5e-6, "reference"][stage]["predicted_s"] == pytest.approx(
+            stages[None, "reference"][stage]["predicted_s"], rel=1e-12)
+
+
 def test_default_backend_table_prices_the_fast_engines_sdpa_and_falls_back_to_the_old_tables():
     """The fast plan prices CLIP's and the LM prefill's attention on attention.default (torch's own SDPA backend,
     what the compiled layers call), SAM's folded attention still on attention.sdpa (fast/plan.py says why); a

@@ -194,6 +194,11 @@ class Predictor:
         self.per_launch = launch["graph_kernel_s"] if self.graphs else launch["eager_kernel_s"]
         self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
+        self.graph_start_s = (p.graph_start_s or 0.0) if self.graphs else 0.0
+        if self.graphs and p.graph_start_s is None:
+            prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): each "
+                                 "graphed stage is predicted without the few us a replay adds (the projector's "
+                                 "share of it is largest)")
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batches: dict[int, tuple] = {}  # per call context (its id): its distinct batch sizes
         self._paths: dict[int, tuple] = {}  # per call context (its id): its decode paths' points
@@ -265,7 +270,7 @@ class Predictor:
         if self.kernel_overlap or kind in self.separate:  # the kernels' own rooflines, one after another
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
-        launch = launches * self.per_launch
+        launch = launches * self.per_launch + pl.graph_starts * self.graph_start_s
         host = sum(n * self.host_costs[kind] for kind, n in host_ops_by_kind(pl, self.graphs).items())
         host = host + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
         return roof, excess, launch, host

@@ -29,8 +29,8 @@ import numpy as np
 
 from .ops import (FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
                   launch_costs, measure_entry)
-from .profile import (BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, add_tables, build_profile,
-                      entry_work, table_kind)
+from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, add_tables,
+                      build_profile, entry_work, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 
@@ -216,10 +216,11 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     env = capture_environment(device)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if add_to is not None:
-        if not out_tables:
+        launch_added = {key: launch[key] for name, key in ADDABLE_LAUNCH.items() if name in (tables or ())}
+        if not out_tables and not launch_added:
             raise RuntimeError(f"calibration measured none of {', '.join(plan)} (skipped {skipped}, failures "
                                f"{failed or 'none'})")
-        return add_tables(add_to, out_tables, dev_info, env, versions, created, quick)
+        return add_tables(add_to, out_tables, dev_info, env, versions, created, quick, launch=launch_added)
     return build_profile(
         device=dev_info, environment=env, versions=versions, ceilings=ceilings, launch=launch, tables=out_tables,
         calibration={"quick": quick, "budget_s": budget_s, "elapsed_s": round(elapsed, 2),

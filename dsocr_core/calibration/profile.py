@@ -43,6 +43,8 @@ from .schema import HOST_KINDS, ProfileModel, TableModel, first_problem
 FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
 LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s")
+# launch costs `calibrate --tables NAME --add-to PROFILE` can measure and add to an existing profile (name -> key)
+ADDABLE_LAUNCH = {"launch.graph_start": "graph_start_s"}
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
 # a profile file's bounds, checked before it is parsed: real ones are about 110 kB and nest 7 levels
 MAX_PROFILE_BYTES = 16 * 2**20
@@ -268,6 +270,13 @@ class Profile:
         return {k: float(self.raw["launch"][k]) for k in LAUNCH_KEYS}
 
     @property
+    def graph_start_s(self) -> float | None:
+        """What a graph replay adds to the device time between the events around it beyond its kernels; None in a
+        profile made before it was measured (2026-11-27)."""
+        v = self.raw["launch"].get("graph_start_s")
+        return None if v is None else float(v)
+
+    @property
     def host_costs(self) -> dict[str, float]:
         """The host cost of one eager op per kind (schema.HOST_KINDS); a kind the profile did not measure (every
         kind, in a profile made before they were measured) costs the mix's mean, launch.host_op_s."""
@@ -356,6 +365,8 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
                                f"({low:g} to {high:g})")
     costs = {key: getattr(model.launch, key) for key in LAUNCH_KEYS}
     costs.update({f"host_op_s_by_kind.{k}": v for k, v in (model.launch.host_op_s_by_kind or {}).items()})
+    if model.launch.graph_start_s is not None:
+        costs["graph_start_s"] = model.launch.graph_start_s
     for key, v in costs.items():
         if not (math.isfinite(v) and v >= 0):
             raise ProfileError(f"{source}: launch.{key} must be a non-negative number, got {v}")
@@ -374,8 +385,9 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         except ProfileError as exc:
             raise ProfileError(f"{source}: {exc}") from None
     raw = model.model_dump(mode="json")
-    if raw["launch"]["host_op_s_by_kind"] is None:  # absent stays absent: a saved profile stays readable by older
-        del raw["launch"]["host_op_s_by_kind"]  # versions of the tool (its schema refuses unknown fields)
+    for key in ("host_op_s_by_kind", "graph_start_s"):  # absent stays absent: a saved profile stays readable by
+        if raw["launch"][key] is None:  # older versions of the tool (their schema refuses unknown fields)
+            del raw["launch"][key]
     raw["tables"] = {}  # the Table objects hold them
     return Profile(raw, tables, source if source != "profile" else None)
 
@@ -448,13 +460,21 @@ def check_addable(base: Profile, quick: bool, device_name: str | None = None) ->
 
 
 def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment: dict, versions: dict,
-               created: str, quick: bool = False) -> Profile:
+               created: str, quick: bool = False, launch: dict[str, float] | None = None) -> Profile:
     """`base` with `tables` (table name -> table as a profile file holds it) added or replaced: measured later on
     the same GPU model against base's ceilings (microbench.run_microbench(add_to=base)), e.g. a table kind that did
-    not exist when base was measured. Said in the profile's calibration notes (every use shows them)."""
+    not exist when base was measured; `launch`: launch costs measured with them (ADDABLE_LAUNCH: e.g.
+    {"graph_start_s": ...}), added or replaced the same way. Said in the profile's calibration notes (every use
+    shows them)."""
     check_addable(base, quick, device.get("name"))
     data = json.loads(json.dumps(base.to_dict()))
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
+    launch = {k: float(v) for k, v in (launch or {}).items()}
+    unknown = sorted(set(launch) - set(ADDABLE_LAUNCH.values()))
+    if unknown:
+        raise ProfileError(f"launch costs {', '.join(unknown)} cannot be added to a profile")
+    data["launch"].update(launch)
+    tables = {**tables, **{name: None for name, key in ADDABLE_LAUNCH.items() if key in launch}}
     data["calibration"].setdefault("added", []).append({"tables": sorted(tables), "created": created,
                                                          "device": device.get("name"), "quick": quick})
     data["calibration"].setdefault("notes", []).append(

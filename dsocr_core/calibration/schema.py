@@ -39,6 +39,9 @@ class Launch(Strict):
     sync_s: float
     graph_launch_s: float
     host_op_s_by_kind: dict[Literal[HOST_KINDS], float] | None = None  # absent in profiles made before it
+    # the device time a graph replay adds between the events around it beyond its kernels (the host's submission
+    # and the graph's start): every graphed stage the stage timer measures pays it once; absent before 2026-11-27
+    graph_start_s: float | None = None
 
 
 class TableModel(Strict):

@@ -6,6 +6,8 @@
     python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
     python -m dsocr_core calibrate --tables memory.transposed_cat --add-to data/profiles/h100.json \
         --out data/profiles/h100.json          # a table kind the profile lacks, measured on the same GPU model
+    python -m dsocr_core calibrate --tables launch.graph_start --add-to data/profiles/h100.json \
+        --out data/profiles/h100.json          # a launch cost the profile lacks (a graphed stage's start)
     python -m dsocr_core calibrate --workers 8 --out out/node.json    # every GPU of a node at once (Ray): one
                                                                       # out/node.<host>.gpu<i>.json per GPU
 """
@@ -100,7 +102,9 @@ def run(args) -> int:
             raise UserError(f"calibrate: {args.add_to}: {exc}") from None
         from ..calibration.microbench import grids
 
-        known = grids(args.quick, args.device)
+        from ..calibration.profile import ADDABLE_LAUNCH
+
+        known = {*grids(args.quick, args.device), *ADDABLE_LAUNCH}  # tables, and launch costs that can be added
         unknown = [t for t in tables if t not in known]
         if unknown:
             raise UserError(f"calibrate: no table {', '.join(unknown)} on {args.device} (tables: "

@@ -86,8 +86,10 @@ class FastPlan:
                             f"{family_of(c.spec).label} in the reference session mode")
         if c.phase == "vision":
             return self._vision(c)
-        if c.phase == "layout":
-            return _gathered_layout(c) if self.o.projector_layout == "gather" else layout(c)
+        if c.phase == "layout":  # the projector stage's one row: its graph's start is charged here
+            plan = _gathered_layout(c) if self.o.projector_layout == "gather" else layout(c)
+            plan.graph_starts = 1.0 if self.graphs else 0.0
+            return plan
         k = c.kind
         if k == "lm.self_attn":
             return self._attention(c)
@@ -102,7 +104,8 @@ class FastPlan:
             if c.phase == "decode":
                 return Plan(rest_launches=1.0 + STEP_OPS, host_ops=STEP_OPS, graph_launches=1.0)
             # embedding, image-slot index_copy (with the per-image layout, the rows' concatenation before it)
-            return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0)
+            return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0,
+                        graph_starts=1.0 if self.graphs else 0.0)
         if k == "lm.lm_head":
             head = lm_head(c)
             if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice
