@@ -366,17 +366,17 @@ def launch_costs(st: Settings) -> dict:
         t0 = time.perf_counter()
         g.replay()
         replays.append(time.perf_counter() - t0)
-    # as the stage timer sees a graphed stage: an event, the replay, an event, on an idle GPU; beyond the one
-    # kernel's own cost, the device waits for the host's submission and the graph's start
+    # a graphed stage as the engines time it: runtime.timing.StageTimer's stage with track_memory (a synchronisation,
+    # then a GPU wait that hides the host's submission behind the start event), the replay of one kernel; beyond that
+    # kernel's own cost, what the graph's start adds on the device
+    from ..runtime.timing import StageTimer
+
     starts = []
     for _ in range(20):
-        _sync(st.device)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        starts.append(a.elapsed_time(b) / 1e3)
+        timer = StageTimer(torch.device(st.device))
+        with timer.stage("graph", track_memory=True):
+            g.replay()
+        starts.append(timer.totals()["graph"])
     _sync(st.device)
     return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager), "host_op_s": host,
             "sync_s": max(statistics.median(syncs) - host, 0.0), "graph_launch_s": statistics.median(replays),
