@@ -387,6 +387,9 @@ def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
     assert "memory.transposed_cat measured quick" in load_profile(tmp_path / "a.json").label()
     assert main(add + ["--tables", "launch.graph_start", "--add-to", str(quick_profile_path)]) == 0
     assert load_profile(tmp_path / "a.json").graph_start_s == 0.0
+    capsys.readouterr()
+    assert main(["calibrate", "--show", str(tmp_path / "a.json")]) == 0
+    assert "graph_start_s 0.00 us" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(quick_profile_path.read_text()[:100])
     assert main(["calibrate", "--show", str(bad)]) == 2

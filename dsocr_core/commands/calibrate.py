@@ -50,7 +50,8 @@ def _summary(prof) -> str:
     cal = prof.raw["calibration"]
     lines = [prof.label(), f"  ceilings: {prof.peak_flops / 1e12:.4g} TFLOP/s, {prof.bandwidth / 1e12:.4g} TB/s "
                            f"({prof.raw['ceilings']['source']})",
-             "  launch: " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in prof.launch.items())]
+             "  launch: " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in prof.launch.items())
+             + ("" if prof.graph_start_s is None else f", graph_start_s {prof.graph_start_s * 1e6:.2f} us")]
     for name, t in sorted(prof.tables.items()):
         e = t.efficiency
         lines.append(f"  {name:26s} {e.size:4d} shapes ({int(t.measured.sum())} measured), efficiency "
