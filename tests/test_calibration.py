@@ -385,11 +385,17 @@ def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
     assert "needs --tables" in capsys.readouterr().err
     assert main(add + ["--tables", "memory.transposed_cat", "--add-to", str(quick_profile_path)]) == 0
     assert "memory.transposed_cat measured quick" in load_profile(tmp_path / "a.json").label()
-    assert main(add + ["--tables", "launch.graph_start", "--add-to", str(quick_profile_path)]) == 0
+    older = json.loads(quick_profile_path.read_text())
+    del older["launch"]["graph_start_s"]  # a profile made before the graph start was measured
+    older_path = _write(tmp_path, older, "older.json")
+    assert load_profile(older_path).graph_start_s is None
+    assert main(add + ["--tables", "launch.graph_start", "--add-to", str(older_path)]) == 0
     assert load_profile(tmp_path / "a.json").graph_start_s == 0.0
     capsys.readouterr()
     assert main(["calibrate", "--show", str(tmp_path / "a.json")]) == 0
     assert "graph_start_s 0.00 us" in capsys.readouterr().out
+    assert main(add + ["--tables", "launch.graph_start"]) == 2  # every calibration measures it: only with --add-to
+    assert "only with --add-to" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(quick_profile_path.read_text()[:100])
     assert main(["calibrate", "--show", str(bad)]) == 2

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dsocr_core.analytic import Points, analyze, evaluate, module_table, sweep_columns
-from dsocr_core.analytic.kernels import Call
+from dsocr_core.analytic.kernels import Call, Kernel
 from dsocr_core.analytic.predict import PREDICTED, Prediction, Predictor, with_profile
 from dsocr_core.analytic.stages import aggregate, all_rows, decode_step_rows, prefill_rows
 from dsocr_core.calibration.profile import build_profile, profile_from_dict, uniform_profile
@@ -310,6 +310,9 @@ def test_the_graph_start_is_charged_once_to_the_projector_and_the_lm_prefill():
     to the projector and the LM prefill (SAM's and CLIP's milliseconds are left without it), to nothing in the
     reference mode (no graphs) and to no decode step; a profile without it says so."""
     base = _profile().to_dict()
+    # real launch and host costs: the graph's start must not hide under the host's submission of the graph
+    base["launch"] = {**base["launch"], "graph_kernel_s": 1e-6, "graph_launch_s": 4e-6, "host_op_s": 1.5e-5,
+                      "eager_kernel_s": 2e-6}
     w = Workload(crops=(2, 2), batch=3, decode_steps=4)
     stages = {}
     for cost in (None, 5e-6):
@@ -329,32 +332,42 @@ def test_the_graph_start_is_charged_once_to_the_projector_and_the_lm_prefill():
             stages[None, "reference"][stage]["predicted_s"], rel=1e-12)
 
 
+def _scaled(table: dict, factor: float) -> dict:
+    return {**table, "efficiency": (np.asarray(table["efficiency"]) * factor).tolist()}
+
+
 def test_default_backend_table_prices_the_fast_engines_sdpa_and_falls_back_to_the_old_tables():
     """The fast plan prices CLIP's and the LM prefill's attention on attention.default (torch's own SDPA backend,
     what the compiled layers call), SAM's folded attention still on attention.sdpa (fast/plan.py says why); a
-    profile without the table gives exactly the prediction of the tables used before it existed (sdpa for CLIP,
-    flash for the prefill)."""
+    profile without the table gives exactly the prediction of the tables used before it existed: sdpa for CLIP,
+    flash (not sdpa) for the prefill."""
     base = _profile().to_dict()
-    without = {**base, "tables": {k: v for k, v in base["tables"].items() if not k.startswith("attention.default")}}
+    tables = {k: v for k, v in base["tables"].items() if not k.startswith("attention.default")}
+    # every candidate its own efficiency, so that a wrong fallback shows
+    tables["attention.sdpa"] = _scaled(tables["attention.sdpa"], 0.5)
+    tables["attention.sdpa.causal"] = _scaled(tables["attention.sdpa.causal"], 0.3)
+    tables["attention.flash.causal"] = _scaled(tables["attention.flash.causal"], 0.7)
+    without = {**base, "tables": tables}
     w = Workload(crops=(2, 2), decode_steps=4)
-    old = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(without), "fast"))["stages"]
-    # the default-backend table copied from the old ones: the same prediction
-    same = {**without, "tables": {**without["tables"], "attention.default": without["tables"]["attention.sdpa"],
-                                  "attention.default.causal": without["tables"]["attention.flash.causal"]}}
-    copied = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(same), "fast"))["stages"]
-    for stage in ("sam", "clip", "prefill"):
-        assert copied[stage]["predicted_s"] == pytest.approx(old[stage]["predicted_s"], rel=1e-12)
-    # a slower default backend makes exactly those stages slower
-    slow = {**same, "tables": {**same["tables"]}}
-    for name in ("attention.default", "attention.default.causal"):
-        t = dict(slow["tables"][name])
-        t["efficiency"] = (np.asarray(t["efficiency"]) / 2).tolist()
-        slow["tables"][name] = t
-    slower = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(slow), "fast"))["stages"]
+    predict = lambda d: analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(d), "fast"))["stages"]  # noqa
+    old = predict(without)
+    copies = {"flash": {"attention.default": tables["attention.sdpa"],
+                        "attention.default.causal": tables["attention.flash.causal"]},
+              "sdpa": {"attention.default": tables["attention.sdpa"],
+                       "attention.default.causal": tables["attention.sdpa.causal"]}}
+    same = predict({**without, "tables": {**tables, **copies["flash"]}})
+    other = predict({**without, "tables": {**tables, **copies["sdpa"]}})
+    for stage in ("sam", "clip", "prefill", "projector"):
+        assert same[stage]["predicted_s"] == pytest.approx(old[stage]["predicted_s"], rel=1e-12), stage
+    assert other["prefill"]["predicted_s"] > old["prefill"]["predicted_s"] * 1.001  # the fallback was flash
+    # a slower default backend makes exactly CLIP and the prefill slower
+    slow = {**without, "tables": {**tables, **{k: _scaled(v, 0.5) for k, v in copies["flash"].items()}}}
+    slower = predict(slow)
     for stage in ("clip", "prefill"):
         assert slower[stage]["predicted_s"] > old[stage]["predicted_s"]
     for stage in ("sam", "projector"):
         assert slower[stage]["predicted_s"] == pytest.approx(old[stage]["predicted_s"], rel=1e-12)
+
 
 
 # ------------------------------------------------------------------------------------------ the command

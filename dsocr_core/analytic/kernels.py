@@ -55,7 +55,7 @@ class Plan:
     syncs: Any = 0.0  # host synchronisations per call
     graph_launches: Any = 0.0  # CUDA-graph replays per call (the host's part: priced as host time)
     # graph starts the stage timer sees per call: the device time a replay adds beyond its kernels between the events
-    # around it (the profile's launch.graph_start_s; once per graphed stage)
+    # around it (the profile's launch.graph_start_s; the fast plan charges it to the projector and the LM prefill)
     graph_starts: Any = 0.0
     host_ops: Any = 0.0  # eager launching ops outside the kernels and the remainder above (priced as "other")
     view_ops: Any = 0.0  # eager Python-level ops that launch nothing: slices, views (priced as "view")

@@ -28,7 +28,7 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "so a measured batched prefill can take that much longer than predicted; on the other machines the "
                    "held-out sets were within 4.2% (median, max 10%)")
 PROJECTOR = ("the projector (0.015-0.3 ms) is predicted within 2-9% (median) on the H100 sets of 2026-11-27 since "
-             "the graph's start is charged (8.0% on the last held-out set; one host stall made a point 9x slower), "
+             "the graph's start is charged (8.0% on seed 29's held-out set; one host stall made a point 9x slower), "
              "about 50% under on the H200 (its profile has neither that cost nor a table for the projector's "
              "transposed concatenation); at larger batches the stage can run tens of us longer inside its CUDA "
              "graph than its kernels do outside it")

@@ -196,9 +196,9 @@ class Predictor:
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
         self.graph_start_s = (p.graph_start_s or 0.0) if self.graphs else 0.0
         if self.graphs and p.graph_start_s is None:
-            prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): each "
-                                 "graphed stage is predicted without the few us a replay adds (the projector's "
-                                 "share of it is largest)")
+            prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): the "
+                                 "projector's and the LM prefill's graphs are predicted without the few us a replay "
+                                 "adds (the projector's share of it is largest)")
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batches: dict[int, tuple] = {}  # per call context (its id): its distinct batch sizes
         self._paths: dict[int, tuple] = {}  # per call context (its id): its decode paths' points
@@ -273,6 +273,9 @@ class Predictor:
         launch = launches * self.per_launch + pl.graph_starts * self.graph_start_s
         host = sum(n * self.host_costs[kind] for kind, n in host_ops_by_kind(pl, self.graphs).items())
         host = host + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
+        # the graph's start follows the host's submission, so no host time hides it: it is in the device time
+        # (launch) and in the host time the row's overlap compares with it (row() keeps what host exceeds)
+        host = host + pl.graph_starts * self.graph_start_s
         return roof, excess, launch, host
 
     def call(self, kind: str, cost: Cost, ctx: dict):

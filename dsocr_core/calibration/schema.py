@@ -39,8 +39,9 @@ class Launch(Strict):
     sync_s: float
     graph_launch_s: float
     host_op_s_by_kind: dict[Literal[HOST_KINDS], float] | None = None  # absent in profiles made before it
-    # the device time a graph replay adds between the events around it beyond its kernels (the host's submission
-    # and the graph's start): every graphed stage the stage timer measures pays it once; absent before 2026-11-27
+    # the device time a graph replay adds between the stage timer's events beyond its kernels (the graph's start;
+    # the timer's wait hides the host's submission); the fast plan charges it to the projector and the LM prefill;
+    # absent in profiles made before 2026-11-27
     graph_start_s: float | None = None
 
 

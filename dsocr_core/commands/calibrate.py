@@ -90,6 +90,11 @@ def run(args) -> int:
     if not args.budget_s > 0:
         raise UserError(f"calibrate: --budget-s must be positive, got {args.budget_s}")
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
+    from ..calibration.profile import ADDABLE_LAUNCH
+
+    if tables and not args.add_to and set(tables) & set(ADDABLE_LAUNCH):
+        raise UserError(f"calibrate: {', '.join(sorted(set(tables) & set(ADDABLE_LAUNCH)))} is measured by every "
+                        "calibration; name it in --tables only with --add-to (to add it to an older profile)")
     base = None
     if args.add_to:
         if not tables:
@@ -102,8 +107,6 @@ def run(args) -> int:
         except (OSError, ProfileError) as exc:
             raise UserError(f"calibrate: {args.add_to}: {exc}") from None
         from ..calibration.microbench import grids
-
-        from ..calibration.profile import ADDABLE_LAUNCH
 
         known = {*grids(args.quick, args.device), *ADDABLE_LAUNCH}  # tables, and launch costs that can be added
         unknown = [t for t in tables if t not in known]
