@@ -95,25 +95,30 @@ def stage_kernels(session, inputs, passes: int, stages=STAGES) -> dict[str, list
     return out
 
 
+def _prediction_inputs(profile_path: str, point: dict, spec_preset: str, dtype: str, engine=None):
+    """(model spec, workload, profiled hardware) of one point on `engine` (an EngineSpec; None: the fast defaults)."""
+    from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.calibration.profile import load_profile
+    from dsocr_core.registry import get_family
+    from dsocr_core.spec import Workload
+    from dsocr_core.tiling import mode_info
+
+    prof = load_profile(profile_path)
+    spec = get_family(None).presets[spec_preset]()
+    w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
+                 batch=point["batch"], text_tokens=point.get("text_tokens", 10), decode_steps=1, logits="last",
+                 dtype=dtype)
+    return spec, w, with_profile(profile_hardware(prof), prof, engine or "fast")
+
+
 def predicted(profile_path: str | None, point: dict, spec_preset: str, dtype: str,
               engine=None, stages=STAGES) -> dict[str, float] | None:
     """The time model's `stages` of one point on `engine` (an EngineSpec; None: the fast defaults)."""
     if not profile_path:
         return None
-    from dsocr_core.analytic.predict import profile_hardware, with_profile
-    from dsocr_core.calibration.profile import load_profile
-    from dsocr_core.registry import get_family
     from dsocr_core.results.prediction_check import predicted_stages
-    from dsocr_core.spec import Workload
 
-    prof = load_profile(profile_path)
-    spec = get_family(None).presets[spec_preset]()
-    from dsocr_core.tiling import mode_info
-
-    w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
-                 batch=point["batch"], text_tokens=point.get("text_tokens", 10), decode_steps=1, logits="last",
-                 dtype=dtype)
-    hw = with_profile(profile_hardware(prof), prof, engine or "fast")
+    spec, w, hw = _prediction_inputs(profile_path, point, spec_preset, dtype, engine)
     return {k: v for k, v in predicted_stages(spec, [w], hw)[0].items() if k in stages}
 
 
@@ -124,18 +129,8 @@ def predicted_rows(profile_path: str | None, point: dict, spec_preset: str, dtyp
     if not profile_path:
         return None
     from dsocr_core.analytic.api import module_table
-    from dsocr_core.analytic.predict import profile_hardware, with_profile
-    from dsocr_core.calibration.profile import load_profile
-    from dsocr_core.registry import get_family
-    from dsocr_core.spec import Workload
-    from dsocr_core.tiling import mode_info
 
-    prof = load_profile(profile_path)
-    spec = get_family(None).presets[spec_preset]()
-    w = Workload(mode=point["mode"], crops=point["grid"] if mode_info(point["mode"]).crop_mode else None,
-                 batch=point["batch"], text_tokens=point.get("text_tokens", 10), decode_steps=1, logits="last",
-                 dtype=dtype)
-    table = module_table(spec, w, with_profile(profile_hardware(prof), prof, engine or "fast"))
+    table = module_table(*_prediction_inputs(profile_path, point, spec_preset, dtype, engine))
     table = table[table.stage.isin(stages)]
     sums = table.groupby(["stage", "kind"])["predicted_s"].sum()
     return {st: {k: float(v) for (s2, k), v in sums.items() if s2 == st} for st in stages}
