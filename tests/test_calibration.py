@@ -232,6 +232,16 @@ def test_tables_added_to_a_profile_keep_its_ceilings_and_say_so(tmp_path):
         add_tables(base, {}, base.device, {}, {}, "2026-11-26T00:00:00+00:00", quick=False)
 
 
+def test_a_profiles_dict_is_a_copy():
+    prof = profile_from_dict(_valid())
+    d = prof.to_dict()
+    d["launch"]["graph_launch_s"] = 1.0
+    d["ceilings"]["flops_per_s"] = 1.0
+    d["tables"]["gemm.bfloat16"]["efficiency"] = 0.5
+    assert prof.launch["graph_launch_s"] == _valid()["launch"]["graph_launch_s"]
+    assert prof.peak_flops == 1e12 and prof.to_dict() == _valid()
+
+
 def test_a_graph_start_cost_is_measured_added_kept_and_checked(tmp_path):
     """launch.graph_start (what a graph replay adds between the stage timer's events) is measured with the launch
     costs, can be added to an older profile like a table (said in its label), stays absent where it was absent, and

@@ -27,6 +27,7 @@ unknown one, or holds a table whose values do not match its axes raises ProfileE
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, field
@@ -328,7 +329,8 @@ class Profile:
                 "format_version": self.raw["format_version"]}
 
     def to_dict(self) -> dict:
-        out = dict(self.raw)
+        """The profile as a file holds it: a copy, so that changing it leaves this profile as it is."""
+        out = copy.deepcopy(self.raw)
         out["tables"] = {n: t.to_dict() for n, t in self.tables.items()}
         return out
 
