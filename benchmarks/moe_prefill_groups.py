@@ -20,6 +20,8 @@ that costs time is what this measures, layer by layer, for the pages given:
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import statistics
 import sys
@@ -32,13 +34,18 @@ import torch  # noqa: E402
 from dsocr_core.fast import moe  # noqa: E402
 
 
-def parse_point(text: str) -> dict:
-    """mode:WxH[:bN][:tN], as benchmarks/vision_kernels.py reads it."""
-    import importlib.util
+@functools.cache
+def _vision_kernels():
+    """benchmarks/vision_kernels.py (a script beside this one, not a package), loaded once."""
     spec = importlib.util.spec_from_file_location("vision_kernels", Path(__file__).with_name("vision_kernels.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.parse_point(text)
+    return module
+
+
+def parse_point(text: str) -> dict:
+    """mode:WxH[:bN][:tN], as benchmarks/vision_kernels.py reads it."""
+    return _vision_kernels().parse_point(text)
 
 
 def record_groups(session, inputs) -> list[torch.Tensor]:

@@ -2,7 +2,6 @@
 profiles and their labels, the calibrate command, and benchmarks/prediction_accuracy.py end to end on a CPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmark_scripts import load_benchmark
 from dsocr_core.calibration.derive import derive_profile
 from dsocr_core.calibration.microbench import _fill, run_microbench
 from dsocr_core.calibration.profile import (FORMAT_VERSION, ProfileError, Table, add_tables, entry_work, load_profile,
@@ -18,7 +18,6 @@ from dsocr_core.cli import main
 from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -415,9 +414,7 @@ def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ accuracy benchmark
 def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("prediction_accuracy", ROOT / "benchmarks" / "prediction_accuracy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("prediction_accuracy")
     out = tmp_path / "acc.json"
     res = mod.main(["--quick", "--device", "cpu", "--profile", str(quick_profile_path), "--out", str(out),
                     "--store", str(tmp_path / "runs.sqlite")])
@@ -457,9 +454,7 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
 
 
 def test_prediction_accuracy_quick_cpu_for_deepseek_ocr2(quick_profile_path, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("prediction_accuracy", ROOT / "benchmarks" / "prediction_accuracy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("prediction_accuracy")
     with pytest.raises(SystemExit):  # the fast engine runs DeepSeek-OCR only: refused before anything runs
         mod.main(["--quick", "--device", "cpu", "--model", "deepseek-ocr2", "--profile", str(quick_profile_path)])
     assert "use --modes reference" in capsys.readouterr().err
@@ -473,9 +468,7 @@ def test_prediction_accuracy_quick_cpu_for_deepseek_ocr2(quick_profile_path, tmp
 
 @pytest.mark.parametrize("model", ["deepseek-ocr", "deepseek-ocr2"])
 def test_the_random_group_draws_distinct_points_across_the_workload_space(model):
-    spec = importlib.util.spec_from_file_location("prediction_accuracy", ROOT / "benchmarks" / "prediction_accuracy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("prediction_accuracy")
     from dsocr_core.registry import get_family
     from dsocr_core.results.store import point_key
 

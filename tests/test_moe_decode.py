@@ -1,20 +1,18 @@
 """benchmarks/moe_decode.py on the CPU (tiny model, no Triton): both torch MoE paths are timed per batch, their
 kernels (ops) counted under torch.profiler, and the non-grouped path's teacher-forced parity with the reference
 session recorded. No timing thresholds: a CPU's times say nothing about a GPU's."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from benchmark_scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("moe_decode", ROOT / "benchmarks" / "moe_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("moe_decode")
 
 
 def test_both_paths_are_timed_counted_and_checked(tmp_path):

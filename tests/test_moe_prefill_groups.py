@@ -1,20 +1,16 @@
 """benchmarks/moe_prefill_groups.py: the three group layouts it times keep every row of a layer, and on the CPU
 (the tiny model) it records one grouped call per MoE layer of an eager prefill and times each layout."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_scripts import load_benchmark
+
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("moe_prefill_groups", ROOT / "benchmarks" / "moe_prefill_groups.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("moe_prefill_groups")
 
 
 def test_the_plans_groups_and_the_even_groups_keep_the_rows():

@@ -3,13 +3,13 @@ aten op's time attributed to the analytic row whose module issued it, beside the
 time of the same rows (dsocr_core/measure/row_trace.py). No timing thresholds: the CPU's times only show that
 every row was reached and that the attribution adds up; the planned launches must be op_count's, the same plan
 priced at the same routing."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmark_scripts import load_benchmark
 from dsocr_core.model import synthetic_model
 from dsocr_core.runtime.op_count import compare_workload
 from dsocr_core.runtime.reference_plan import ReferenceOptions, ReferencePlan
@@ -22,10 +22,7 @@ ARGS = ["--device", "cpu", "--preset", "tiny", "--mode", "tiny", "--grid", "1x1"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("plan_vs_trace", ROOT / "benchmarks" / "plan_vs_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("plan_vs_trace")
 
 
 @pytest.fixture(scope="module")

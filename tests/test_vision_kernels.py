@@ -2,21 +2,19 @@
 timed and listed op by op under torch.profiler, beside the time model's prediction from the shipped H100
 profile. No timing thresholds (a CPU's times say nothing about a GPU's): every stage of every point is timed,
 its ops attributed, and the predicted column is the time model's own figure for the same workload."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "data/profiles/h100.json"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("vision_kernels", ROOT / "benchmarks" / "vision_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vision_kernels")
 
 
 def test_points_are_parsed_and_bad_ones_named():

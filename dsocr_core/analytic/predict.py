@@ -127,18 +127,13 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(f"grouped_gemm.{dtype}", same), ("grouped_gemm.bfloat16", same), (f"gemm.{dtype}", to_gemm),
                 ("gemm.bfloat16", to_gemm)]
     if name.startswith("attention."):
-        parts = name.split(".")
-        causal = len(parts) == 3
-        out = [(name, same)]
-        if parts[1] == "default" and causal:  # profiles made before it priced the fast LM prefill on flash
-            out.append(("attention.flash.causal", same))
-        if parts[1] != "sdpa":
-            out.append(("attention.sdpa" + (".causal" if causal else ""), same))
+        impl, causal = name.split(".")[1], name.endswith(".causal")
+        # then sdpa; the default backend's causal table first flash, which the fast LM prefill was priced on before
+        later = (["flash"] if impl == "default" and causal else []) + ([] if impl == "sdpa" else ["sdpa"])
+        out = [(name, same)] + [(f"attention.{i}" + (".causal" if causal else ""), same) for i in later]
         if causal:  # a non-causal table at q = k = s (the causal kernel skips about half of that work)
             square = lambda c: dict(bh=c["bh"], q=c["s"], k=c["s"], d=c["d"])  # noqa: E731
-            out += [(f"attention.{parts[1]}", square), ("attention.sdpa", square)]
-            if parts[1] == "default":
-                out.insert(-1, ("attention.flash", square))
+            out += [(f"attention.{i}", square) for i in [impl, *later]]
         return out
     if name == "memory.fused_attention":  # the fused decode kernel; else the flash table at its shape
         return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]

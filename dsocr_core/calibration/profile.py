@@ -469,7 +469,7 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
     {"graph_start_s": ...}), added or replaced the same way. Said in the profile's calibration notes (every use
     shows them)."""
     check_addable(base, quick, device.get("name"))
-    data = json.loads(json.dumps(base.to_dict()))
+    data = base.to_dict()  # a copy
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
     launch = {k: float(v) for k, v in (launch or {}).items()}
     unknown = sorted(set(launch) - set(ADDABLE_LAUNCH.values()))

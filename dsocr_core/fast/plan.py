@@ -88,7 +88,7 @@ class FastPlan:
             return self._vision(c)
         if c.phase == "layout":  # the projector stage's one row: its graph's start is charged here
             plan = _gathered_layout(c) if self.o.projector_layout == "gather" else layout(c)
-            plan.graph_starts = 1.0 if self.graphs else 0.0
+            plan.graph_starts = 1.0  # costs nothing without graphs (the predictor's graph_start_s is then 0)
             return plan
         k = c.kind
         if k == "lm.self_attn":
@@ -105,7 +105,7 @@ class FastPlan:
                 return Plan(rest_launches=1.0 + STEP_OPS, host_ops=STEP_OPS, graph_launches=1.0)
             # embedding, image-slot index_copy (with the per-image layout, the rows' concatenation before it)
             return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0,
-                        graph_starts=1.0 if self.graphs else 0.0)
+                        graph_starts=1.0)
         if k == "lm.lm_head":
             head = lm_head(c)
             if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice
