@@ -51,6 +51,9 @@ ACCURACY = {
         "H100 random, seed 29, held out": ("h100_prediction_accuracy_random29_2026-11-27.json", None),
         "H100 random, seed 30": ("h100_prediction_accuracy_random30_2026-11-27.json", None),
         "H100 random, seed 31, held out": ("h100_prediction_accuracy_random31_2026-11-27.json", None),
+        "H100 random, seed 40, held out": ("h100_prediction_accuracy_random40_2026-11-27.json", None),
+        "H100 random, seed 40, profile of the day": ("h100_prediction_accuracy_random40_own_profile_2026-11-27.json",
+                                                      None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
