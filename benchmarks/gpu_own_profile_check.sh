@@ -6,6 +6,8 @@
 # the set is held out from it. Every output goes under $OUT (default out/); a short table is printed last.
 #   SEED=40 POINTS=10 MODES=fast LIMIT_S=560 bash benchmarks/gpu_own_profile_check.sh   # about 9 min
 #   PROFILE=data/profiles/h200.json SKIP_SPEED=1 ...   # an existing profile: no calibration
+#   ADD_TABLES=gemm_bias.bfloat16,memory.compiled_norm SKIP_SPEED=1 ...   # the shipped profile of this GPU
+#       (data/profiles/h100.json or h200.json, or PROFILE) with these tables measured here and added to it
 set -uo pipefail
 OUT=${OUT:-out}
 SEED=${SEED:-40}
@@ -19,8 +21,16 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | he
 echo "$gpu" > "$OUT/gpu.txt"
 tag=$(echo "${gpu%%,*}" | tr 'A-Z ' 'a-z_' | tr -cd 'a-z0-9_')
 profile=${PROFILE:-}
+ADD_TABLES=${ADD_TABLES:-}
 cal=skipped
-if [ -z "$profile" ]; then
+if [ -n "$ADD_TABLES" ]; then
+  case "$gpu" in *H200*) base=${PROFILE:-data/profiles/h200.json};; *) base=${PROFILE:-data/profiles/h100.json};; esac
+  profile="$OUT/profile_$tag.json"
+  python3 -m dsocr_core calibrate --tables "$ADD_TABLES" --add-to "$base" --out "$profile" --no-progress \
+    > "$OUT/calibrate_$tag.log" 2>&1
+  cal=$?
+  [ -f "$profile" ] || { echo "calibration failed (exit $cal): $OUT/calibrate_$tag.log"; tail -5 "$OUT/calibrate_$tag.log"; exit 1; }
+elif [ -z "$profile" ]; then
   profile="$OUT/profile_$tag.json"
   python3 -m dsocr_core calibrate --out "$profile" --budget-s 200 --no-progress > "$OUT/calibrate_$tag.log" 2>&1
   cal=$?
