@@ -6,7 +6,7 @@
 # the set is held out from it. Every output goes under $OUT (default out/); a short table is printed last.
 #   SEED=40 POINTS=10 MODES=fast LIMIT_S=560 bash benchmarks/gpu_own_profile_check.sh   # about 9 min
 #   PROFILE=data/profiles/h200.json SKIP_SPEED=1 ...   # an existing profile: no calibration
-#   ADD_TABLES=gemm_bias.bfloat16,memory.compiled_norm SKIP_SPEED=1 ...   # the shipped profile of this GPU
+#   ADD_TABLES=attention.default,attention.default.causal SKIP_SPEED=1 ...   # the shipped profile of this GPU
 #       (data/profiles/h100.json or h200.json, or PROFILE) with these tables measured here and added to it
 set -uo pipefail
 OUT=${OUT:-out}

@@ -13,7 +13,7 @@ from benchmark_scripts import load_benchmark
 from dsocr_core.calibration.derive import derive_profile
 from dsocr_core.calibration.microbench import _fill, run_microbench
 from dsocr_core.calibration.profile import (FORMAT_VERSION, ProfileError, Table, add_tables, entry_work, load_profile,
-                                            profile_from_dict, table_kind, uniform_profile)
+                                            profile_from_dict, uniform_profile)
 from dsocr_core.cli import main
 from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
@@ -229,17 +229,6 @@ def test_tables_added_to_a_profile_keep_its_ceilings_and_say_so(tmp_path):
         add_tables(base, {}, other, {}, {}, "2026-11-26T00:00:00+00:00", quick=True)
     with pytest.raises(ProfileError, match="quick profile"):  # full-grid tables into a quick profile
         add_tables(base, {}, base.device, {}, {}, "2026-11-26T00:00:00+00:00", quick=False)
-
-
-def test_a_linear_with_its_bias_is_a_gemm_table_of_its_own():
-    assert table_kind("gemm_bias.bfloat16") == "gemm" and table_kind("memory.compiled_norm") == "memory"
-    with pytest.raises(ProfileError, match="gemm_bias"):
-        table_kind("gemm_bias.int4")
-    prof = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16", "gemm_bias.bfloat16"])
-    t = prof.table("gemm_bias.bfloat16")
-    assert t.measured.all() and np.all(t.efficiency > 0) and t.axes == ("m", "n", "k")
-    assert entry_work("gemm_bias.bfloat16", dict(m=3.0, n=4.0, k=5.0)) == entry_work("gemm.bfloat16",
-                                                                                    dict(m=3.0, n=4.0, k=5.0))
 
 
 def test_a_profiles_dict_is_a_copy():

@@ -370,44 +370,6 @@ def test_default_backend_table_prices_the_fast_engines_sdpa_and_falls_back_to_th
 
 
 
-def test_biased_linears_and_compiled_norms_have_their_own_tables_and_fall_back_to_the_old_ones():
-    """The vision encoders' and the projector's Linears (with a bias) are priced on gemm_bias.<dtype> in both
-    engines, the fast engine's compiled CLIP LayerNorms on memory.compiled_norm; a profile without those tables
-    predicts exactly what the plain GEMM's and the eager norm's tables give, and says so."""
-    base = _profile().to_dict()
-    tables = {k: v for k, v in base["tables"].items() if not k.startswith(("gemm_bias", "memory.compiled_norm"))}
-    without = {**base, "tables": tables}
-    copies = {"gemm_bias.bfloat16": tables["gemm.bfloat16"], "memory.compiled_norm": tables["memory.norm"]}
-    w = Workload(crops=(2, 2), decode_steps=4)
-
-    def predict(d, mode="fast"):
-        out = analyze(ModelSpec(), w, with_profile(H200, profile_from_dict(d), mode))
-        return out["stages"], out["prediction"]["notes"]
-
-    old, notes = predict(without)
-    assert any("no gemm_bias.bfloat16" in n for n in notes) and any("no memory.compiled_norm" in n for n in notes)
-    same, notes = predict({**without, "tables": {**tables, **copies}})
-    assert not any("gemm_bias" in n or "compiled_norm" in n for n in notes)
-    for stage in ("sam", "clip", "projector", "prefill", "decode"):
-        assert same[stage]["predicted_s"] == pytest.approx(old[stage]["predicted_s"], rel=1e-12), stage
-    for mode in ("fast", "reference"):  # a slower biased Linear: exactly the vision stages and the projector
-        ref, _ = predict({**without, "tables": {**tables, **copies}}, mode)
-        slow, _ = predict({**without, "tables": {**tables, **copies,
-                                                 "gemm_bias.bfloat16": _scaled(copies["gemm_bias.bfloat16"], 0.5)}},
-                          mode)
-        for stage in ("sam", "clip", "projector"):
-            assert slow[stage]["predicted_s"] > ref[stage]["predicted_s"] * 1.001, (mode, stage)
-        for stage in ("prefill", "decode"):
-            assert slow[stage]["predicted_s"] == pytest.approx(ref[stage]["predicted_s"], rel=1e-12), (mode, stage)
-        # a slower compiled norm: the fast engine's CLIP only (SAM's norms and the reference's stay eager)
-        slow, _ = predict({**without, "tables": {**tables, **copies,
-                                                 "memory.compiled_norm": _scaled(copies["memory.compiled_norm"], 0.5)}},
-                          mode)
-        for stage in ("sam", "clip", "projector", "prefill"):
-            changed = slow[stage]["predicted_s"] > ref[stage]["predicted_s"] * 1.0001
-            assert changed == (mode == "fast" and stage == "clip"), (mode, stage)
-
-
 # ------------------------------------------------------------------------------------------ the command
 @pytest.fixture
 def profile_file(tmp_path):

@@ -52,6 +52,7 @@ ACCURACY = {
         "H100 random, seed 30": ("h100_prediction_accuracy_random30_2026-11-27.json", None),
         "H100 random, seed 31, held out": ("h100_prediction_accuracy_random31_2026-11-27.json", None),
         "H100 random, seed 40, held out": ("h100_prediction_accuracy_random40_2026-11-27.json", None),
+        "H100 random, seed 42, held out": ("h100_prediction_accuracy_random42_2026-11-27.json", None),
         "H100 random, seed 40, profile of the day": ("h100_prediction_accuracy_random40_own_profile_2026-11-27.json",
                                                       None),
     },

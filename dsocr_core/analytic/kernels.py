@@ -30,15 +30,11 @@ from .lm import expected_experts
 from .vision import SOFTMAX_FLOPS, clip_tokens, conv_out, sam_out_side, sam_patches
 
 FP32 = 4
-# a Linear with its bias (SAM's and CLIP's projections and MLPs, the projector), timed on its own table: the GEMM
-# library fuses the bias into other kernels than a plain GEMM's, and the table samples the rows finely where these
-# layers' row counts fall (predict._candidates falls back to the plain GEMM's table for profiles made before it)
-LINEAR = "gemm_bias"
 
 
 @dataclass
 class Kernel:
-    table: str  # gemm | gemm_bias | gemm.float32 | grouped_gemm | attention.<impl>[.causal] | memory.<kind>
+    table: str  # gemm | gemm.float32 | grouped_gemm | attention.<impl>[.causal] | memory.<kind>
     coords: dict[str, Any]
     flops: Any  # share of the row's FLOPs (per call)
     nbytes: Any  # share of the row's bytes (per call)
@@ -180,11 +176,11 @@ def sam_attention(c: Call, einsum_launches: float) -> SamAttention:
     rel = 2 * groups * heads * seq * span
     rel_params = 2 * (2 * rel_side - 1) * d
     gemms = [
-        Kernel(LINEAR, dict(m=v * n, n=3 * w, k=w), v * 2 * n * w * 3 * w,
+        Kernel("gemm", dict(m=v * n, n=3 * w, k=w), v * 2 * n * w * 3 * w,
                v * 4 * n * w * dt + calls * (3 * w * w + 3 * w) * dt, calls),  # qkv
         Kernel("gemm", dict(m=v * n * heads, n=span, k=d), v * 2 * n * w * 2 * span,
                v * (2 * n * w + rel) * dt + calls * rel_params * dt, calls * einsum_launches),  # rel einsums
-        Kernel(LINEAR, dict(m=v * n, n=w, k=w), v * 2 * n * w * w,
+        Kernel("gemm", dict(m=v * n, n=w, k=w), v * 2 * n * w * w,
                v * 2 * n * w * dt + calls * (w * w + w) * dt, calls),  # proj
     ]
     # the dense [L, L] mask: rel_h + rel_w broadcast, then reshaped, a copy (the sum keeps the einsums' permuted
@@ -208,9 +204,9 @@ def sam_mlp(c: Call) -> Plan:
     s, v, calls, dt = c.spec, c.views, c.calls, c.dt
     t, w, m = sam_patches(s, c.side) ** 2, s.sam_width, s.sam_mlp_dim
     return Plan([
-        Kernel(LINEAR, dict(m=v * t, n=m, k=w), v * 2 * t * w * m, v * (t * w + t * m) * dt + calls * (w * m + m) * dt,
+        Kernel("gemm", dict(m=v * t, n=m, k=w), v * 2 * t * w * m, v * (t * w + t * m) * dt + calls * (w * m + m) * dt,
                calls),
-        Kernel(LINEAR, dict(m=v * t, n=w, k=m), v * 2 * t * w * m, v * (t * m + t * w) * dt + calls * (m * w + w) * dt,
+        Kernel("gemm", dict(m=v * t, n=w, k=m), v * 2 * t * w * m, v * (t * m + t * w) * dt + calls * (m * w + w) * dt,
                calls),
     ], rest_launches=calls * 2)  # GELU, residual add
 
@@ -252,7 +248,7 @@ def common_vision(c: Call) -> Plan | None:
         return whole("gemm", dict(m=v * o * o, n=s.sam_downsample[which], k=9 * c_in), c, calls)
     if kind == "projector":  # both families: one Linear per feature (v1: CLIP+SAM concatenated, v2: queries)
         f, h, din, dt = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim, c.dt
-        linear = Kernel(LINEAR, dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
+        linear = Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
                         v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)
         if not hasattr(s, "clip_width"):
             return Plan([linear], rest_launches=calls * 2)
@@ -269,11 +265,11 @@ def clip_attention(c: Call) -> Plan:
     s, v, calls, dt = c.spec, c.views, c.calls, c.dt
     n, cw, heads = clip_tokens(s, c.side), s.clip_width, s.clip_heads
     return Plan([
-        Kernel(LINEAR, dict(m=v * n, n=3 * cw, k=cw), v * 6 * n * cw * cw,
+        Kernel("gemm", dict(m=v * n, n=3 * cw, k=cw), v * 6 * n * cw * cw,
                v * 4 * n * cw * dt + calls * (3 * cw * cw + 3 * cw) * dt, calls),
         Kernel("attention.sdpa", dict(bh=v * heads, q=n, k=n, d=cw // heads),
                v * (4 * n * n * cw + SOFTMAX_FLOPS * heads * n * n), v * 4 * n * cw * dt, calls),
-        Kernel(LINEAR, dict(m=v * n, n=cw, k=cw), v * 2 * n * cw * cw,
+        Kernel("gemm", dict(m=v * n, n=cw, k=cw), v * 2 * n * cw * cw,
                v * 2 * n * cw * dt + calls * (cw * cw + cw) * dt, calls),
     ], rest_launches=calls * 2)  # head merge, residual add
 
@@ -283,9 +279,9 @@ def clip_mlp(c: Call, elementwise: float) -> Plan:
     s, v, calls, dt = c.spec, c.views, c.calls, c.dt
     n, cw, m = clip_tokens(s, c.side), s.clip_width, s.clip_mlp_dim
     return Plan([
-        Kernel(LINEAR, dict(m=v * n, n=m, k=cw), v * 2 * n * cw * m,
+        Kernel("gemm", dict(m=v * n, n=m, k=cw), v * 2 * n * cw * m,
                v * (n * cw + n * m) * dt + calls * (cw * m + m) * dt, calls),
-        Kernel(LINEAR, dict(m=v * n, n=cw, k=m), v * 2 * n * cw * m,
+        Kernel("gemm", dict(m=v * n, n=cw, k=m), v * 2 * n * cw * m,
                v * (n * m + n * cw) * dt + calls * (m * cw + cw) * dt, calls),
     ], rest_launches=calls * elementwise)
 

@@ -120,9 +120,6 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     same = None
     if name == "gemm":
         return [(f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
-    if name == "gemm_bias":  # a Linear with its bias; profiles made before its table: the plain GEMM's
-        return [(f"gemm_bias.{dtype}", same), (f"gemm.{dtype}", same), ("gemm_bias.bfloat16", same),
-                ("gemm.bfloat16", same)]
     if name == "gemm.float32":
         return [("gemm.float32", same), ("gemm.bfloat16", same)]
     if name == "grouped_gemm":
@@ -147,20 +144,17 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
                 ("memory.copy", same)]
     if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
-    if name == "memory.compiled_norm":  # profiles made before it: the eager LayerNorm's table
-        return [(name, same), ("memory.norm", same), ("memory.elementwise", same), ("memory.copy", same)]
     if name.startswith("memory.") or name == "bias.broadcast":
         return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
     raise SpecError(f"unknown kernel table {name!r}")
 
 
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
-PLAN_TABLES = ("gemm", "gemm_bias", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
+PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
                "attention.flash.causal", "attention.default", "attention.default.causal", "attention.eager",
                "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
-               "memory.compiled_norm",
                "bias.broadcast", "bias.strided")
 
 

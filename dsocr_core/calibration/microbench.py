@@ -41,7 +41,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         g = {"m": [1, 16, 128], "n": [16, 128], "k": [16, 128]}
         att = {"bh": [1, 4], "q": [1, 64], "k": [16, 64], "d": [16, 64]}
         causal = {"bh": [1, 4], "s": [16, 64], "d": [32]}
-        out = {"gemm.bfloat16": g, "gemm.float32": g, "gemm_bias.bfloat16": g}
+        out = {"gemm.bfloat16": g, "gemm.float32": g}
         out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]}
                 for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows")}
         out |= {f"bias.{k}": {"bh": [12, 48], "side": [4, 14]} for k in BIAS_KINDS}
@@ -83,15 +83,6 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
                                                    (16, 64, 256, 1024, 4096, 16384)]}
         # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
         out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)]}
-        # the compiled CLIP layers' LayerNorm (Inductor's kernel; compiling needs Triton, so a GPU only)
-        out["memory.compiled_norm"] = out["memory.norm"]
-    # the vision encoders' and the projector's Linears (with a bias) at their own widths (SAM 768 and its MLP 3,072,
-    # q/k/v 2,304; CLIP 1,024, q/k/v 3,072, MLP 4,096; the projector 2,048 -> 1,280), rows every 128 to 1,024 and
-    # then by halves of an octave: a GEMM's time is a step function of its row tiles there, which the plain table's
-    # factor-of-4 grid interpolates across (CLIP's GEMMs 10-25% slower than it at 260-1,170 rows on an H100)
-    out["gemm_bias.bfloat16"] = {
-        "m": [64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096, 8192, 16384, 65536],
-        "n": [768, 1024, 1280, 2304, 3072, 4096], "k": [768, 1024, 2048, 3072, 4096]}
     return out
 
 

@@ -64,9 +64,6 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
     if kind == "gemm":
         dt = _dtype(name.split(".")[1])
         s = DTYPE_BYTES[name.split(".")[1]]
-        if name.startswith("gemm_bias."):  # the Linear with its bias: the GEMM library fuses the bias (its epilogue)
-            return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt), rnd(i["n"], dt=dt)),
-                    lambda x: F.linear(x[0], x[1], x[2]), (i["m"] * i["k"] + i["n"] * i["k"] + i["n"]) * s, 1)
         return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt)),
                 lambda x: F.linear(x[0], x[1]), (i["m"] * i["k"] + i["n"] * i["k"]) * s, 1)
     if kind == "grouped_gemm":
@@ -108,13 +105,11 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             where[16::17] = rows  # every 17th slot from one extra row, as a newline column every 16 features
             return (lambda: (rnd(rows + 1, width), where),
                     lambda x: x[0].index_select(0, x[1]), 4 * rows * width, 1)
-        if what in ("norm", "compiled_norm"):
+        if what == "norm":
             width = 1024
             rows = max(nbytes // (4 * width), 1)  # read and write [rows, 1024] bf16
-            norm = _compiled_layer_norm() if what == "compiled_norm" else F.layer_norm
-            return (lambda: (rnd(rows, width), torch.ones(width, device=dev, dtype=torch.bfloat16),
-                             torch.zeros(width, device=dev, dtype=torch.bfloat16)),
-                    lambda x: norm(x[0], (width,), x[1], x[2]), rows * width * 2, 1)
+            return (lambda: (rnd(rows, width), torch.ones(width, device=dev, dtype=torch.bfloat16)),
+                    lambda x: F.layer_norm(x[0], (width,), x[1]), rows * width * 2, 1)
         k = 2048
         n = max(nbytes // (2 * k), 1)  # weight [n, 2048] bf16 dominates
         return lambda: (rnd(1, k), rnd(n, k)), lambda x: F.linear(x[0], x[1]), (n * k + k) * 2, 1
@@ -305,20 +300,6 @@ def _estimate(run: Callable[[int], object], st: Settings) -> float:
     t0 = time.perf_counter()
     run(0)
     return time.perf_counter() - t0
-
-
-_COMPILED_NORM = []
-
-
-def _compiled_layer_norm():
-    """F.layer_norm through torch.compile, compiled once per process for every row count (dynamic shapes): the one
-    Triton reduction kernel Inductor emits for the fast engine's compiled layers."""
-    if not _COMPILED_NORM:
-        import torch
-        import torch.nn.functional as F
-
-        _COMPILED_NORM.append(torch.compile(F.layer_norm, dynamic=True, fullgraph=True))
-    return _COMPILED_NORM[0]
 
 
 def measure_entry(name: str, coords: dict, st: Settings) -> float:

@@ -69,9 +69,7 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
-                "gather_rows", "compiled_norm")
-# compiled_norm: a LayerNorm over [rows, 1024] as torch.compile emits it (one Triton reduction kernel), what the
-# fast engine's compiled CLIP layers run; memory.norm is the eager kernel. Profiles made before it use memory.norm
+                "gather_rows")
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
 # of the second strided by rows); profiles made before it price it on the elementwise table. gather_rows: whole
 # rows gathered by an index (index_select), the fast projector's layout; profiles made before it use elementwise
@@ -101,8 +99,6 @@ def table_kind(name: str) -> str:
     parts = name.split(".")
     if len(parts) == 2 and parts[0] in ("gemm", "grouped_gemm") and parts[1] in DTYPE_BYTES:
         return parts[0]
-    if len(parts) == 2 and parts[0] == "gemm_bias" and parts[1] in DTYPE_BYTES:
-        return "gemm"  # a Linear with its bias (the vision encoders' and the projector's): a GEMM's axes and work
     if len(parts) == 2 and parts[0] == "memory" and parts[1] in MEMORY_KINDS:
         return "memory"
     if len(parts) == 2 and parts[0] == "bias" and parts[1] in BIAS_KINDS:
@@ -112,7 +108,7 @@ def table_kind(name: str) -> str:
             return "attention"
         if parts[2] == "causal":
             return "attention_causal"
-    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, gemm_bias.<dtype>, grouped_gemm.<dtype>, "
+    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, "
                        f"memory.<{'|'.join(MEMORY_KINDS)}>, bias.<{'|'.join(BIAS_KINDS)}> or "
                        f"attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
 

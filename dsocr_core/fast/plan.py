@@ -46,8 +46,6 @@ GATHER_ROWS = "memory.gather_rows"
 # prefill are priced on it (SAM is not: _sam_attention says why); a profile without the table falls back to
 # attention.sdpa (CLIP) and attention.flash (prefill), as before it existed
 DEFAULT_SDPA = "attention.default"
-# torch.compile's LayerNorm kernel (CLIP's compiled layers); a profile without the table falls back to memory.norm
-COMPILED_NORM = "memory.compiled_norm"
 
 
 class FastPlan:
@@ -128,14 +126,11 @@ class FastPlan:
             return Plan(rest_launches=calls * 1)
         packed = self.o.clip_packed
         if kind.startswith("clip.layer_norm"):
-            # the compiled layers' norm is Inductor's one reduction kernel (in the trace 1.8 us at 260 rows, half
-            # the eager kernel's table time); eager layers run the eager kernel
-            norm = COMPILED_NORM if self.o.compile_vision and self.device_kind == "cuda" else "memory.norm"
             if not packed:
-                return whole(norm, dict(bytes=c.cost.bytes), c, calls)
+                return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
             share = _clip_share(c, clip_tokens(s, c.side) * c.views)  # one norm over all groups' rows
-            return whole(norm, dict(bytes=np.where(share > 0, c.cost.bytes / np.maximum(share, 1e-12),
-                                                   c.cost.bytes)), c, share)
+            return whole("memory.norm", dict(bytes=np.where(share > 0, c.cost.bytes / np.maximum(share, 1e-12),
+                                                            c.cost.bytes)), c, share)
         if kind.startswith("sam.attn"):
             return self._sam_attention(c)
         if kind == "clip.embeddings":
