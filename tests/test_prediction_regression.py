@@ -53,6 +53,7 @@ ACCURACY = {
         "H100 random, seed 31, held out": ("h100_prediction_accuracy_random31_2026-11-27.json", None),
         "H100 random, seed 40, held out": ("h100_prediction_accuracy_random40_2026-11-27.json", None),
         "H100 random, seed 42, held out": ("h100_prediction_accuracy_random42_2026-11-27.json", None),
+        "H100 random, seed 43, held out": ("h100_prediction_accuracy_random43_fast_2026-11-27.json", None),
         "H100 random, seed 40, profile of the day": ("h100_prediction_accuracy_random40_own_profile_2026-11-27.json",
                                                       None),
     },
@@ -64,6 +65,7 @@ ACCURACY = {
         "H100 from the H200-derived profile": ("h100_from_h200_prediction_accuracy.json", None),
         "H100 re-measured": ("h100_prediction_accuracy_2026-11-26.json", None),
         "H100 confirmation re-measured": ("h100_prediction_accuracy_confirm_2026-11-26.json", None),
+        "H100 random, seed 43, held out": ("h100_prediction_accuracy_random43_reference_2026-11-27.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
