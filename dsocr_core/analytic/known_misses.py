@@ -17,7 +17,8 @@ DERIVED = ("it is DERIVED (scaled from another GPU's tables): on the H100 from t
            "miss by 23-24% (median), the projector by 47%, CLIP by 10%")
 REFERENCE = ("the reference session mode misses the 15% target on every GPU measured: median errors on the H200 / "
              "H100 (re-measured 2026-11-26) of SAM 22% / 20%, CLIP 25% / 19%, projector 46% / 29%, LM prefill "
-             "129% / 28%, decode 55% / 6% (the bundled H200 run: LM prefill +123%, max +206%); its host-bound "
+             "129% / 28%, decode 55% / 6% (the bundled H200 run: LM prefill +123%, max +206%); on random H100 "
+             "points (2026-11-27) every prefill stage about 20% under (TTFT 20%, max 26%), decode 15%; its host-bound "
              "stages also vary by up to +-50% between runs of the same point; only the fast mode is predicted within "
              "about 10%")
 BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routing (synthetic weights route a batch's "
@@ -27,8 +28,9 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "machine than on another (the same code and points, 2026-11-27; SAM, CLIP and decode within 3%), "
                    "so a measured batched prefill can take that much longer than predicted; on the other machines the "
                    "held-out sets were within 4.2% (median, max 10%)")
-PROJECTOR = ("the projector (0.015-0.3 ms) is predicted within 2-9% (median) on the H100 sets of 2026-11-27 since "
-             "the graph's start is charged (8.0% on seed 29's held-out set; one host stall made a point 9x slower), "
+PROJECTOR = ("the projector (0.015-0.3 ms) is predicted within 2-12% (median) on the H100 sets of 2026-11-27 since "
+             "the graph's start is charged (3.3-11.7% on the held-out sets, up to -40% on single points; one host "
+             "stall made a point 9x slower), "
              "about 50% under on the H200 (its profile has neither that cost nor a table for the projector's "
              "transposed concatenation); at larger batches the stage can run tens of us longer inside its CUDA "
              "graph than its kernels do outside it")
