@@ -23,16 +23,15 @@ tag=$(echo "${gpu%%,*}" | tr 'A-Z ' 'a-z_' | tr -cd 'a-z0-9_')
 profile=${PROFILE:-}
 ADD_TABLES=${ADD_TABLES:-}
 cal=skipped
-if [ -n "$ADD_TABLES" ]; then
-  case "$gpu" in *H200*) base=${PROFILE:-data/profiles/h200.json};; *) base=${PROFILE:-data/profiles/h100.json};; esac
+if [ -n "$ADD_TABLES" ] || [ -z "$profile" ]; then
+  if [ -n "$ADD_TABLES" ]; then  # the tables measured here, added to the shipped profile of this GPU (or PROFILE)
+    case "$gpu" in *H200*) base=${PROFILE:-data/profiles/h200.json};; *) base=${PROFILE:-data/profiles/h100.json};; esac
+    what=(--tables "$ADD_TABLES" --add-to "$base")
+  else
+    what=(--budget-s 200)  # every table and launch cost
+  fi
   profile="$OUT/profile_$tag.json"
-  python3 -m dsocr_core calibrate --tables "$ADD_TABLES" --add-to "$base" --out "$profile" --no-progress \
-    > "$OUT/calibrate_$tag.log" 2>&1
-  cal=$?
-  [ -f "$profile" ] || { echo "calibration failed (exit $cal): $OUT/calibrate_$tag.log"; tail -5 "$OUT/calibrate_$tag.log"; exit 1; }
-elif [ -z "$profile" ]; then
-  profile="$OUT/profile_$tag.json"
-  python3 -m dsocr_core calibrate --out "$profile" --budget-s 200 --no-progress > "$OUT/calibrate_$tag.log" 2>&1
+  python3 -m dsocr_core calibrate "${what[@]}" --out "$profile" --no-progress > "$OUT/calibrate_$tag.log" 2>&1
   cal=$?
   [ -f "$profile" ] || { echo "calibration failed (exit $cal): $OUT/calibrate_$tag.log"; tail -5 "$OUT/calibrate_$tag.log"; exit 1; }
 fi
@@ -55,16 +54,7 @@ echo "== GPU: $gpu; $((SECONDS - start)) s"
 echo "== calibrate: exit $cal, profile $profile"
 python3 -m dsocr_core calibrate --show "$profile" 2>&1 | head -12
 echo "== session_speed (exit $speed)"
-[ -f "$OUT/session_speed_$tag.json" ] && python3 - "$OUT/session_speed_$tag.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for b, d in (r.get("decode") or {}).items():
-    if isinstance(d, dict) and "step_s_mean" in d:
-        print(f"decode batch {b}: {d['step_s_mean'] * 1e3:.3f} ms/step, {d.get('fast_vs_memory_floor', float('nan')):.2f}x the memory floor")
-p = (r.get("prefill") or {}).get("measured", {})
-for k, v in p.items():
-    if isinstance(v, dict) and "total_s" in v:
-        print(f"prefill {k}: {v['total_s'] * 1e3:.2f} ms, {v.get('vs_roofline', {}).get('calibrated', float('nan')):.2f}x the roofline")
-PY
+# the benchmark's own figure table (its log's last lines before the JSON)
+sed -n '/\] figure  /,/^{/p' "$OUT/session_speed_$tag.log" 2>/dev/null | grep -v '^{'
 echo "== accuracy, random seed $SEED (exit $acc)"
 sed -n '/session mode (target/,$p' "$OUT/accuracy_random${SEED}_$tag.log" 2>/dev/null | head -30
