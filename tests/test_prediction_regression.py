@@ -66,6 +66,7 @@ ACCURACY = {
         "H100 re-measured": ("h100_prediction_accuracy_2026-11-26.json", None),
         "H100 confirmation re-measured": ("h100_prediction_accuracy_confirm_2026-11-26.json", None),
         "H100 random, seed 43, held out": ("h100_prediction_accuracy_random43_reference_2026-11-27.json", None),
+        "H100 random, seed 44, held out": ("h100_prediction_accuracy_random44_reference_2026-11-27.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),

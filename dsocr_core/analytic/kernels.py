@@ -112,13 +112,24 @@ class Call:
             raise AttributeError(name) from None
 
 
+class _EveryRow:
+    """separate_rows of an engine with no fused kernels: every row kind."""
+
+    def __contains__(self, kind) -> bool:
+        return True
+
+
+EVERY_ROW = _EveryRow()
+
+
 class EnginePlan(Protocol):
     """An engine's kernel plan on one device kind (built by engines.EngineSpec.kernel_plan)."""
 
     graphs: bool  # kernels launch from CUDA graphs: the graph gap per launch, no eager host op per launch
     notes: tuple[str, ...]  # options the plan does not model, said in every prediction
     # optional: separate_rows, row kinds whose kernels run one after another with nothing fused across them (no
-    # overlap credit for the row: its kernels' own rooflines add up; analytic/predict.py)
+    # overlap credit for the row: its kernels' own rooflines add up; analytic/predict.py); EVERY_ROW for an engine
+    # that runs every kernel on its own
 
     def plan(self, c: Call) -> Plan: ...
 

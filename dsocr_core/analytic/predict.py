@@ -39,7 +39,7 @@ from pydantic import ConfigDict, Field
 from ..engines import EngineSpec, as_engine
 from ..spec import Hardware, SpecError
 from .cost import FIELDS as COST_FIELDS, Cost, Row
-from .kernels import Call, Kernel, host_ops_by_kind
+from .kernels import EVERY_ROW, Call, Kernel, host_ops_by_kind
 
 PREDICTED = ("predicted_s", "predicted_roofline_s", "predicted_kernel_s", "predicted_launch_s", "predicted_host_s")
 WORK_MODES = ("engine", "analytic")
@@ -144,6 +144,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
                 ("memory.copy", same)]
     if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
+    if name in ("memory.permuted_copy", "memory.permuted_add"):  # profiles made before them: reads across a stride
+        return [(name, same), ("memory.transposed_cat", same), ("memory.elementwise", same), ("memory.copy", same)]
     if name.startswith("memory.") or name == "bias.broadcast":
         return [(name, same), ("memory.elementwise", same), ("memory.copy", same)]
     raise SpecError(f"unknown kernel table {name!r}")
@@ -155,6 +157,7 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attent
                "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
+               "memory.permuted_copy", "memory.permuted_add",
                "bias.broadcast", "bias.strided")
 
 
@@ -182,7 +185,8 @@ class Predictor:
         # rows whose kernels the engine runs one after another with nothing fused across them: their kernels'
         # own rooflines add up, whatever the overlap setting (EnginePlan.separate_rows; none by default). Part of
         # the engine's work: with work="analytic" every row keeps the analytic roofline
-        self.separate = frozenset(getattr(self.plan, "separate_rows", ()) if self.engine_work else ())
+        rows = getattr(self.plan, "separate_rows", ()) if self.engine_work else ()
+        self.separate = rows if rows is EVERY_ROW else frozenset(rows)
         prediction.notes.update(self.plan.notes)
         self.routing = prediction.routing
         self.graphs = self.plan.graphs

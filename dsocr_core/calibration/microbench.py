@@ -33,6 +33,8 @@ from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EF
                       build_profile, entry_work, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
+# the memory tables measured over the bytes grid in every calibration (the fused kernels' tables have their own)
+BYTE_KINDS = ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows", "permuted_copy", "permuted_add")
 
 
 def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
@@ -42,8 +44,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         att = {"bh": [1, 4], "q": [1, 64], "k": [16, 64], "d": [16, 64]}
         causal = {"bh": [1, 4], "s": [16, 64], "d": [32]}
         out = {"gemm.bfloat16": g, "gemm.float32": g}
-        out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]}
-                for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows")}
+        out |= {f"memory.{k}": {"bytes": [4096, 65536, 1 << 20]} for k in BYTE_KINDS}
         out |= {f"bias.{k}": {"bh": [12, 48], "side": [4, 14]} for k in BIAS_KINDS}
         for impl in ("sdpa", "eager"):  # no flash table: predictions fall back to sdpa, and say so
             out[f"attention.{impl}"] = att
@@ -58,8 +59,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
            "d": [64, 128, 256]}
     causal = {"bh": [1, 8, 64, 512], "s": [16, 256, 1024, 4096, 8192], "d": [64, 128, 256]}
     out = {"gemm.bfloat16": gemm}
-    out |= {f"memory.{k}": {"bytes": [float(4 ** i) for i in range(6, 17)]}
-            for k in ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows")}
+    out |= {f"memory.{k}": {"bytes": [float(4 ** i) for i in range(6, 17)]} for k in BYTE_KINDS}
     # SAM's windows (side 14), 640, 1024 and 1280 px global grids (40, 64, 80); bh = views x windows x heads, so at
     # least SAM's 12 heads (at bh 1 the reshape is a view: no copy to time, the entry would stay unmeasured)
     out |= {f"bias.{k}": {"bh": [12, 48, 192, 768, 3072, 12288], "side": [14, 40, 64, 80]} for k in BIAS_KINDS}
@@ -216,7 +216,8 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     env = capture_environment(device)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if add_to is not None:
-        launch_added = {key: launch[key] for name, key in ADDABLE_LAUNCH.items() if name in (tables or ())}
+        launch_added = {key: launch[key] for name, key in ADDABLE_LAUNCH.items()
+                        if name in (tables or ()) and key in launch}  # a CPU measures no host term
         if not out_tables and not launch_added:
             raise RuntimeError(f"calibration measured none of {', '.join(plan)} (skipped {skipped}, failures "
                                f"{failed or 'none'})")

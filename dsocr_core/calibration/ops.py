@@ -28,6 +28,8 @@ FUSED_ATTN_SLOT_BYTES = 2 * FUSED_HEADS * FUSED_HEAD_DIM * 2  # one cached token
 # shared; 9 rows for all 66): the table's axis (bytes read) moves with the number of distinct experts the rows touch
 MOE_INNER, MOE_TOKENS, MOE_SLOTS, MOE_MAX_EXPERTS = 896, 8, 8, 66
 MOE_EXPERT_BYTES = 3 * FUSED_WIDTH * MOE_INNER * 2  # one expert's gate, up and down weights, bf16
+# SAM's residual stream tables at its width and a 1024 px view's patch grid (the stream's bytes move with the views)
+SAM_WIDTH, SAM_GRID = 768, 64
 
 
 @dataclass
@@ -98,6 +100,14 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             rows = max(nbytes // (8 * width), 1)
             return (lambda: (rnd(rows, width), rnd(width, rows)),
                     lambda x: torch.cat([x[0], x[1].t()], dim=-1), 4 * rows * width, 1)
+        if what in ("permuted_copy", "permuted_add"):  # SAM's residual stream (calibration/profile.py)
+            passes = 2 if what == "permuted_copy" else 3  # read, write / read both, write
+            n, p = _stream_shape(nbytes // (passes * 2))
+            stream = lambda: rnd(n, SAM_WIDTH, p, p).permute(0, 2, 3, 1)  # noqa: E731
+            if what == "permuted_copy":
+                return stream, lambda x: x.contiguous(), passes * n * SAM_WIDTH * p * p * 2, 1
+            return (lambda: (stream(), rnd(n, p, p, SAM_WIDTH)), lambda x: x[0] + x[1],
+                    passes * n * SAM_WIDTH * p * p * 2, 1)
         if what == "gather_rows":  # index_select of [rows, 1280] bf16 rows (the fast projector's layout): read, write
             width = 1280
             rows = max(nbytes // (4 * width), 1)
@@ -143,6 +153,15 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         with sdpa_kernel(backends):
             return F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal)
     return make, sdpa, nbytes, 1
+
+
+def _stream_shape(elements: int) -> tuple[int, int]:
+    """(views, grid side) of a SAM residual stream of about `elements` elements: 1024 px views (a 64 x 64 grid) as
+    many as fit, else one view of a smaller square grid."""
+    per_view = SAM_WIDTH * SAM_GRID ** 2
+    if elements >= per_view:
+        return elements // per_view, SAM_GRID
+    return 1, max(int(math.isqrt(max(elements // SAM_WIDTH, 1))), 2)  # at 1 x 1 the permuted view is contiguous
 
 
 def _dense_bias_op(what: str, bh: int, side: int, rnd):

@@ -69,10 +69,14 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
-                "gather_rows")
+                "gather_rows", "permuted_copy", "permuted_add")
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
 # of the second strided by rows); profiles made before it price it on the elementwise table. gather_rows: whole
 # rows gathered by an index (index_select), the fast projector's layout; profiles made before it use elementwise
+# permuted_copy / permuted_add: SAM's residual stream as the reference model runs it, channels first in memory but
+# seen channels last ([N, 768, P, P] permuted to [N, P, P, 768]): the copy to rows before each LayerNorm, and each
+# residual add (its result keeps that layout); profiles made before them price both on transposed_cat, else
+# elementwise
 # bias.broadcast / bias.strided: SAM's dense relative-position bias as the reference model builds it, the broadcast
 # sum of two permuted einsum outputs and then its reshape (a copy of the non-contiguous sum), over bh (views x
 # windows x heads) and the attended square's side (its innermost runs: 14, 40 or 64 elements). Profiles made before

@@ -253,7 +253,9 @@ class FixedRouting:
 
 @dataclass
 class PlannedOps:
-    launches: float = 0.0  # kernels launched (the plan's kernels' launches + rest_launches)
+    # kernel-launching ops dispatched: the plan's kernels' launches (but those another op launches inside itself)
+    # and rest_launches
+    launches: float = 0.0
     host_ops: float = 0.0  # eager host ops the time model prices, every kind (kernels.host_ops_by_kind summed)
     syncs: float = 0.0
 
@@ -264,7 +266,10 @@ def planned_ops(plan, row, routing=None) -> PlannedOps:
     parts = row.parts or (row.cost,)
     for part, ctx in zip(parts, row.ctx):
         pl = plan.plan(Call(row.kind, part, ctx, routing=routing))
-        launches = sum(_num(k.launches) for k in pl.kernels) + _num(pl.rest_launches)
+        # a kernel another op launches inside itself (host_ops 0: the LayerNorm's copy of a permuted input) is no
+        # dispatched op of its own
+        launches = sum(_num(k.launches if k.host_ops is None else k.host_ops) for k in pl.kernels) + _num(
+            pl.rest_launches)
         out.launches += row.count * launches
         out.host_ops += row.count * sum(_num(n) for n in host_ops_by_kind(pl, False).values())
         out.syncs += row.count * _num(pl.syncs)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ..analytic.kernels import (Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write, layout,
-                                lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, swiglu,
-                                whole)
+from ..analytic.kernels import (EVERY_ROW, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write,
+                                layout, lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention,
+                                sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
 
 # RoPE tables (model/decoder.py rope_cos_sin, once per LM call): positions and frequency aranges, /dim, theta **,
@@ -46,6 +46,10 @@ class ReferenceOptions(BaseModel):
 
 class ReferencePlan:
     graphs = False  # every op is launched eagerly from the host
+    # nothing is fused: a row's GEMMs cannot hide its elementwise kernels' traffic (SAM's and CLIP's GELU, the
+    # residual adds), each kernel takes its own roofline. With the row's overlap credit the reference SAM was 3-4
+    # points more under-predicted on every H100 set (docs/accuracy.md)
+    separate_rows = EVERY_ROW
     notes: tuple[str, ...] = ()
 
     def __init__(self, options: ReferenceOptions, device_kind: str):
@@ -83,13 +87,25 @@ def _vision(c: Call) -> Plan:
         from ..analytic.kernels_v2 import plan_encoder
 
         return plan_encoder(c)
+    if kind.startswith("sam.norm"):  # the stream copied to rows (LayerNorm's input must be contiguous), the norm
+        copy = _sam_stream(c, PERMUTED_COPY)
+        copy.host_ops = 0.0  # launched inside native_layer_norm (its input made contiguous), no op of its own
+        return Plan([copy,
+                     Kernel("memory.norm", dict(bytes=c.cost.bytes), c.cost.flops, c.cost.bytes, calls)])
+    if kind.startswith("sam.mlp"):  # GELU, then the residual add on the stream
+        plan = sam_mlp(c)
+        plan.kernels.append(_sam_stream(c, PERMUTED_ADD, share=True))
+        plan.rest_launches = calls * 1.0
+        return plan
     shared = common_vision(c)
     if shared is not None:
         return shared
     if kind == "sam.patch_embed":
         return patch_embed(c, 1)  # one conv
-    if kind == "sam.pos_embed":  # the add; resized when the grid is not the learned one: float, bicubic, cast back
-        return Plan(rest_launches=calls * (1 + 3 * (sam_patches(s, c.side) != s.sam_pos_grid)))
+    if kind == "sam.pos_embed":  # the add (onto the stream); resized off the learned grid: float, bicubic, cast back
+        add = _sam_stream(c, PERMUTED_ADD)
+        add.flops, add.nbytes, add.real_bytes = c.cost.flops, c.cost.bytes, None  # the whole row (the table once)
+        return Plan([add], rest_launches=calls * 3 * (sam_patches(s, c.side) != s.sam_pos_grid))
     if kind.startswith("clip.layer_norm"):
         return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
     if kind.startswith("sam.attn"):
@@ -106,6 +122,26 @@ def _vision(c: Call) -> Plan:
     raise KeyError(kind)
 
 
+# SAM's residual stream (model/sam.py): the patch embedding's conv output permuted to channels last is a view, and
+# an add keeps its first operand's layout, so the stream stays channels first in memory through every block. Each
+# LayerNorm first copies it to contiguous rows, and each residual add (and the position add) reads one operand
+# across the channel stride: both run far below a contiguous kernel's bandwidth (Base at batch 16 on an H100: 0.38
+# ms per norm copy and 0.39 ms per add of a 100 MB stream, docs/accuracy.md), priced on their own tables
+PERMUTED_COPY, PERMUTED_ADD = "memory.permuted_copy", "memory.permuted_add"
+
+
+def _sam_stream(c: Call, table: str, share: bool = False) -> Kernel:
+    """One kernel over the views' whole residual stream per call: the norm's copy (read, write: engine work, none in
+    the analytic count) or an add (read both, write; `share`: the residual add the analytic row counts)."""
+    s, calls = c.spec, c.calls
+    elements = c.views * sam_patches(s, c.side) ** 2 * s.sam_width
+    moved = (2 if table == PERMUTED_COPY else 3) * elements * c.dt
+    per_launch = moved / np.maximum(calls, 1.0)
+    if share:
+        return Kernel(table, dict(bytes=per_launch), elements, moved, calls, real_bytes=moved)
+    return Kernel(table, dict(bytes=per_launch), 0.0, 0.0, calls, real_bytes=moved)
+
+
 def _sam_attention(c: Call) -> Plan:
     """One SAM attention call (model/sam.py SamAttention) with its block's window partition and residual add.
     Kernels: the qkv and output Linears, one bmm per relative-position einsum, the broadcast add building the dense
@@ -113,7 +149,8 @@ def _sam_attention(c: Call) -> Plan:
     with its bytes) and SDPA. Besides them: q reshaped per head (a copy of a permuted view), the first einsum's
     input made contiguous,
     8 ops per relative-position table (two aranges, two scales, the difference, the offset, the long cast, the
-    gather) on each axis plus 3 when the table is resized (float, interpolate, cast back), the residual add;
+    gather) on each axis plus 3 when the table is resized (float, interpolate, cast back); the residual add on
+    the stream (_sam_stream);
     windowed blocks also copy in window_partition and window_unpartition, and when the grid is padded, F.pad and
     the crop's .contiguous()."""
     a = sam_attention(c, einsum_launches=2)
@@ -121,7 +158,8 @@ def _sam_attention(c: Call) -> Plan:
     copies = 2  # q per head, the first einsum's input (small: one head's q)
     tables = 2 * (8 + 3 * a.resized)
     windows = 0 if glob else 2 + 2 * a.padded
-    return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa], rest_launches=c.calls * (copies + tables + windows + 1))
+    add = _sam_stream(c, PERMUTED_ADD, share=True)  # the block's residual add
+    return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa, add], rest_launches=c.calls * (copies + tables + windows))
 
 
 def _attention(c: Call) -> Plan:
