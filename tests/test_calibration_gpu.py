@@ -45,3 +45,17 @@ def test_sams_dense_bias_tables_are_measured_in_cuda_graphs():
         t = prof.table(name)
         assert t is not None and t.measured.all(), name
         assert ((t.efficiency > 0) & (t.efficiency <= 1.0)).all(), (name, t.efficiency)
+
+
+def test_the_host_cost_of_the_models_own_ops_is_measured_per_stage():
+    """calibration/host_stages.py on the GPU (a small model here; the calibration builds the full-size one): one
+    plausible cost per launching op for each stage it prices, the device synchronised between stages."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from dsocr_core.calibration.host_stages import host_costs_by_stage
+    from dsocr_core.calibration.schema import HOST_STAGES
+    from dsocr_core.spec import tiny_spec
+
+    costs = host_costs_by_stage("cuda", spec=tiny_spec(), repeats=2, mode="tiny", grid=(1, 1))
+    assert set(costs) == set(HOST_STAGES)
+    assert all(1e-6 < v < 1e-3 for v in costs.values()), costs

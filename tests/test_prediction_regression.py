@@ -67,6 +67,10 @@ ACCURACY = {
         "H100 confirmation re-measured": ("h100_prediction_accuracy_confirm_2026-11-26.json", None),
         "H100 random, seed 43, held out": ("h100_prediction_accuracy_random43_reference_2026-11-27.json", None),
         "H100 random, seed 44, held out": ("h100_prediction_accuracy_random44_reference_2026-11-27.json", None),
+        "H100 random, seed 46, profile of the day": ("h100_prediction_accuracy_random46_reference_2026-11-27.json",
+                                                     None),
+        "H100 random, seed 47, held out": ("h100_prediction_accuracy_random47_reference_2026-11-27.json", None),
+        "H100 random, seed 48, own host costs": ("h100_prediction_accuracy_random48_reference_2026-11-27.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),

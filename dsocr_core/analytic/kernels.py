@@ -129,7 +129,8 @@ class EnginePlan(Protocol):
     notes: tuple[str, ...]  # options the plan does not model, said in every prediction
     # optional: separate_rows, row kinds whose kernels run one after another with nothing fused across them (no
     # overlap credit for the row: its kernels' own rooflines add up; analytic/predict.py); EVERY_ROW for an engine
-    # that runs every kernel on its own
+    # that runs every kernel on its own; host_costs_by_stage, True where the engine's eager ops are the model's own
+    # code, priced at the profile's host cost per op of that code by stage (calibration/host_stages.py)
 
     def plan(self, c: Call) -> Plan: ...
 

@@ -192,6 +192,14 @@ class Predictor:
         self.graphs = self.plan.graphs
         self.per_launch = launch["graph_kernel_s"] if self.graphs else launch["eager_kernel_s"]
         self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
+        # a plan whose eager ops are the model's own code (EnginePlan.host_costs_by_stage) prices them at the
+        # profile's host cost per op of that code, by stage, where the profile measured it (views folded in)
+        by_stage = getattr(self.plan, "host_costs_by_stage", False)
+        self.stage_costs = p.host_stage_costs if by_stage else {}
+        if by_stage and not self.stage_costs and not self.graphs and p.device.get("kind", "cuda") == "cuda":
+            prediction.notes.add("the profile has no host cost per op of the model's own code (calibrate --tables "
+                                 "launch.host_stages): the reference engine's eager ops are priced at the op "
+                                 "mixes' costs by kind")
         self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
         self.graph_start_s = (p.graph_start_s or 0.0) if self.graphs else 0.0
         if self.graphs and p.graph_start_s is None:
@@ -270,7 +278,12 @@ class Predictor:
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
         launch = launches * self.per_launch + pl.graph_starts * self.graph_start_s
-        host = sum(n * self.host_costs[kind] for kind, n in host_ops_by_kind(pl, self.graphs).items())
+        ops = host_ops_by_kind(pl, self.graphs)
+        per_op = self.stage_costs.get(host_stage(kind, ctx))
+        if per_op is None:
+            host = sum(n * self.host_costs[k] for k, n in ops.items())
+        else:  # the stage's cost per launching op, its views and Python folded in
+            host = (ops["gemm"] + ops["attention"] + ops["other"]) * per_op
         host = host + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
         # the graph's start follows the host's submission, so no host time hides it: it is in the device time
         # (launch) and in the host time the row's overlap compares with it (row() keeps what host exceeds)
@@ -384,6 +397,16 @@ class Predictor:
         total = roof + kernel + launch + host
         return {"predicted_s": total, "predicted_roofline_s": roof, "predicted_kernel_s": kernel,
                 "predicted_launch_s": launch, "predicted_host_s": host}
+
+
+def host_stage(kind: str, ctx: dict) -> str:
+    """The stage a row's call runs in, as the host-cost calibration names it (schema.HOST_STAGES): the vision
+    rows' module (sam, clip, projector; DeepSeek-OCR 2's encoder, not measured), the layout with the projector,
+    else the phase (prefill, decode)."""
+    phase = ctx.get("phase")
+    if phase == "vision":
+        return kind.split(".")[0]
+    return "projector" if phase == "layout" else str(phase)
 
 
 def _subset(cost: Cost, ctx: dict, idx: np.ndarray, shape: tuple) -> tuple[Cost, dict]:

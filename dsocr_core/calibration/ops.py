@@ -397,9 +397,17 @@ def launch_costs(st: Settings) -> dict:
             g.replay()
         starts.append(timer.totals()["graph"])
     _sync(st.device)
-    return {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager), "host_op_s": host,
-            "sync_s": max(statistics.median(syncs) - host, 0.0), "graph_launch_s": statistics.median(replays),
-            "host_op_s_by_kind": by_kind, "graph_start_s": max(statistics.median(starts) - graph_kernel, 0.0)}
+    out = {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager), "host_op_s": host,
+           "sync_s": max(statistics.median(syncs) - host, 0.0), "graph_launch_s": statistics.median(replays),
+           "host_op_s_by_kind": by_kind, "graph_start_s": max(statistics.median(starts) - graph_kernel, 0.0)}
+    if not st.quick:  # the full-size model's own ops (a quick calibration leaves them out: the mixes stand in)
+        from .host_stages import host_costs_by_stage
+
+        try:
+            out["host_op_s_by_stage"] = host_costs_by_stage(st.device)
+        except Exception as exc:  # e.g. out of memory beside another job: the profile stays usable, priced by kind
+            st.notes.append(f"host cost per op of the model's own code not measured: {type(exc).__name__}: {exc}")
+    return out
 
 
 def _host_time(ops: list[Callable[[], object]], n: int, st: Settings) -> float:

@@ -45,7 +45,7 @@ FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
 LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s")
 # launch costs `calibrate --tables NAME --add-to PROFILE` can measure and add to an existing profile (name -> key)
-ADDABLE_LAUNCH = {"launch.graph_start": "graph_start_s"}
+ADDABLE_LAUNCH = {"launch.graph_start": "graph_start_s", "launch.host_stages": "host_op_s_by_stage"}
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
 # a profile file's bounds, checked before it is parsed: real ones are about 110 kB and nest 7 levels
 MAX_PROFILE_BYTES = 16 * 2**20
@@ -282,6 +282,12 @@ class Profile:
         return None if v is None else float(v)
 
     @property
+    def host_stage_costs(self) -> dict[str, float]:
+        """The host cost of one launching op of the reference model's own code per stage (schema.HOST_STAGES,
+        calibration/host_stages.py); empty in a profile made before it was measured."""
+        return {k: float(v) for k, v in (self.raw["launch"].get("host_op_s_by_stage") or {}).items()}
+
+    @property
     def host_costs(self) -> dict[str, float]:
         """The host cost of one eager op per kind (schema.HOST_KINDS); a kind the profile did not measure (every
         kind, in a profile made before they were measured) costs the mix's mean, launch.host_op_s."""
@@ -371,6 +377,7 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
                                f"({low:g} to {high:g})")
     costs = {key: getattr(model.launch, key) for key in LAUNCH_KEYS}
     costs.update({f"host_op_s_by_kind.{k}": v for k, v in (model.launch.host_op_s_by_kind or {}).items()})
+    costs.update({f"host_op_s_by_stage.{k}": v for k, v in (model.launch.host_op_s_by_stage or {}).items()})
     if model.launch.graph_start_s is not None:
         costs["graph_start_s"] = model.launch.graph_start_s
     for key, v in costs.items():
@@ -391,8 +398,10 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
         except ProfileError as exc:
             raise ProfileError(f"{source}: {exc}") from None
     raw = model.model_dump(mode="json")
-    for key in ("host_op_s_by_kind", "graph_start_s"):  # absent stays absent: a saved profile stays readable by
-        if raw["launch"][key] is None:  # older versions of the tool (their schema refuses unknown fields)
+    # absent stays absent: a saved profile stays readable by older versions of the tool (their schema refuses
+    # unknown fields)
+    for key in ("host_op_s_by_kind", "host_op_s_by_stage", "graph_start_s"):
+        if raw["launch"][key] is None:
             del raw["launch"][key]
     raw["tables"] = {}  # the Table objects hold them
     return Profile(raw, tables, source if source != "profile" else None)
@@ -475,7 +484,8 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
     check_addable(base, quick, device.get("name"))
     data = base.to_dict()  # a copy
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
-    launch = {k: float(v) for k, v in (launch or {}).items()}
+    launch = {k: ({s: float(x) for s, x in v.items()} if isinstance(v, dict) else float(v))
+              for k, v in (launch or {}).items()}
     unknown = sorted(set(launch) - set(ADDABLE_LAUNCH.values()))
     if unknown:
         raise ProfileError(f"launch costs {', '.join(unknown)} cannot be added to a profile")

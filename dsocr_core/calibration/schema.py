@@ -30,6 +30,12 @@ class Ceilings(Strict):
 # its kind's cost (analytic/kernels.py host_kind), not at the mean of a mix whose one SDPA in twelve ops weighs
 # the same as the LM's hundreds of elementwise ops per layer.
 HOST_KINDS = ("gemm", "attention", "other", "view")
+# The host cost of one kernel-launching op of the reference model's own code at full size, per stage
+# (calibration/host_stages.py): what the reference plan's eager ops of those stages are priced at where the profile
+# has it. Not the projector (a few ops and a stage's fixed Python: a cost per op measured at batch 1, twice the
+# others', over-predicted it by 40-75% at every batch) nor the LM prefill (its miss is the host waiting for the
+# device at the expert loop's syncs, not the cost per op): docs/accuracy.md, "Host cost per op, measured on the model"
+HOST_STAGES = ("sam", "clip", "decode")
 
 
 class Launch(Strict):
@@ -39,6 +45,7 @@ class Launch(Strict):
     sync_s: float
     graph_launch_s: float
     host_op_s_by_kind: dict[Literal[HOST_KINDS], float] | None = None  # absent in profiles made before it
+    host_op_s_by_stage: dict[Literal[HOST_STAGES], float] | None = None  # absent in profiles made before it
     # the device time a graph replay adds between the stage timer's events beyond its kernels (the graph's start;
     # the timer's wait hides the host's submission); the fast plan charges it to the projector and the LM prefill;
     # absent in profiles made before 2026-11-27

@@ -52,6 +52,9 @@ def _summary(prof) -> str:
                            f"({prof.raw['ceilings']['source']})",
              "  launch: " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in prof.launch.items())
              + ("" if prof.graph_start_s is None else f", graph_start_s {prof.graph_start_s * 1e6:.2f} us")]
+    if prof.host_stage_costs:
+        lines.append("  host per op of the model's own code: " + ", ".join(f"{k} {v * 1e6:.2f} us"
+                                                                       for k, v in prof.host_stage_costs.items()))
     for name, t in sorted(prof.tables.items()):
         e = t.efficiency
         lines.append(f"  {name:26s} {e.size:4d} shapes ({int(t.measured.sum())} measured), efficiency "

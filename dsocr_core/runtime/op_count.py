@@ -84,6 +84,11 @@ class OpTally:
         return sum(n for (st, lb), c in self.ops.items() if st == stage and _under(lb, label)
                    for name, n in c.items() if cat is None or category(name) == cat)
 
+    def stage_count(self, stage: str, cat: str | None = None) -> int:
+        """Ops of one category (None: all aten ops) in `stage`, every label."""
+        return sum(n for (st, _), c in self.ops.items() if st == stage
+                   for name, n in c.items() if cat is None or category(name) == cat)
+
     def python_calls(self, stage: str, label: str) -> int:
         return sum(sum(c.values()) for (st, lb), c in self.calls.items() if st == stage and _under(lb, label))
 

@@ -50,6 +50,9 @@ class ReferencePlan:
     # residual adds), each kernel takes its own roofline. With the row's overlap credit the reference SAM was 3-4
     # points more under-predicted on every H100 set (docs/accuracy.md)
     separate_rows = EVERY_ROW
+    # its host ops are our model's own code: priced at the profile's host cost per op of that code by stage, where
+    # the profile has it (calibration/host_stages.py), not at the tiny op mixes' costs
+    host_costs_by_stage = True
     notes: tuple[str, ...] = ()
 
     def __init__(self, options: ReferenceOptions, device_kind: str):
