@@ -115,3 +115,31 @@ def test_the_calibration_times_the_models_own_op_at_the_bytes_of_its_entry(name,
     out = op(x)
     assert out.is_contiguous() if name == PERMUTED_COPY else out.stride() == stream.stride()
     assert kernels == 1 and nbytes / 4 <= moved <= nbytes * 4  # the entry times about its bytes
+
+
+def test_the_patch_embedding_conv_has_its_own_table_and_falls_back_to_its_gemm():
+    rows = _rows(batch=4)
+    (conv,) = _plan(rows["sam.patch_embed"]).kernels
+    assert conv.table == "conv" and conv.coords == dict(m=4 * 64 * 64, n=768, k=768)
+    pts = Points.build(mode="base", text_tokens=10, batch=4, decode_steps=0, logits="last")
+    slow = _profile(True)
+    d = slow.to_dict()
+    d["tables"]["conv.bfloat16"] = dict(d["tables"]["gemm.bfloat16"], efficiency=(
+        np.asarray(d["tables"]["gemm.bfloat16"]["efficiency"]) * 0 + 0.01).tolist())
+    conv_profile = profile_from_dict(d)
+    hw = with_profile(H100, slow, EngineSpec.of("reference"))
+    without = float(evaluate(ModelSpec(), pts, hw)["sam"]["predicted_s"][0])
+    assert any("conv (bfloat16) timed with table gemm.bfloat16" in n for n in hw.prediction.notes)
+    with_conv = float(evaluate(ModelSpec(), pts, with_profile(H100, conv_profile, EngineSpec.of("reference")))["sam"][
+        "predicted_s"][0])
+    assert with_conv > without  # the conv at 1% efficiency, against the GEMM table's 50%
+    fast = [evaluate(ModelSpec(), pts, with_profile(H100, p, EngineSpec.of("fast")))["sam"]["predicted_s"][0]
+            for p in (slow, conv_profile)]
+    assert fast[0] == fast[1]  # the fast engine runs that conv as a GEMM
+
+
+def test_the_conv_calibration_runs_the_models_conv_at_the_entrys_shape():
+    make, op, nbytes, kernels = kernel_op("conv.bfloat16", {"m": 1024, "n": 768, "k": 768}, "cpu", 64)
+    pixels, weight = make()  # 1,024 positions: one 512 px view (32 x 32 patches); views of 64 x 64 from 4,096 up
+    assert tuple(pixels.shape) == (1, 3, 512, 512) and tuple(weight.shape) == (768, 3, 16, 16)
+    assert tuple(op((pixels, weight)).shape) == (1, 768, 32, 32) and kernels == 1

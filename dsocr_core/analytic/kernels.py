@@ -63,7 +63,7 @@ class Plan:
 
 def host_kind(table: str) -> str:
     """The host-cost kind (calibration.schema.HOST_KINDS) of an eager op launching a kernel timed on `table`."""
-    if table.startswith(("gemm", "grouped_gemm")):
+    if table.startswith(("gemm", "grouped_gemm", "conv")):
         return "gemm"
     if table.startswith("attention"):
         return "attention"
@@ -234,11 +234,12 @@ def sam_neck(c: Call) -> Plan:
     ], rest_launches=calls * 20)  # two LayerNorm2d, ten ops each (the neck runs eagerly in every engine)
 
 
-def patch_embed(c: Call, launches) -> Plan:
-    """SAM's patch embedding: a conv, i.e. one GEMM over the patches."""
+def patch_embed(c: Call, launches, table: str = "gemm") -> Plan:
+    """SAM's patch embedding: a conv, i.e. one GEMM over the patches; timed as that GEMM, or (`table` "conv") as
+    the conv kernel itself."""
     s, v = c.spec, c.views
     p = sam_patches(s, c.side)
-    return whole("gemm", dict(m=v * p * p, n=s.sam_width, k=3 * s.sam_patch ** 2), c, c.calls * launches)
+    return whole(table, dict(m=v * p * p, n=s.sam_width, k=3 * s.sam_patch ** 2), c, c.calls * launches)
 
 
 def common_vision(c: Call) -> Plan | None:

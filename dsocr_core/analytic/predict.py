@@ -120,6 +120,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     same = None
     if name == "gemm":
         return [(f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
+    if name == "conv":  # profiles made before the conv table: the GEMM it computes
+        return [(f"conv.{dtype}", same), ("conv.bfloat16", same), (f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
     if name == "gemm.float32":
         return [("gemm.float32", same), ("gemm.bfloat16", same)]
     if name == "grouped_gemm":
@@ -152,7 +154,7 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 
 
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
-PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
+PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
                "attention.flash.causal", "attention.default", "attention.default.causal", "attention.eager",
                "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",

@@ -65,7 +65,7 @@ def sm_count(hw: Hardware) -> int | None:
 def _blocks(name: str, c: dict, experts: float) -> np.ndarray:
     kind = table_kind(name)
     tiles = lambda x: np.ceil(np.asarray(x, dtype=float) / TILE)  # noqa: E731
-    if kind == "gemm":
+    if kind in ("gemm", "conv"):
         return tiles(c["m"]) * tiles(c["n"])
     if kind == "grouped_gemm":
         return experts * tiles(c["tokens"]) * tiles(c["n"])

@@ -51,6 +51,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
             out[f"attention.{impl}.causal"] = causal
         out["attention.sdpa_bias"] = {"bh": [1, 4], "q": [16, 64], "k": [16, 64], "d": [32]}
         out["grouped_gemm.bfloat16"] = {"tokens": [1, 8], "n": [64], "k": [64]}
+        out["conv.bfloat16"] = {"m": [16, 64], "n": [16], "k": [48]}
         return out
     gemm = {"m": [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536], "n": [16, 64, 256, 1024, 4096, 16384, 131072],
             "k": [64, 256, 1024, 4096, 16384]}
@@ -75,7 +76,9 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
             "attention.eager": {"bh": [1, 8, 64, 512], "q": [1, 16, 256, 1024, 4096], "k": [16, 256, 1024, 4096],
                                 "d": [64, 128]},
             "attention.eager.causal": {"bh": [1, 8, 64], "s": [16, 256, 1024, 4096], "d": [64, 128]},
-            "gemm.float32": small, "gemm.float16": small}
+            "gemm.float32": small, "gemm.float16": small,
+            # SAM's patch embedding conv (3 -> 768 channels, 16 x 16 patches): one view's 1,024 to 6,400 positions up
+            "conv.bfloat16": {"m": [256, 1024, 4096, 16384, 65536, 262144], "n": [768], "k": [768]}}
     if device.startswith("cuda"):  # the fused batch-1 decode kernels (Triton; a GPU only): weight GEMVs from
         # 0.3 MB (a router) to 335 MB (the lm_head), attention over 16 to 16,384 cached tokens
         out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
@@ -193,7 +196,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         if not measured.any():
             st.notes.append(f"{name}: nothing measured ({failed.get(name, 'over the caps or the budget')})")
             continue
-        meta = {"dtype": name.split(".")[1] if table_kind(name) in ("gemm", "grouped_gemm") else "bfloat16",
+        meta = {"dtype": name.split(".")[1] if table_kind(name) in ("gemm", "grouped_gemm", "conv") else "bfloat16",
                 "launch_gap_subtracted_s": gap, "kernels_per_call": kernel_count(name)}
         if table_kind(name) == "grouped_gemm":
             meta["experts"] = st.experts

@@ -68,6 +68,14 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         s = DTYPE_BYTES[name.split(".")[1]]
         return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt)),
                 lambda x: F.linear(x[0], x[1]), (i["m"] * i["k"] + i["n"] * i["k"]) * s, 1)
+    if kind == "conv":  # nn.Conv2d with kernel = stride = the patch, on square views of side 64 patches or less
+        dt = _dtype(name.split(".")[1])
+        patch = max(int(round(math.sqrt(i["k"] / 3))), 1)
+        grid = min(SAM_GRID, max(int(math.isqrt(i["m"])), 1))
+        views = max(i["m"] // (grid * grid), 1)
+        return (lambda: (rnd(views, 3, grid * patch, grid * patch, dt=dt), rnd(i["n"], 3, patch, patch, dt=dt)),
+                lambda x: F.conv2d(x[0], x[1], stride=patch), views * 3 * (grid * patch) ** 2 * DTYPE_BYTES[
+                    name.split(".")[1]], 1)
     if kind == "grouped_gemm":
         t, n, k = i["tokens"], i["n"], i["k"]
         offs = torch.arange(1, experts + 1, device=dev, dtype=torch.int32) * t
@@ -472,7 +480,7 @@ def kernel_count(name: str) -> int:
 def input_bytes(name: str, c: dict, st: Settings):
     """Input bytes of one entry without allocating (for the caps)."""
     kind = table_kind(name)
-    if kind == "gemm":
+    if kind in ("gemm", "conv"):
         s = DTYPE_BYTES[name.split(".")[1]]
         return None, None, (c["m"] * c["k"] + c["n"] * c["k"] + c["m"] * c["n"]) * s, 1
     if kind == "grouped_gemm":

@@ -62,6 +62,9 @@ MAX_LAUNCH_S = 1.0
 # table kind -> its axes, in order
 KIND_AXES = {
     "gemm": ("m", "n", "k"),
+    # SAM's patch embedding as the reference model runs it (nn.Conv2d, kernel = stride = the patch): m output
+    # positions, n output channels, k = 3 x patch^2 input values per position
+    "conv": ("m", "n", "k"),
     "memory": ("bytes",),
     "attention": ("bh", "q", "k", "d"),
     "attention_causal": ("bh", "s", "d"),
@@ -99,9 +102,9 @@ class ProfileError(SpecError):
 
 def table_kind(name: str) -> str:
     """The kind of a table from its name: gemm.<dtype>, memory.<kind>, attention.<impl>[.causal],
-    grouped_gemm.<dtype>. Raises ProfileError for any other name."""
+    grouped_gemm.<dtype>, conv.<dtype>. Raises ProfileError for any other name."""
     parts = name.split(".")
-    if len(parts) == 2 and parts[0] in ("gemm", "grouped_gemm") and parts[1] in DTYPE_BYTES:
+    if len(parts) == 2 and parts[0] in ("gemm", "grouped_gemm", "conv") and parts[1] in DTYPE_BYTES:
         return parts[0]
     if len(parts) == 2 and parts[0] == "memory" and parts[1] in MEMORY_KINDS:
         return "memory"
@@ -112,7 +115,7 @@ def table_kind(name: str) -> str:
             return "attention"
         if parts[2] == "causal":
             return "attention_causal"
-    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, "
+    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, conv.<dtype>, "
                        f"memory.<{'|'.join(MEMORY_KINDS)}>, bias.<{'|'.join(BIAS_KINDS)}> or "
                        f"attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
 
@@ -123,9 +126,10 @@ def entry_work(name: str, coords: dict[str, Any], meta: dict | None = None) -> t
     FlopCounterMode convention, plus the softmax), eager attention moves its materialised scores."""
     meta = meta or {}
     kind = table_kind(name)
-    s = DTYPE_BYTES.get(meta.get("dtype", name.split(".")[-1] if kind in ("gemm", "grouped_gemm") else "bfloat16"), 2)
+    s = DTYPE_BYTES.get(meta.get("dtype", name.split(".")[-1] if kind in ("gemm", "grouped_gemm", "conv")
+                                 else "bfloat16"), 2)
     c = {k: np.asarray(v, dtype=float) for k, v in coords.items()}
-    if kind == "gemm":
+    if kind in ("gemm", "conv"):  # a conv as the GEMM it is: output positions x out channels x patch values
         m, n, k = c["m"], c["n"], c["k"]
         return 2 * m * n * k, (m * k + k * n + m * n) * s
     if kind == "memory":

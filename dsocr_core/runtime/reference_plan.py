@@ -104,7 +104,9 @@ def _vision(c: Call) -> Plan:
     if shared is not None:
         return shared
     if kind == "sam.patch_embed":
-        return patch_embed(c, 1)  # one conv
+        # one nn.Conv2d: cuDNN runs this 3-channel, stride-16 bf16 conv on implicit_convolve_sgemm, about 40 times
+        # its GEMM's time on an H100 (docs/accuracy.md), so it has its own table (the GEMM's where a profile lacks it)
+        return patch_embed(c, 1, table="conv")
     if kind == "sam.pos_embed":  # the add (onto the stream); resized off the learned grid: float, bicubic, cast back
         add = _sam_stream(c, PERMUTED_ADD)
         add.flops, add.nbytes, add.real_bytes = c.cost.flops, c.cost.bytes, None  # the whole row (the table once)
