@@ -34,7 +34,7 @@ FP32 = 4
 
 @dataclass
 class Kernel:
-    table: str  # gemm | gemm.float32 | grouped_gemm | attention.<impl>[.causal] | memory.<kind>
+    table: str  # gemm | gemm.float32 | grouped_gemm | conv | attention.<impl>[.causal] | memory.<kind> | bias.<kind>
     coords: dict[str, Any]
     flops: Any  # share of the row's FLOPs (per call)
     nbytes: Any  # share of the row's bytes (per call)

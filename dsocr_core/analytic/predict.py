@@ -154,9 +154,9 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 
 
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
-PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa", "attention.sdpa.causal", "attention.flash",
-               "attention.flash.causal", "attention.default", "attention.default.causal", "attention.eager",
-               "attention.eager.causal", "attention.sdpa_bias",
+PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa", "attention.sdpa.causal",
+               "attention.flash", "attention.flash.causal", "attention.default", "attention.default.causal",
+               "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
                "memory.permuted_copy", "memory.permuted_add",
@@ -188,7 +188,7 @@ class Predictor:
         # own rooflines add up, whatever the overlap setting (EnginePlan.separate_rows; none by default). Part of
         # the engine's work: with work="analytic" every row keeps the analytic roofline
         rows = getattr(self.plan, "separate_rows", ()) if self.engine_work else ()
-        self.separate = rows if rows is EVERY_ROW else frozenset(rows)
+        self.separate = rows if isinstance(rows, type(EVERY_ROW)) else frozenset(rows)
         prediction.notes.update(self.plan.notes)
         self.routing = prediction.routing
         self.graphs = self.plan.graphs
@@ -196,9 +196,9 @@ class Predictor:
         self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
         # a plan whose eager ops are the model's own code (EnginePlan.host_costs_by_stage) prices them at the
         # profile's host cost per op of that code, by stage, where the profile measured it (views folded in)
-        by_stage = getattr(self.plan, "host_costs_by_stage", False)
-        self.stage_costs = p.host_stage_costs if by_stage else {}
-        if by_stage and not self.stage_costs and not self.graphs and p.device.get("kind", "cuda") == "cuda":
+        by_stage = getattr(self.plan, "host_costs_by_stage", False) and p.device.get("kind", "cuda") == "cuda"
+        self.stage_costs = p.host_stage_costs if by_stage else {}  # (a CPU's ops run synchronously: no host term)
+        if by_stage and not self.stage_costs:
             prediction.notes.add("the profile has no host cost per op of the model's own code (calibrate --tables "
                                  "launch.host_stages): the reference engine's eager ops are priced at the op "
                                  "mixes' costs by kind")

@@ -51,17 +51,6 @@ class _HostTimer:
             self.current = outer
 
 
-def _run(engine, inputs, timer) -> None:
-    import torch
-
-    logits, cache = engine.prefill(inputs, logits="last", timer=timer, room=DECODE_STEPS + 1)
-    finished = torch.zeros(inputs.input_ids.shape[0], dtype=torch.bool, device=inputs.input_ids.device)
-    token = logits[:, -1].argmax(-1)
-    for _ in range(DECODE_STEPS):
-        with timer.stage("decode"):
-            token = engine.greedy(cache, token, 1, 20, finished)[:, 0]
-
-
 def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MODE,
                         grid: tuple[int, int] = GRID) -> dict[str, float]:
     """Seconds of host time per kernel-launching op of each stage (schema.HOST_STAGES) of the reference engine
@@ -73,7 +62,7 @@ def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MO
     from ..model import synthetic_model
     from ..runtime.engine import ReferenceEngine
     from ..runtime.inputs import synthetic_inputs
-    from ..runtime.op_count import LAUNCH, count_reference_run, workload_rows
+    from ..runtime.op_count import LAUNCH, count_reference_run, run_reference, workload_rows
     from ..spec import ModelSpec
 
     model = synthetic_model(spec or ModelSpec(), seed=0, dtype="bfloat16", device=device, attn_impl="sdpa")
@@ -89,13 +78,13 @@ def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MO
             runs = []
             for i in range(repeats + 2):  # two warm-up runs: first calls load kernels and fill the allocator
                 timer = _HostTimer(device)
-                _run(engine, inputs, timer)
+                run_reference(engine, inputs, timer, DECODE_STEPS)
                 if device.startswith("cuda"):
                     torch.cuda.synchronize(device)
                 if i >= 2:
                     runs.append(timer.times)
     finally:
-        del model
+        engine = model = None  # the weights' last references, so the cache can hand their memory back
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return {s: statistics.median(r[s] for r in runs) / ops[s] for s in HOST_STAGES if ops[s] and s in runs[0]}

@@ -29,8 +29,8 @@ import numpy as np
 
 from .ops import (FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
                   launch_costs, measure_entry)
-from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile, add_tables,
-                      build_profile, entry_work, table_kind)
+from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
+                      add_tables, build_profile, entry_work, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 # the memory tables measured over the bytes grid in every calibration (the fused kernels' tables have their own)
@@ -154,7 +154,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
                       l2_bytes=1 << 20, experts=4 if quick else GROUPED_EXPERTS)
     if quick and cuda:
         st.experts = 8
-    launch = launch_costs(st)
+    launch = launch_costs(st, host_stages=tables is None or "launch.host_stages" in tables)
     gap = launch["graph_kernel_s"] if cuda else launch["eager_kernel_s"]
     plan = grids(quick, device)
     if tables is not None:
@@ -196,7 +196,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         if not measured.any():
             st.notes.append(f"{name}: nothing measured ({failed.get(name, 'over the caps or the budget')})")
             continue
-        meta = {"dtype": name.split(".")[1] if table_kind(name) in ("gemm", "grouped_gemm", "conv") else "bfloat16",
+        meta = {"dtype": name.split(".")[1] if table_kind(name) in DTYPE_KINDS else "bfloat16",
                 "launch_gap_subtracted_s": gap, "kernels_per_call": kernel_count(name)}
         if table_kind(name) == "grouped_gemm":
             meta["experts"] = st.experts
@@ -219,8 +219,12 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     env = capture_environment(device)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if add_to is not None:
-        launch_added = {key: launch[key] for name, key in ADDABLE_LAUNCH.items()
-                        if name in (tables or ()) and key in launch}  # a CPU measures no host term
+        launch_added = {key: launch[key] for name, key in ADDABLE_LAUNCH.items() if name in (tables or ())
+                        and key in launch}
+        missed = [name for name, key in ADDABLE_LAUNCH.items() if name in (tables or ()) and key not in launch]
+        if missed:  # e.g. the model's host costs on a CPU or in a quick run, or a failure the notes name
+            raise RuntimeError(f"calibration could not measure {', '.join(missed)}: "
+                               f"{'; '.join(st.notes) or 'a CPU or a quick calibration measures no host costs'}")
         if not out_tables and not launch_added:
             raise RuntimeError(f"calibration measured none of {', '.join(plan)} (skipped {skipped}, failures "
                                f"{failed or 'none'})")

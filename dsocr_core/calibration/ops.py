@@ -73,9 +73,10 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         patch = max(int(round(math.sqrt(i["k"] / 3))), 1)
         grid = min(SAM_GRID, max(int(math.isqrt(i["m"])), 1))
         views = max(i["m"] // (grid * grid), 1)
-        return (lambda: (rnd(views, 3, grid * patch, grid * patch, dt=dt), rnd(i["n"], 3, patch, patch, dt=dt)),
-                lambda x: F.conv2d(x[0], x[1], stride=patch), views * 3 * (grid * patch) ** 2 * DTYPE_BYTES[
-                    name.split(".")[1]], 1)
+        return (lambda: (rnd(views, 3, grid * patch, grid * patch, dt=dt), rnd(i["n"], 3, patch, patch, dt=dt),
+                         rnd(i["n"], dt=dt)),
+                lambda x: F.conv2d(x[0], x[1], x[2], stride=patch),  # with its bias, as PatchEmbed's nn.Conv2d
+                views * 3 * (grid * patch) ** 2 * DTYPE_BYTES[name.split(".")[1]], 1)
     if kind == "grouped_gemm":
         t, n, k = i["tokens"], i["n"], i["k"]
         offs = torch.arange(1, experts + 1, device=dev, dtype=torch.int32) * t
@@ -112,10 +113,10 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             passes = 2 if what == "permuted_copy" else 3  # read, write / read both, write
             n, p = _stream_shape(nbytes // (passes * 2))
             stream = lambda: rnd(n, SAM_WIDTH, p, p).permute(0, 2, 3, 1)  # noqa: E731
+            one = n * SAM_WIDTH * p * p * 2  # an input set's bytes: one stream to copy, two to add
             if what == "permuted_copy":
-                return stream, lambda x: x.contiguous(), passes * n * SAM_WIDTH * p * p * 2, 1
-            return (lambda: (stream(), rnd(n, p, p, SAM_WIDTH)), lambda x: x[0] + x[1],
-                    passes * n * SAM_WIDTH * p * p * 2, 1)
+                return stream, lambda x: x.contiguous(), one, 1
+            return lambda: (stream(), rnd(n, p, p, SAM_WIDTH)), lambda x: x[0] + x[1], 2 * one, 1
         if what == "gather_rows":  # index_select of [rows, 1280] bf16 rows (the fast projector's layout): read, write
             width = 1280
             rows = max(nbytes // (4 * width), 1)
@@ -166,10 +167,9 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
 def _stream_shape(elements: int) -> tuple[int, int]:
     """(views, grid side) of a SAM residual stream of about `elements` elements: 1024 px views (a 64 x 64 grid) as
     many as fit, else one view of a smaller square grid."""
-    per_view = SAM_WIDTH * SAM_GRID ** 2
-    if elements >= per_view:
-        return elements // per_view, SAM_GRID
-    return 1, max(int(math.isqrt(max(elements // SAM_WIDTH, 1))), 2)  # at 1 x 1 the permuted view is contiguous
+    views = max(-(-elements // (SAM_WIDTH * SAM_GRID ** 2)), 1)  # the grid then fitted to the elements: the entry
+    side = math.isqrt(max(elements // (views * SAM_WIDTH), 1))  # moves its bytes within a few percent
+    return views, max(side, 2)  # at 1 x 1 the permuted view is contiguous: no copy to time
 
 
 def _dense_bias_op(what: str, bh: int, side: int, rnd):
@@ -342,10 +342,12 @@ def measure_entry(name: str, coords: dict, st: Settings) -> float:
     return _time_calls(run, n, st)
 
 
-def launch_costs(st: Settings) -> dict:
+def launch_costs(st: Settings, host_stages: bool = False) -> dict:
     """The per-launch costs (LAUNCH_KEYS). GPU: an empty kernel in a graph; empty eager kernels queued behind a
     busy GPU; the host time of an eager op (op_mix's mean, and per kind of op: host_op_s_by_kind from
-    host_mixes); a one-value round trip; a graph replay's host time. CPU: the mean time of op_mix's ops is the
+    host_mixes); a one-value round trip; a graph replay's host time; with `host_stages` (a full calibration, or one
+    that adds launch.host_stages) the host cost per op of the model's own code by stage (host_op_s_by_stage,
+    calibration/host_stages.py: it builds the full-size model). CPU: the mean time of op_mix's ops is the
     per-launch cost (they run synchronously, host included), no host term (and no host cost per kind)."""
     import torch
 
@@ -408,7 +410,7 @@ def launch_costs(st: Settings) -> dict:
     out = {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager), "host_op_s": host,
            "sync_s": max(statistics.median(syncs) - host, 0.0), "graph_launch_s": statistics.median(replays),
            "host_op_s_by_kind": by_kind, "graph_start_s": max(statistics.median(starts) - graph_kernel, 0.0)}
-    if not st.quick:  # the full-size model's own ops (a quick calibration leaves them out: the mixes stand in)
+    if host_stages and not st.quick:  # a quick calibration leaves them out: the mixes stand in
         from .host_stages import host_costs_by_stage
 
         try:

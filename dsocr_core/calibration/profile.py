@@ -59,6 +59,8 @@ MAX_EFFICIENCY = 1.2
 CEILING_RANGES = {"flops_per_s": (1e6, 1e18), "bytes_per_s": (1e6, 1e16)}
 MAX_LAUNCH_S = 1.0
 
+# the table kinds named <kind>.<dtype> (their entries computed in that dtype; every other kind in bf16)
+DTYPE_KINDS = ("gemm", "grouped_gemm", "conv")
 # table kind -> its axes, in order
 KIND_AXES = {
     "gemm": ("m", "n", "k"),
@@ -104,7 +106,7 @@ def table_kind(name: str) -> str:
     """The kind of a table from its name: gemm.<dtype>, memory.<kind>, attention.<impl>[.causal],
     grouped_gemm.<dtype>, conv.<dtype>. Raises ProfileError for any other name."""
     parts = name.split(".")
-    if len(parts) == 2 and parts[0] in ("gemm", "grouped_gemm", "conv") and parts[1] in DTYPE_BYTES:
+    if len(parts) == 2 and parts[0] in DTYPE_KINDS and parts[1] in DTYPE_BYTES:
         return parts[0]
     if len(parts) == 2 and parts[0] == "memory" and parts[1] in MEMORY_KINDS:
         return "memory"
@@ -126,8 +128,7 @@ def entry_work(name: str, coords: dict[str, Any], meta: dict | None = None) -> t
     FlopCounterMode convention, plus the softmax), eager attention moves its materialised scores."""
     meta = meta or {}
     kind = table_kind(name)
-    s = DTYPE_BYTES.get(meta.get("dtype", name.split(".")[-1] if kind in ("gemm", "grouped_gemm", "conv")
-                                 else "bfloat16"), 2)
+    s = DTYPE_BYTES.get(meta.get("dtype", name.split(".")[-1] if kind in DTYPE_KINDS else "bfloat16"), 2)
     c = {k: np.asarray(v, dtype=float) for k, v in coords.items()}
     if kind in ("gemm", "conv"):  # a conv as the GEMM it is: output positions x out channels x patch values
         m, n, k = c["m"], c["n"], c["k"]

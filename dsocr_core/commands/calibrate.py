@@ -97,7 +97,10 @@ def run(args) -> int:
 
     if tables and not args.add_to and set(tables) & set(ADDABLE_LAUNCH):
         raise UserError(f"calibrate: {', '.join(sorted(set(tables) & set(ADDABLE_LAUNCH)))} is measured by every "
-                        "calibration; name it in --tables only with --add-to (to add it to an older profile)")
+                        "full GPU calibration; name it in --tables only with --add-to (to add it to an older profile)")
+    if tables and "launch.host_stages" in tables and (args.quick or not str(args.device).startswith("cuda")):
+        raise UserError("calibrate: launch.host_stages (the model's host cost per op) needs a CUDA GPU and a full "
+                        "calibration (no --quick): on a CPU the ops run synchronously, there is no host term")
     base = None
     if args.add_to:
         if not tables:
@@ -152,7 +155,8 @@ def run(args) -> int:
 
 
 def _run_scaled(args, tables) -> int:
-    """One calibration per Ray worker (one per GPU), all at once; a profile file per GPU. Workers load no model.
+    """One calibration per Ray worker (one per GPU), all at once; a profile file per GPU. Workers load no model
+    but the one the host-cost calibration builds (calibration/host_stages.py).
     Each profile's environment names its node and GPU; a line per GPU compares their GEMM efficiency, so a slow
     or throttled GPU stands out before its profile is used."""
     import numpy as np

@@ -226,20 +226,25 @@ def counting(model: torch.nn.Module, row_paths: dict[str, tuple[str, ...]]):
         yield tally, _StageTimer(where), where
 
 
+def run_reference(engine, inputs, timer, decode_steps: int, ngram: int = 20) -> None:
+    """One prefill (stages sam, clip, projector, prefill: the model's vision and LM code as the engine runs it,
+    each under `timer.stage`), the first token's choice (stage `first_token`) and `decode_steps` greedy decode steps
+    (stage `decode`: the model step plus the token choice). What the op counter counts and the host-cost
+    calibration (calibration/host_stages.py) times."""
+    logits, cache = engine.prefill(inputs, logits="last", timer=timer, room=decode_steps + 1)
+    with timer.stage("first_token"):
+        finished = torch.zeros(inputs.input_ids.shape[0], dtype=torch.bool, device=inputs.input_ids.device)
+        token = logits[:, -1].argmax(-1)
+    for _ in range(decode_steps):
+        with timer.stage("decode"):
+            token = engine.greedy(cache, token, 1, ngram, finished)[:, 0]
+
+
 def count_reference_run(engine, inputs, row_paths: dict[str, tuple[str, ...]], decode_steps: int = 1,
                         ngram: int = 20) -> OpTally:
-    """Counts of one prefill (stages sam, clip, projector, prefill: the model's vision and LM code as the engine
-    runs it) and `decode_steps` greedy decode steps (stage `decode`: the model step plus the token choice)."""
-    model = engine.model
-    b = inputs.input_ids.shape[0]
-    with torch.no_grad(), counting(model, row_paths) as (tally, timer, where):
-        logits, cache = engine.prefill(inputs, logits="last", timer=timer, room=decode_steps + 1)
-        where.stage = "first_token"
-        finished = torch.zeros(b, dtype=torch.bool, device=inputs.input_ids.device)
-        token = logits[:, -1].argmax(-1)
-        for _ in range(decode_steps):
-            where.stage = "decode"
-            token = engine.greedy(cache, token, 1, ngram, finished)[:, 0]
+    """Counts of run_reference's stages."""
+    with torch.no_grad(), counting(engine.model, row_paths) as (tally, timer, where):
+        run_reference(engine, inputs, timer, decode_steps, ngram)
         where.stage = "none"
     return tally
 
