@@ -392,6 +392,8 @@ def test_calibrate_cli_derive_and_errors(quick_profile_path, tmp_path, capsys):
     assert "quick profile" in capsys.readouterr().err  # a full-grid table into a quick profile
     assert main(add + ["--add-to", str(quick_profile_path)]) == 2
     assert "needs --tables" in capsys.readouterr().err
+    assert main(add + ["--tables", "launch.host_stages", "--add-to", str(quick_profile_path)]) == 2
+    assert "needs a CUDA GPU and a full calibration" in capsys.readouterr().err  # no host term on a CPU
     assert main(add + ["--tables", "memory.transposed_cat", "--add-to", str(quick_profile_path)]) == 0
     assert "memory.transposed_cat measured quick" in load_profile(tmp_path / "a.json").label()
     older = json.loads(quick_profile_path.read_text())
