@@ -21,6 +21,10 @@ from .spec_v2 import OCR2Spec
 
 DEFAULT_MODEL = "deepseek-ocr"
 LM_STAGES = ("prefill", "decode")  # the decoder's stages, the same in every family
+# the stages whose eager ops the reference plan prices at the host cost per op of the model's own code, measured by
+# stage on the full-size model (calibration/host_stages.py); not the projector (a few ops and a stage's fixed
+# Python) nor the LM prefill (its host cost per op grows with the tokens per expert): docs/accuracy.md
+HOST_COST_STAGES = ("sam", "clip", "decode")
 
 
 @dataclass(frozen=True)

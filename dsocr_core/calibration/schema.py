@@ -5,6 +5,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..registry import HOST_COST_STAGES
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -32,10 +34,8 @@ class Ceilings(Strict):
 HOST_KINDS = ("gemm", "attention", "other", "view")
 # The host cost of one kernel-launching op of the reference model's own code at full size, per stage
 # (calibration/host_stages.py): what the reference plan's eager ops of those stages are priced at where the profile
-# has it. Not the projector (a few ops and a stage's fixed Python: a cost per op measured at batch 1, twice the
-# others', over-predicted it by 40-75% at every batch) nor the LM prefill (its miss is the host waiting for the
-# device at the expert loop's syncs, not the cost per op): docs/accuracy.md, "Host cost per op, measured on the model"
-HOST_STAGES = ("sam", "clip", "decode")
+# has it (registry.HOST_COST_STAGES says which, and why not the others)
+HOST_STAGES = HOST_COST_STAGES
 
 
 class Launch(Strict):
