@@ -53,9 +53,9 @@ def test_the_host_cost_of_the_models_own_ops_is_measured_per_stage():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from dsocr_core.calibration.host_stages import host_costs_by_stage
-    from dsocr_core.calibration.schema import HOST_STAGES
+    from dsocr_core.registry import HOST_COST_STAGES
     from dsocr_core.spec import tiny_spec
 
     costs = host_costs_by_stage("cuda", spec=tiny_spec(), repeats=2, mode="tiny", grid=(1, 1))
-    assert set(costs) == set(HOST_STAGES)
+    assert set(costs) == set(HOST_COST_STAGES)
     assert all(1e-6 < v < 1e-3 for v in costs.values()), costs

@@ -9,7 +9,7 @@ from dsocr_core.analytic import Points, evaluate
 from dsocr_core.analytic.predict import with_profile
 from dsocr_core.calibration.host_stages import host_costs_by_stage
 from dsocr_core.calibration.profile import ProfileError, add_tables, load_profile, profile_from_dict, uniform_profile
-from dsocr_core.calibration.schema import HOST_STAGES
+from dsocr_core.registry import HOST_COST_STAGES
 from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec, tiny_spec
@@ -28,7 +28,7 @@ def _profile(stage_costs=None, host=20e-6):
 
 def test_the_calibration_times_each_stage_of_the_model_per_launching_op():
     costs = host_costs_by_stage("cpu", spec=tiny_spec(), repeats=1, mode="tiny", grid=(1, 1))
-    assert set(costs) == set(HOST_STAGES)
+    assert set(costs) == set(HOST_COST_STAGES)
     assert all(0 < v < 1.0 for v in costs.values())
 
 

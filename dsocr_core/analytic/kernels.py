@@ -212,7 +212,8 @@ def sam_attention(c: Call, einsum_launches: float) -> SamAttention:
     return SamAttention(gemms, mask, mask_copy, sdpa, span, seq, n, rel, scores, padded, resized)
 
 
-def sam_mlp(c: Call) -> Plan:
+def sam_mlp(c: Call, elementwise: float = 2) -> Plan:
+    """SAM's MLP: two GEMMs; `elementwise` kernels per call besides them (GELU, residual add)."""
     s, v, calls, dt = c.spec, c.views, c.calls, c.dt
     t, w, m = sam_patches(s, c.side) ** 2, s.sam_width, s.sam_mlp_dim
     return Plan([
@@ -220,7 +221,7 @@ def sam_mlp(c: Call) -> Plan:
                calls),
         Kernel("gemm", dict(m=v * t, n=w, k=m), v * 2 * t * w * m, v * (t * m + t * w) * dt + calls * (m * w + w) * dt,
                calls),
-    ], rest_launches=calls * 2)  # GELU, residual add
+    ], rest_launches=calls * elementwise)
 
 
 def sam_neck(c: Call) -> Plan:

@@ -402,7 +402,7 @@ class Predictor:
 
 
 def host_stage(kind: str, ctx: dict) -> str:
-    """The stage a row's call runs in, as the host-cost calibration names it (schema.HOST_STAGES): the vision
+    """The stage a row's call runs in, as the host-cost calibration names it (registry.HOST_COST_STAGES): the vision
     rows' module (sam, clip, projector; DeepSeek-OCR 2's encoder, not measured), the layout with the projector,
     else the phase (prefill, decode)."""
     phase = ctx.get("phase")

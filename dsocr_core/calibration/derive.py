@@ -28,7 +28,7 @@ import numpy as np
 
 from ..hardware import get_hardware, match_device_name
 from ..spec import Hardware
-from .profile import KIND_AXES, Profile, ProfileError, build_profile, entry_work, table_kind
+from .profile import KIND_AXES, MNK_KINDS, Profile, ProfileError, build_profile, entry_work, table_kind
 
 TILE = 128  # output rows/columns per thread block assumed for the occupancy estimate
 
@@ -65,7 +65,7 @@ def sm_count(hw: Hardware) -> int | None:
 def _blocks(name: str, c: dict, experts: float) -> np.ndarray:
     kind = table_kind(name)
     tiles = lambda x: np.ceil(np.asarray(x, dtype=float) / TILE)  # noqa: E731
-    if kind in ("gemm", "conv"):
+    if kind in MNK_KINDS:
         return tiles(c["m"]) * tiles(c["n"])
     if kind == "grouped_gemm":
         return experts * tiles(c["tokens"]) * tiles(c["n"])

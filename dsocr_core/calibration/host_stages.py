@@ -21,7 +21,7 @@ import statistics
 import time
 from contextlib import contextmanager
 
-from .schema import HOST_STAGES
+from ..registry import HOST_COST_STAGES
 
 # a 1024 px view and two 640 px tiles (both SAM view sizes), a short prompt, a few decode steps
 MODE, GRID, TEXT_TOKENS, DECODE_STEPS = "gundam", (2, 1), 64, 4
@@ -53,7 +53,7 @@ class _HostTimer:
 
 def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MODE,
                         grid: tuple[int, int] = GRID) -> dict[str, float]:
-    """Seconds of host time per kernel-launching op of each stage (schema.HOST_STAGES) of the reference engine
+    """Seconds of host time per kernel-launching op of each stage (registry.HOST_COST_STAGES) of the reference engine
     running `spec` (default: DeepSeek-OCR at full size) with synthetic weights on `device`, one page of `mode` and
     `grid` at batch 1. On a CPU the ops run synchronously, so the times hold the work too (tests only)."""
     import torch
@@ -74,7 +74,7 @@ def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MO
         paths = {r.kind: tuple(r.paths) for rows in workload_rows(model.spec, pts, 1).values() for r in rows}
         with torch.no_grad():
             tally = count_reference_run(engine, inputs, paths, decode_steps=DECODE_STEPS)
-            ops = {s: tally.stage_count(s, LAUNCH) for s in HOST_STAGES}
+            ops = {s: tally.stage_count(s, LAUNCH) for s in HOST_COST_STAGES}
             runs = []
             for i in range(repeats + 2):  # two warm-up runs: first calls load kernels and fill the allocator
                 timer = _HostTimer(device)
@@ -87,4 +87,4 @@ def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MO
         engine = model = None  # the weights' last references, so the cache can hand their memory back
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    return {s: statistics.median(r[s] for r in runs) / ops[s] for s in HOST_STAGES if ops[s] and s in runs[0]}
+    return {s: statistics.median(r[s] for r in runs) / ops[s] for s in HOST_COST_STAGES if ops[s] and s in runs[0]}

@@ -219,9 +219,9 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     env = capture_environment(device)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if add_to is not None:
-        launch_added = {key: launch[key] for name, key in ADDABLE_LAUNCH.items() if name in (tables or ())
-                        and key in launch}
-        missed = [name for name, key in ADDABLE_LAUNCH.items() if name in (tables or ()) and key not in launch]
+        asked = {name: key for name, key in ADDABLE_LAUNCH.items() if name in (tables or ())}
+        launch_added = {key: launch[key] for key in asked.values() if key in launch}
+        missed = [name for name, key in asked.items() if key not in launch]
         if missed:  # e.g. the model's host costs on a CPU or in a quick run, or a failure the notes name
             raise RuntimeError(f"calibration could not measure {', '.join(missed)}: "
                                f"{'; '.join(st.notes) or 'a CPU or a quick calibration measures no host costs'}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..spec import DTYPE_BYTES
-from .profile import table_kind
+from .profile import MNK_KINDS, table_kind
 
 ATTN_KERNELS = {"sdpa": 1, "flash": 1, "default": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10}
 GROUPED_EXPERTS = 64
@@ -482,7 +482,7 @@ def kernel_count(name: str) -> int:
 def input_bytes(name: str, c: dict, st: Settings):
     """Input bytes of one entry without allocating (for the caps)."""
     kind = table_kind(name)
-    if kind in ("gemm", "conv"):
+    if kind in MNK_KINDS:
         s = DTYPE_BYTES[name.split(".")[1]]
         return None, None, (c["m"] * c["k"] + c["n"] * c["k"] + c["m"] * c["n"]) * s, 1
     if kind == "grouped_gemm":

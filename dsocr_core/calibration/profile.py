@@ -61,6 +61,8 @@ MAX_LAUNCH_S = 1.0
 
 # the table kinds named <kind>.<dtype> (their entries computed in that dtype; every other kind in bf16)
 DTYPE_KINDS = ("gemm", "grouped_gemm", "conv")
+# the kinds whose entries do an m x n x k GEMM's work (a conv as the GEMM it computes)
+MNK_KINDS = ("gemm", "conv")
 # table kind -> its axes, in order
 KIND_AXES = {
     "gemm": ("m", "n", "k"),
@@ -130,7 +132,7 @@ def entry_work(name: str, coords: dict[str, Any], meta: dict | None = None) -> t
     kind = table_kind(name)
     s = DTYPE_BYTES.get(meta.get("dtype", name.split(".")[-1] if kind in DTYPE_KINDS else "bfloat16"), 2)
     c = {k: np.asarray(v, dtype=float) for k, v in coords.items()}
-    if kind in ("gemm", "conv"):  # a conv as the GEMM it is: output positions x out channels x patch values
+    if kind in MNK_KINDS:
         m, n, k = c["m"], c["n"], c["k"]
         return 2 * m * n * k, (m * k + k * n + m * n) * s
     if kind == "memory":
@@ -288,7 +290,7 @@ class Profile:
 
     @property
     def host_stage_costs(self) -> dict[str, float]:
-        """The host cost of one launching op of the reference model's own code per stage (schema.HOST_STAGES,
+        """The host cost of one launching op of the reference model's own code per stage (registry.HOST_COST_STAGES,
         calibration/host_stages.py); empty in a profile made before it was measured."""
         return {k: float(v) for k, v in (self.raw["launch"].get("host_op_s_by_stage") or {}).items()}
 

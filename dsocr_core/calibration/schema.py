@@ -32,10 +32,6 @@ class Ceilings(Strict):
 # its kind's cost (analytic/kernels.py host_kind), not at the mean of a mix whose one SDPA in twelve ops weighs
 # the same as the LM's hundreds of elementwise ops per layer.
 HOST_KINDS = ("gemm", "attention", "other", "view")
-# The host cost of one kernel-launching op of the reference model's own code at full size, per stage
-# (calibration/host_stages.py): what the reference plan's eager ops of those stages are priced at where the profile
-# has it (registry.HOST_COST_STAGES says which, and why not the others)
-HOST_STAGES = HOST_COST_STAGES
 
 
 class Launch(Strict):
@@ -45,7 +41,9 @@ class Launch(Strict):
     sync_s: float
     graph_launch_s: float
     host_op_s_by_kind: dict[Literal[HOST_KINDS], float] | None = None  # absent in profiles made before it
-    host_op_s_by_stage: dict[Literal[HOST_STAGES], float] | None = None  # absent in profiles made before it
+    # the host cost of one launching op of the reference model's own code per stage (calibration/host_stages.py;
+    # registry.HOST_COST_STAGES says which stages and why); absent in profiles made before it
+    host_op_s_by_stage: dict[Literal[HOST_COST_STAGES], float] | None = None
     # the device time a graph replay adds between the stage timer's events beyond its kernels (the graph's start;
     # the timer's wait hides the host's submission); the fast plan charges it to the projector and the LM prefill;
     # absent in profiles made before 2026-11-27

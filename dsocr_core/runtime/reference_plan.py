@@ -91,14 +91,14 @@ def _vision(c: Call) -> Plan:
 
         return plan_encoder(c)
     if kind.startswith("sam.norm"):  # the stream copied to rows (LayerNorm's input must be contiguous), the norm
+        plan = common_vision(c)
         copy = _sam_stream(c, PERMUTED_COPY)
         copy.host_ops = 0.0  # launched inside native_layer_norm (its input made contiguous), no op of its own
-        return Plan([copy,
-                     Kernel("memory.norm", dict(bytes=c.cost.bytes), c.cost.flops, c.cost.bytes, calls)])
+        plan.kernels.insert(0, copy)
+        return plan
     if kind.startswith("sam.mlp"):  # GELU, then the residual add on the stream
-        plan = sam_mlp(c)
+        plan = sam_mlp(c, elementwise=1)
         plan.kernels.append(_sam_stream(c, PERMUTED_ADD, share=True))
-        plan.rest_launches = calls * 1.0
         return plan
     shared = common_vision(c)
     if shared is not None:
