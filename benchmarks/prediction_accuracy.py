@@ -126,24 +126,26 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
 
 
 def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
-              routing=None) -> dict[str, float]:
+              routing=None, host_probe_op_s: float | None = None) -> dict[str, float]:
     """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps) on `engine`
-    (an EngineSpec, or a session mode: its default options), under `routing` (None: uniform)."""
+    (an EngineSpec, or a session mode: its default options), under `routing` (None: uniform), at the host speed
+    the point was measured at (None: the calibration's)."""
     from dsocr_core.analytic.predict import profile_hardware, with_profile
     from dsocr_core.results.prediction_check import predicted_stages
 
     return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, engine, work,
-                                                           overlap, routing))[0]
+                                                           overlap, routing, host_probe_op_s))[0]
 
 
 def measured(store, run_id: str) -> list[dict]:
-    """[{workload, status, stages: {stage: median seconds}}] of a stored run."""
-    from dsocr_core.results.analytic_join import point_workload
+    """[{workload, status, stages: {stage: median seconds}, host_probe_op_s}] of a stored run."""
+    from dsocr_core.results.analytic_join import point_host_probe, point_workload
 
     pts = store.points(run_id)
     out = {}
     for _, r in pts.iterrows():
-        rec = out.setdefault(r["point_id"], {"workload": point_workload(r), "status": r["status"], "stages": {}})
+        rec = out.setdefault(r["point_id"], {"workload": point_workload(r), "status": r["status"], "stages": {},
+                                             "host_probe_op_s": point_host_probe(r)})
         if r["stage"] is not None and not (isinstance(r["stage"], float) and np.isnan(r["stage"])):
             rec["stages"][r["stage"]] = float(r["median_s"])
     for rec in out.values():
@@ -333,11 +335,12 @@ def main(argv: list[str] | None = None) -> dict:
             if rec["status"] != "done":
                 rows.append({"workload": w.model_dump(mode="json"), "status": rec["status"], "error": {}})
                 continue
-            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing)
+            probe = rec["host_probe_op_s"]
+            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing, probe)
             meas = rec["stages"]
             err = relative_errors(pred, meas)
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
-                         "predicted_s": pred, "error": err})
+                         "predicted_s": pred, "error": err, "host_probe_op_s": probe})
         summary = summarize([r for r in rows if r["status"] == "done"])
         entry = {"run_id": run_id, "engine": engine.to_dict(), "points": rows, "summary": summary,
                  "routing": None if routing is None else routing.to_dict(),  # re-predictions read it back

@@ -30,7 +30,7 @@ gives the size of the difference per stage.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,9 @@ class Prediction:
     overlap: str = "row"  # row: the roofline of each call (compute and memory overlap across its kernels);
     # kernel: each kernel's own roofline, summed (kernels run one after another; no longer equal to the roofline)
     routing: Any = None
+    # the host's speed at a measured point (runtime/host_speed.py probe, seconds per op): its eager host costs are
+    # the profile's scaled by this over the profile's own probe; None: the host as fast as when the profile measured
+    host_probe_op_s: float | None = None
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
     def __post_init__(self):
@@ -75,14 +78,25 @@ class Prediction:
     def routing_label(self) -> str:
         return UNIFORM_ROUTING if self.routing is None else self.routing.label()
 
+    def host_ratio(self, table: str) -> float:
+        """The point's host over the profile's while it measured the host costs `table` ("kinds", "stages")."""
+        return host_ratio(self.host_probe_op_s, self.profile.host_probe(table))
+
+    def host_label(self) -> str:
+        if self.host_probe_op_s is None:
+            return HOST_AS_CALIBRATED
+        r = self.host_ratio("stages") if self.profile.host_probe("stages") else self.host_ratio("kinds")
+        return f"measured with the point: {r:.2f}x the calibration's host time per op"
+
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
         return {**self.profile.summary(), "session_mode": self.session_mode, "engine": self.engine.to_dict(),
                 "engine_label": self.engine.label(), "work": self.work, "overlap": self.overlap,
-                "routing": self.routing_label(), "notes": sorted(self.notes)}
+                "routing": self.routing_label(), "host_speed": self.host_label(), "notes": sorted(self.notes)}
 
 
 UNIFORM_ROUTING = "uniform (assumed)"  # each token picks its k of the E routed experts independently
+HOST_AS_CALIBRATED = "as calibrated"  # the host issues ops as fast as when the profile measured its host costs
 
 
 class ProfiledHardware(Hardware):
@@ -94,11 +108,20 @@ class ProfiledHardware(Hardware):
 
 
 def with_profile(hw: Hardware, profile, engine: "EngineSpec | str" = "reference", work: str = "engine",
-                 overlap: str = "row", routing=None) -> ProfiledHardware:
+                 overlap: str = "row", routing=None, host_probe_op_s: float | None = None) -> ProfiledHardware:
     """`hw` plus a prediction from `profile` for `engine` (an EngineSpec, or a session mode: its default
-    options), under `routing` (None: uniform)."""
+    options), under `routing` (None: uniform), at the host speed `host_probe_op_s` (None: the calibration's)."""
     return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, as_engine(engine), work, overlap,
-                                                                     routing))
+                                                                     routing, host_probe_op_s))
+
+
+def at_host_speed(hw: ProfiledHardware, host_probe_op_s: float | None) -> ProfiledHardware:
+    """`hw`'s prediction at another host speed (a measured point's probe; None: the calibration's); its notes are
+    shared, so fallbacks taken under either show in both."""
+    pred = hw.prediction
+    if pred.host_probe_op_s == host_probe_op_s:
+        return hw
+    return hw.model_copy(update={"prediction": replace(pred, host_probe_op_s=host_probe_op_s, notes=pred.notes)})
 
 
 def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:
@@ -193,16 +216,19 @@ class Predictor:
         self.routing = prediction.routing
         self.graphs = self.plan.graphs
         self.per_launch = launch["graph_kernel_s"] if self.graphs else launch["eager_kernel_s"]
-        self.host_costs, self.sync_s = p.host_costs, launch["sync_s"]  # per eager op kind (kernels.host_kind)
+        # per eager op kind (kernels.host_kind), at the point's host speed where it was probed
+        kinds = prediction.host_ratio("kinds")
+        self.host_costs, self.sync_s = {k: v * kinds for k, v in p.host_costs.items()}, launch["sync_s"]
         # a plan whose eager ops are the model's own code (EnginePlan.host_costs_by_stage) prices them at the
         # profile's host cost per op of that code, by stage, where the profile measured it (views folded in)
         by_stage = getattr(self.plan, "host_costs_by_stage", False) and p.device.get("kind", "cuda") == "cuda"
-        self.stage_costs = p.host_stage_costs if by_stage else {}  # (a CPU's ops run synchronously: no host term)
+        stages = prediction.host_ratio("stages")  # (a CPU's ops run synchronously: no host term)
+        self.stage_costs = {k: v * stages for k, v in p.host_stage_costs.items()} if by_stage else {}
         if by_stage and not self.stage_costs:
             prediction.notes.add("the profile has no host cost per op of the model's own code (calibrate --tables "
                                  "launch.host_stages): the reference engine's eager ops are priced at the op "
                                  "mixes' costs by kind")
-        self.graph_launch_s = launch["graph_launch_s"] if self.graphs else 0.0
+        self.graph_launch_s = launch["graph_launch_s"] * kinds if self.graphs else 0.0
         self.graph_start_s = (p.graph_start_s or 0.0) if self.graphs else 0.0
         if self.graphs and p.graph_start_s is None:
             prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): the "
@@ -409,6 +435,14 @@ def host_stage(kind: str, ctx: dict) -> str:
     if phase == "vision":
         return kind.split(".")[0]
     return "projector" if phase == "layout" else str(phase)
+
+
+def host_ratio(point_s: float | None, profile_s: float | None) -> float:
+    """How much slower (> 1) or faster the host was at a point than when the profile measured its host costs
+    (runtime/host_speed.py's probe on both sides); 1 where either side has no probe."""
+    if not point_s or not profile_s:
+        return 1.0
+    return float(point_s) / float(profile_s)
 
 
 def _subset(cost: Cost, ctx: dict, idx: np.ndarray, shape: tuple) -> tuple[Cost, dict]:

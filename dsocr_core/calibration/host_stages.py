@@ -52,10 +52,13 @@ class _HostTimer:
 
 
 def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MODE,
-                        grid: tuple[int, int] = GRID) -> dict[str, float]:
+                        grid: tuple[int, int] = GRID, probes: list | None = None) -> dict[str, float]:
     """Seconds of host time per kernel-launching op of each stage (registry.HOST_COST_STAGES) of the reference engine
     running `spec` (default: DeepSeek-OCR at full size) with synthetic weights on `device`, one page of `mode` and
-    `grid` at batch 1. On a CPU the ops run synchronously, so the times hold the work too (tests only)."""
+    `grid` at batch 1. On a CPU the ops run synchronously, so the times hold the work too (tests only). `probes`:
+    a list the host's speed before each timed run is appended to (runtime/host_speed.py; CUDA only)."""
+    from ..runtime.host_speed import probe_host_op_s
+
     import torch
 
     from ..analytic.points import Points
@@ -77,6 +80,8 @@ def host_costs_by_stage(device: str, spec=None, repeats: int = 5, mode: str = MO
             ops = {s: tally.stage_count(s, LAUNCH) for s in HOST_COST_STAGES}
             runs = []
             for i in range(repeats + 2):  # two warm-up runs: first calls load kernels and fill the allocator
+                if i >= 2 and probes is not None and device.startswith("cuda"):
+                    probes.append(probe_host_op_s(device))
                 timer = _HostTimer(device)
                 run_reference(engine, inputs, timer, DECODE_STEPS)
                 if device.startswith("cuda"):

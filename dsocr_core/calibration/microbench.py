@@ -29,7 +29,7 @@ import numpy as np
 
 from .ops import (FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
                   launch_costs, measure_entry)
-from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
+from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
                       add_tables, build_profile, entry_work, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
@@ -221,6 +221,8 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     if add_to is not None:
         asked = {name: key for name, key in ADDABLE_LAUNCH.items() if name in (tables or ())}
         launch_added = {key: launch[key] for key in asked.values() if key in launch}
+        launch_added.update({c: launch[c] for key in launch_added for c in LAUNCH_COMPANIONS.get(key, ())
+                             if c in launch})  # the host's speed they were measured at
         missed = [name for name, key in asked.items() if key not in launch]
         if missed:  # e.g. the model's host costs on a CPU or in a quick run, or a failure the notes name
             raise RuntimeError(f"calibration could not measure {', '.join(missed)}: "

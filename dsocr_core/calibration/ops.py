@@ -351,6 +351,8 @@ def launch_costs(st: Settings, host_stages: bool = False) -> dict:
     per-launch cost (they run synchronously, host included), no host term (and no host cost per kind)."""
     import torch
 
+    from ..runtime.host_speed import probe_host_op_s
+
     x = torch.zeros(1, device=st.device)
     n = 50 if st.quick else 200
     if not st.device.startswith("cuda"):  # ops run synchronously: an op's cost is the launch cost, no host term
@@ -378,8 +380,10 @@ def launch_costs(st: Settings, host_stages: bool = False) -> dict:
         for op in (op for ops in mixes.values() for op in ops):
             op()
     _sync(st.device)
+    probes = [probe_host_op_s(st.device)]  # the host's speed around the costs by kind (runtime/host_speed.py)
     host = _host_time(mix, n, st)
     by_kind = {kind: _host_time(ops, n, st) for kind, ops in mixes.items()}
+    probes.append(probe_host_op_s(st.device))
     syncs = []
     for _ in range(20):
         t0 = time.perf_counter()
@@ -409,12 +413,15 @@ def launch_costs(st: Settings, host_stages: bool = False) -> dict:
     _sync(st.device)
     out = {"graph_kernel_s": graph_kernel, "eager_kernel_s": statistics.median(eager), "host_op_s": host,
            "sync_s": max(statistics.median(syncs) - host, 0.0), "graph_launch_s": statistics.median(replays),
-           "host_op_s_by_kind": by_kind, "graph_start_s": max(statistics.median(starts) - graph_kernel, 0.0)}
+           "host_op_s_by_kind": by_kind, "graph_start_s": max(statistics.median(starts) - graph_kernel, 0.0),
+           "host_probe_op_s": statistics.median(probes)}
     if host_stages and not st.quick:  # a quick calibration leaves them out: the mixes stand in
         from .host_stages import host_costs_by_stage
 
         try:
-            out["host_op_s_by_stage"] = host_costs_by_stage(st.device)
+            stage_probes: list[float] = []
+            out["host_op_s_by_stage"] = host_costs_by_stage(st.device, probes=stage_probes)
+            out["host_stage_probe_op_s"] = statistics.median(stage_probes)
         except Exception as exc:  # e.g. out of memory beside another job: the profile stays usable, priced by kind
             st.notes.append(f"host cost per op of the model's own code not measured: {type(exc).__name__}: {exc}")
     return out

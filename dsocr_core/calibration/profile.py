@@ -45,7 +45,13 @@ FORMAT = "dsocr-calibration-profile"
 FORMAT_VERSION = 1
 LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph_launch_s")
 # launch costs `calibrate --tables NAME --add-to PROFILE` can measure and add to an existing profile (name -> key)
-ADDABLE_LAUNCH = {"launch.graph_start": "graph_start_s", "launch.host_stages": "host_op_s_by_stage"}
+ADDABLE_LAUNCH = {"launch.graph_start": "graph_start_s", "launch.host_stages": "host_op_s_by_stage",
+                  "launch.host_kinds": "host_op_s_by_kind"}
+# launch costs measured with an addable one and added with it: the host's speed while host costs were measured
+LAUNCH_COMPANIONS = {"host_op_s_by_stage": ("host_stage_probe_op_s",),
+                     "host_op_s_by_kind": ("host_op_s", "host_probe_op_s")}
+OPTIONAL_LAUNCH = ("host_op_s_by_kind", "host_op_s_by_stage", "graph_start_s", "host_probe_op_s",
+                   "host_stage_probe_op_s")
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
 # a profile file's bounds, checked before it is parsed: real ones are about 110 kB and nest 7 levels
 MAX_PROFILE_BYTES = 16 * 2**20
@@ -294,6 +300,12 @@ class Profile:
         calibration/host_stages.py); empty in a profile made before it was measured."""
         return {k: float(v) for k, v in (self.raw["launch"].get("host_op_s_by_stage") or {}).items()}
 
+    def host_probe(self, table: str) -> float | None:
+        """The host's speed (runtime/host_speed.py probe, seconds per op) while the host costs `table` ("kinds" or
+        "stages") were measured; None in a profile made before it was recorded."""
+        v = self.raw["launch"].get("host_probe_op_s" if table == "kinds" else "host_stage_probe_op_s")
+        return None if v is None else float(v)
+
     @property
     def host_costs(self) -> dict[str, float]:
         """The host cost of one eager op per kind (schema.HOST_KINDS); a kind the profile did not measure (every
@@ -385,8 +397,9 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     costs = {key: getattr(model.launch, key) for key in LAUNCH_KEYS}
     costs.update({f"host_op_s_by_kind.{k}": v for k, v in (model.launch.host_op_s_by_kind or {}).items()})
     costs.update({f"host_op_s_by_stage.{k}": v for k, v in (model.launch.host_op_s_by_stage or {}).items()})
-    if model.launch.graph_start_s is not None:
-        costs["graph_start_s"] = model.launch.graph_start_s
+    for key in ("graph_start_s", "host_probe_op_s", "host_stage_probe_op_s"):
+        if getattr(model.launch, key) is not None:
+            costs[key] = getattr(model.launch, key)
     for key, v in costs.items():
         if not (math.isfinite(v) and v >= 0):
             raise ProfileError(f"{source}: launch.{key} must be a non-negative number, got {v}")
@@ -407,7 +420,7 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     raw = model.model_dump(mode="json")
     # absent stays absent: a saved profile stays readable by older versions of the tool (their schema refuses
     # unknown fields)
-    for key in ("host_op_s_by_kind", "host_op_s_by_stage", "graph_start_s"):
+    for key in OPTIONAL_LAUNCH:
         if raw["launch"][key] is None:
             del raw["launch"][key]
     raw["tables"] = {}  # the Table objects hold them
@@ -493,7 +506,8 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
     launch = {k: ({s: float(x) for s, x in v.items()} if isinstance(v, dict) else float(v))
               for k, v in (launch or {}).items()}
-    unknown = sorted(set(launch) - set(ADDABLE_LAUNCH.values()))
+    addable = {*ADDABLE_LAUNCH.values(), *(k for keys in LAUNCH_COMPANIONS.values() for k in keys)}
+    unknown = sorted(set(launch) - addable)
     if unknown:
         raise ProfileError(f"launch costs {', '.join(unknown)} cannot be added to a profile")
     data["launch"].update(launch)

@@ -48,6 +48,11 @@ class Launch(Strict):
     # the timer's wait hides the host's submission); the fast plan charges it to the projector and the LM prefill;
     # absent in profiles made before 2026-11-27
     graph_start_s: float | None = None
+    # the host's speed while the host costs by kind and by stage were measured (runtime/host_speed.py's probe, seconds
+    # per small eager op): a measured point is predicted at its own speed, these costs scaled by the probes' ratio;
+    # absent in profiles made before 2026-11-27 (no scaling)
+    host_probe_op_s: float | None = None
+    host_stage_probe_op_s: float | None = None
 
 
 class TableModel(Strict):

@@ -55,6 +55,10 @@ def _summary(prof) -> str:
     if prof.host_stage_costs:
         lines.append("  host per op of the model's own code: " + ", ".join(f"{k} {v * 1e6:.2f} us"
                                                                        for k, v in prof.host_stage_costs.items()))
+    probes = {t: prof.host_probe(t) for t in ("kinds", "stages")}
+    if any(probes.values()):
+        lines.append("  host speed probe while measured (runtime/host_speed.py): " + ", ".join(
+            f"{t} {v * 1e6:.2f} us/op" for t, v in probes.items() if v))
     for name, t in sorted(prof.tables.items()):
         e = t.efficiency
         lines.append(f"  {name:26s} {e.size:4d} shapes ({int(t.measured.sum())} measured), efficiency "

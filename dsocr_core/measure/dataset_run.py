@@ -43,6 +43,7 @@ from statistics import median
 from typing import Callable, Literal, Sequence
 
 from ..results.store import RunStore, point_key
+from ..runtime.host_speed import probe_host_op_s
 from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
 from ..results.runs import run_model
@@ -177,9 +178,11 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     from .sweep import collector_paused
 
     with collector_paused():  # as a sweep's points: no full collection falls into the timed page
+        probes = [probe_host_op_s(session.device)]  # the host's speed before and after (runtime/host_speed.py)
         t1 = time.perf_counter()
         run = timed_generation(session, inputs, settings.max_new_tokens, **gen)
         generation_s = time.perf_counter() - t1
+        probes.append(probe_host_op_s(session.device))
     generated = trim_at_eos(run.tokens[0].tolist(), session.spec.eos_token_id)
     try:  # a failing FLOP pass (e.g. out of memory under the counter) must not throw away the timed page
         flops, flops_source = (flop_cache or FlopCache(session, "none")).counted(inputs, settings.logits)
@@ -207,6 +210,8 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
         "kv_length": run.kv_length, "flops_source": flops_source,
         "engine_state": engine.point_state(inputs.batch),
     }
+    if probes[0] is not None:
+        extra["host_probe_op_s"] = median(probes)
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 

@@ -149,14 +149,14 @@ class Worker:
         return out
 
     def _point(self, item: WorkItem) -> dict:
-        from .sweep import failure, free_memory, measure_with_attn
+        from .sweep import failure, free_memory, measure_with_attn, point_extra
 
         session, workload, p = self.session, item.payload, item.params
         out = {"status": "done", "message": "", "stages": None, "kv_bytes": None, "resolved": None, "extra": {}}
         try:
             result = measure_with_attn(session, workload, p["repeats"], p["warmup"], p["seed"])
             out.update(stages=result.stages, kv_bytes=result.kv_bytes, resolved=result.resolved,
-                       extra={"engine_state": result.engine_state})
+                       extra=point_extra(result))
         except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
             out["status"], out["message"] = failure(exc)
         if out["status"] != "done":

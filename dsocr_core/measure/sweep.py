@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import statistics
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..results.store import RunStore, point_key
+from ..runtime.host_speed import probe_host_op_s
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.oom import out_of_memory
 from ..runtime.session import Session
@@ -61,6 +63,7 @@ class PointResult:
     kv_bytes: int
     resolved: dict
     engine_state: dict
+    host_probe_op_s: float | None = None  # the host's speed while the point ran (runtime/host_speed.py)
 
 
 def workload_label(w: Workload) -> str:
@@ -138,7 +141,11 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
         for _ in range(warmup):  # compiles and graph captures leave garbage: collected before the timed runs
             timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
         with collector_paused():
-            runs = [timed_generation(session, inputs, workload.decode_steps + 1, **run) for _ in range(repeats)]
+            runs, probes = [], []
+            for _ in range(repeats):  # the host's speed probed beside every timed run: it drifts over seconds
+                probes.append(probe_host_op_s(session.device))
+                runs.append(timed_generation(session, inputs, workload.decode_steps + 1, **run))
+            probes.append(probe_host_op_s(session.device))
         engine_state = session.engine.point_state(inputs.batch)
         flops = counted_flops(session, inputs, workload.logits) if count_flops else None
     stages = assemble_stages(runs, flops, decode_step_over="repeats")
@@ -146,7 +153,16 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
                 "text_tokens": inputs.text_tokens}
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
-    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state)
+    host = statistics.median(probes) if probes[0] is not None else None
+    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, host)
+
+
+def point_extra(result: PointResult) -> dict:
+    """What a stored point keeps beside its stage times: the engine's state and the host's speed."""
+    extra = {"engine_state": result.engine_state}
+    if result.host_probe_op_s is not None:
+        extra["host_probe_op_s"] = result.host_probe_op_s
+    return extra
 
 
 def measure_with_attn(session: Session, workload: Workload, *args, **kwargs) -> PointResult:
@@ -194,7 +210,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
             try:
                 result = measure_with_attn(session, workload, repeats, warmup, seed)
                 store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved,
-                                {"engine_state": result.engine_state})
+                                point_extra(result))
             except Exception as exc:  # one bad point must not end the sweep
                 status, message = failure(exc)
             if status != "done":
@@ -228,4 +244,5 @@ def recheck_first(session: Session, store: RunStore, run_id: str, repeats: int =
         return checks.record(store, run_id, {"workload": key, "skipped": failure(exc)[1]})
     check = checks.compare(stored, again.stages, key)
     check["engine_state_again"] = again.engine_state
+    check["host_probe_op_s_again"] = again.host_probe_op_s  # a host in a slower spell shows here
     return checks.record(store, run_id, check)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..analytic import Points, evaluate
+from ..analytic.predict import at_host_speed
 from ..analytic.routing import Routing, calls_of_record, routing_from_calls
 from ..engines import run_engine
 from ..hardware import run_ceilings
@@ -112,6 +113,14 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
     return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing)
 
 
+def point_host_probe(point) -> float | None:
+    """The host's speed a stored point was measured at (its extra's host_probe_op_s); None for points stored
+    before it was recorded, or measured on a CPU."""
+    extra = point.get("extra") if hasattr(point, "get") else None
+    v = (extra or {}).get("host_probe_op_s") if isinstance(extra, dict) else None
+    return None if v is None else float(v)
+
+
 def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
                 datasheet: Hardware | None = None, calibrated: Hardware | None = None,
                 prediction: Hardware | None = None) -> pd.DataFrame:
@@ -133,7 +142,14 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     on_ds = dict(zip(keys, workload_stage_totals(spec, ws, datasheet)))
     on_cal = dict(zip(keys, workload_stage_totals(spec, ws, calibrated))) if calibrated else {}
     pred = getattr(prediction, "prediction", None)
-    on_pred = dict(zip(keys, workload_stage_totals(spec, ws, prediction))) if pred is not None else {}
+    on_pred, host_labels = {}, {}
+    if pred is not None:  # each point at the host speed it was measured at (runtime/host_speed.py), grouped
+        probes = {k: point_host_probe(p) for k, (_, p) in zip(firsts["key"], firsts.iterrows())}
+        for probe in dict.fromkeys(probes.values()):
+            group = [k for k in keys if probes[k] == probe]
+            hw = at_host_speed(prediction, probe)
+            on_pred.update(zip(group, workload_stage_totals(spec, [workloads[k] for k in group], hw)))
+            host_labels.update(dict.fromkeys(group, hw.prediction.host_label()))
     pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU
         "predicted_profile": pred.profile.label(), "predicted_derived": pred.profile.derived,
         "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode,
@@ -170,7 +186,8 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
             row[f"limit_{name}_s"] = a["time_s"]  # the stage's time at the hardware limit (roofline)
         if pred is not None:
             p_s = on_pred[p["key"]][p["stage"]]["predicted_s"]
-            row.update(predicted_s=p_s, time_err_predicted=_rel(p_s, t) if t > 0 else None, **pred_info)
+            row.update(predicted_s=p_s, time_err_predicted=_rel(p_s, t) if t > 0 else None, **pred_info,
+                       predicted_host_speed=host_labels[p["key"]])
         # flagged: the FLOP count or the time error against the run's main ceilings (calibrated, else datasheet)
         main = row["time_err_calibrated"] if row["time_err_calibrated"] is not None else row["time_err_datasheet"]
         row["flagged"] = any(v is not None and abs(v) > FLAG_THRESHOLD for v in (row["flop_rel_diff"], main))

@@ -67,14 +67,16 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
 ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image"}}}
 
 
-def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None) -> list[dict]:
+def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
+                    host_speed: bool = True) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
     overlap) on the engine the result recorded (else the engine of the time: ENGINE_BEFORE_RECORDS), with
     `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing" entry), else
-    uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. A result without that mode, or with
-    settings the predictor refuses, raises a SpecError naming them."""
-    from ..analytic.predict import profile_hardware, with_profile
+    uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. Each point is predicted at the host
+    speed it was measured at where it recorded one (host_probe_op_s; `host_speed` False: at the calibration's).
+    A result without that mode, or with settings the predictor refuses, raises a SpecError naming them."""
+    from ..analytic.predict import at_host_speed, profile_hardware, with_profile
 
     settings = result.get("settings") or {}
     entry = (result.get("modes") or {}).get(mode)
@@ -92,7 +94,12 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None)
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
-    preds = predicted_stages(spec, workloads, hw)
+    probes = [p.get("host_probe_op_s") if host_speed else None for p in done]
+    preds: list = [None] * len(done)
+    for probe in dict.fromkeys(probes):  # points measured at one host speed (all, before it was recorded) together
+        idx = [i for i, q in enumerate(probes) if q == probe]
+        for i, pr in zip(idx, predicted_stages(spec, [workloads[i] for i in idx], at_host_speed(hw, probe))):
+            preds[i] = pr
     return [{"workload": w, "measured_s": p["measured_s"], "predicted_s": pr,
              "error": relative_errors(pr, p["measured_s"])} for w, p, pr in zip(workloads, done, preds)]
 
