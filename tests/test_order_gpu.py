@@ -38,6 +38,8 @@ def test_two_points_measure_the_same_in_either_order(reference):
     assert {f: s["variants"] for f, s in compiled[0].items()} == {f: s["variants"] for f, s in compiled[1].items()}
     for name in POINTS:
         a, b = forward[name], backward[name]
+        for r in (a, b):  # the host's speed while the point ran (runtime/host_speed.py): microseconds per op
+            assert r.host_probe_op_s is not None and 5e-7 < r.host_probe_op_s < 1e-3
         for fn in ("lm_layer", "lm_last_layer"):
             sa = a.engine_state["compiled_prefill"][fn]
             assert sa["error"] is None and sa["shapes"] == "automatic-dynamic", sa

@@ -105,6 +105,9 @@ def run(args) -> int:
     if tables and "launch.host_stages" in tables and (args.quick or not str(args.device).startswith("cuda")):
         raise UserError("calibrate: launch.host_stages (the model's host cost per op) needs a CUDA GPU and a full "
                         "calibration (no --quick): on a CPU the ops run synchronously, there is no host term")
+    if tables and "launch.host_kinds" in tables and not str(args.device).startswith("cuda"):
+        raise UserError("calibrate: launch.host_kinds (the host cost of an eager op by kind) needs a CUDA GPU: on a "
+                        "CPU the ops run synchronously, there is no host term")
     base = None
     if args.add_to:
         if not tables:
