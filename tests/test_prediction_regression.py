@@ -72,6 +72,7 @@ ACCURACY = {
         "H100 random, seed 47, held out": ("h100_prediction_accuracy_random47_reference_2026-11-27.json", None),
         "H100 random, seed 48, own host costs": ("h100_prediction_accuracy_random48_reference_2026-11-27.json", None),
         "H100 random, seed 49, own profile": ("h100_prediction_accuracy_random49_reference_2026-11-27.json", None),
+        "H100 random, seed 50, own host speed": ("h100_prediction_accuracy_random50_reference_2026-11-27.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
