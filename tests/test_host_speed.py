@@ -88,9 +88,12 @@ def test_the_profile_keeps_the_probes_and_refuses_bad_ones(tmp_path):
                        launch={"host_op_s_by_kind": {"gemm": 1e-5, "attention": 1e-5, "other": 1e-5, "view": 1e-6},
                                "host_op_s": 1e-5, "host_probe_op_s": 9e-6})
     assert added.host_probe("kinds") == 9e-6 and "launch.host_kinds" in added.label()
-    with pytest.raises(ProfileError, match="cannot be added"):
-        add_tables(_profile(), {}, {"name": p.device_name}, {}, {}, "2026-11-27T00:00:00+00:00",
-                   launch={"sync_s": 1e-6})
+    assert added.raw["launch"]["host_op_s"] == 1e-5
+    for launch in ({"sync_s": 1e-6}, {"host_probe_op_s": 9e-6, "host_op_s": 1e-5}):  # companions need their cost
+        with pytest.raises(ProfileError, match="cannot be added"):
+            add_tables(_profile(), {}, {"name": p.device_name}, {}, {}, "2026-11-27T00:00:00+00:00", launch=launch)
+    with pytest.raises(ProfileError, match="host_stage_probe_op_s must be a positive"):
+        _profile(stages_probe=0.0)
 
 
 def test_the_probe_is_a_gpu_measurement():
@@ -129,3 +132,17 @@ def test_a_stored_points_probe_sets_its_predicted_host_speed(tmp_path):
     sam = {t: float(g[g.stage == "sam"].predicted_s.iloc[0]) for t, g in by_text.items()}
     assert sam[11] > 1.5 * sam[10] and sam[12] == pytest.approx(sam[10], rel=1e-9)
     assert np.isfinite(df.time_err_predicted).all()
+    # a profile without probes scales nothing and says so for every point, probed or not
+    plain = compare_run(store, run_id, prediction=with_profile(H100, _profile(), "reference"))
+    assert set(plain.predicted_host_speed) == {HOST_AS_CALIBRATED}
+    sam = plain[plain.stage == "sam"].predicted_s.to_numpy()
+    np.testing.assert_allclose(sam, sam[0], rtol=1e-12)
+
+
+def test_the_points_of_a_run_share_predictions_to_one_percent_of_the_host_speed():
+    hw = with_profile(H100, _profile(10e-6, 10e-6), "reference")
+    a, b = at_host_speed(hw, 12.01e-6), at_host_speed(hw, 11.99e-6)
+    assert a.prediction.host_probe_op_s == b.prediction.host_probe_op_s == pytest.approx(12e-6, rel=1e-12)
+    assert at_host_speed(with_profile(H100, _profile(), "reference"), 12e-6).prediction.host_probe_op_s is None
+    fast = with_profile(H100, _profile(kinds_probe=10e-6, stages_probe=20e-6), "fast", host_probe_op_s=20e-6)
+    assert "2.00x" in fast.prediction.host_label()  # the fast engine prices by kind: the kinds' probe

@@ -83,10 +83,12 @@ class Prediction:
         return host_ratio(self.host_probe_op_s, self.profile.host_probe(table))
 
     def host_label(self) -> str:
-        if self.host_probe_op_s is None:
+        by_stage = getattr(self.engine.kernel_plan(self.profile.device.get("kind", "cuda")), "host_costs_by_stage",
+                           False)
+        table = "stages" if by_stage and self.profile.host_probe("stages") else "kinds"
+        if self.host_probe_op_s is None or not self.profile.host_probe(table):
             return HOST_AS_CALIBRATED
-        r = self.host_ratio("stages") if self.profile.host_probe("stages") else self.host_ratio("kinds")
-        return f"measured with the point: {r:.2f}x the calibration's host time per op"
+        return f"measured with the point: {self.host_ratio(table):.2f}x the calibration's host time per op"
 
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
@@ -119,6 +121,11 @@ def at_host_speed(hw: ProfiledHardware, host_probe_op_s: float | None) -> Profil
     """`hw`'s prediction at another host speed (a measured point's probe; None: the calibration's); its notes are
     shared, so fallbacks taken under either show in both."""
     pred = hw.prediction
+    ref = pred.profile.host_probe("stages") or pred.profile.host_probe("kinds")
+    if host_probe_op_s is not None and ref:  # to 1% of the calibration's speed, far finer than the probe's noise:
+        host_probe_op_s = ref * round(host_probe_op_s / ref, 2)  # the points of a run share a few predictions
+    elif not ref:
+        host_probe_op_s = None  # a profile without a probe: nothing to scale against
     if pred.host_probe_op_s == host_probe_op_s:
         return hw
     return hw.model_copy(update={"prediction": replace(pred, host_probe_op_s=host_probe_op_s, notes=pred.notes)})

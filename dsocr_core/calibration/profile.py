@@ -48,8 +48,9 @@ LAUNCH_KEYS = ("graph_kernel_s", "eager_kernel_s", "host_op_s", "sync_s", "graph
 ADDABLE_LAUNCH = {"launch.graph_start": "graph_start_s", "launch.host_stages": "host_op_s_by_stage",
                   "launch.host_kinds": "host_op_s_by_kind"}
 # launch costs measured with an addable one and added with it: the host's speed while host costs were measured
+# (and, with the costs by kind, the costs derived from the mix's mean: a round trip less an op's host time, a replay)
 LAUNCH_COMPANIONS = {"host_op_s_by_stage": ("host_stage_probe_op_s",),
-                     "host_op_s_by_kind": ("host_op_s", "host_probe_op_s")}
+                     "host_op_s_by_kind": ("host_op_s", "host_probe_op_s", "sync_s", "graph_launch_s")}
 OPTIONAL_LAUNCH = ("host_op_s_by_kind", "host_op_s_by_stage", "graph_start_s", "host_probe_op_s",
                    "host_stage_probe_op_s")
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
@@ -400,6 +401,9 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     for key in ("graph_start_s", "host_probe_op_s", "host_stage_probe_op_s"):
         if getattr(model.launch, key) is not None:
             costs[key] = getattr(model.launch, key)
+    for key in ("host_probe_op_s", "host_stage_probe_op_s"):  # a probe of 0 would read as none: refused
+        if key in costs and not costs[key] > 0:
+            raise ProfileError(f"{source}: launch.{key} must be a positive number, got {costs[key]}")
     for key, v in costs.items():
         if not (math.isfinite(v) and v >= 0):
             raise ProfileError(f"{source}: launch.{key} must be a non-negative number, got {v}")
@@ -506,8 +510,8 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
     data["tables"].update(json.loads(json.dumps(tables, default=_jsonable)))
     launch = {k: ({s: float(x) for s, x in v.items()} if isinstance(v, dict) else float(v))
               for k, v in (launch or {}).items()}
-    addable = {*ADDABLE_LAUNCH.values(), *(k for keys in LAUNCH_COMPANIONS.values() for k in keys)}
-    unknown = sorted(set(launch) - addable)
+    addable = {*ADDABLE_LAUNCH.values(), *(c for key in launch for c in LAUNCH_COMPANIONS.get(key, ()))}
+    unknown = sorted(set(launch) - addable)  # a companion only with the cost it was measured with
     if unknown:
         raise ProfileError(f"launch costs {', '.join(unknown)} cannot be added to a profile")
     data["launch"].update(launch)

@@ -118,7 +118,7 @@ def point_host_probe(point) -> float | None:
     before it was recorded, or measured on a CPU."""
     extra = point.get("extra") if hasattr(point, "get") else None
     v = (extra or {}).get("host_probe_op_s") if isinstance(extra, dict) else None
-    return None if v is None else float(v)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
 
 
 def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
@@ -144,10 +144,10 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     pred = getattr(prediction, "prediction", None)
     on_pred, host_labels = {}, {}
     if pred is not None:  # each point at the host speed it was measured at (runtime/host_speed.py), grouped
-        probes = {k: point_host_probe(p) for k, (_, p) in zip(firsts["key"], firsts.iterrows())}
-        for probe in dict.fromkeys(probes.values()):
-            group = [k for k in keys if probes[k] == probe]
-            hw = at_host_speed(prediction, probe)
+        at = {k: at_host_speed(prediction, point_host_probe(p)) for k, (_, p) in zip(firsts["key"], firsts.iterrows())}
+        for probe in dict.fromkeys(hw.prediction.host_probe_op_s for hw in at.values()):
+            group = [k for k in keys if at[k].prediction.host_probe_op_s == probe]
+            hw = at[group[0]]
             on_pred.update(zip(group, workload_stage_totals(spec, [workloads[k] for k in group], hw)))
             host_labels.update(dict.fromkeys(group, hw.prediction.host_label()))
     pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU

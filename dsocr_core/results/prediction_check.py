@@ -94,11 +94,12 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
-    probes = [p.get("host_probe_op_s") if host_speed else None for p in done]
+    at = [at_host_speed(hw, p.get("host_probe_op_s") if host_speed else None) for p in done]
+    probes = [a.prediction.host_probe_op_s for a in at]
     preds: list = [None] * len(done)
-    for probe in dict.fromkeys(probes):  # points measured at one host speed (all, before it was recorded) together
+    for probe in dict.fromkeys(probes):  # points at one host speed (all, before it was recorded) together
         idx = [i for i, q in enumerate(probes) if q == probe]
-        for i, pr in zip(idx, predicted_stages(spec, [workloads[i] for i in idx], at_host_speed(hw, probe))):
+        for i, pr in zip(idx, predicted_stages(spec, [workloads[i] for i in idx], at[idx[0]])):
             preds[i] = pr
     return [{"workload": w, "measured_s": p["measured_s"], "predicted_s": pr,
              "error": relative_errors(pr, p["measured_s"])} for w, p, pr in zip(workloads, done, preds)]

@@ -29,7 +29,7 @@ _tensors: dict[str, tuple] = {}
 
 def _probe_tensors(device: torch.device) -> tuple:
     key = str(device)
-    if key not in _tensors:  # made once per process and device: the probe allocates nothing after that
+    if key not in _tensors:  # its inputs made once per process and device (its temporaries come from the cache)
         a = torch.randn(8, 256, device=device, dtype=torch.bfloat16)
         w = torch.randn(128, 256, device=device, dtype=torch.bfloat16)
         idx = torch.arange(8, device=device)
@@ -43,6 +43,8 @@ def probe_host_op_s(device: torch.device | str) -> float | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
+    if device.index is None:  # "cuda" is the current GPU: name it, so the cached inputs are that GPU's
+        device = torch.device("cuda", torch.cuda.current_device())
     a, w, idx, out = _probe_tensors(device)
     times = []
     with torch.no_grad():
