@@ -134,7 +134,7 @@ def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
     from dsocr_core.results.prediction_check import predicted_stages
 
     return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, engine, work,
-                                                           overlap, routing, host_probe_op_s))[0]
+                                                           overlap, routing), [host_probe_op_s])[0]
 
 
 def measured(store, run_id: str) -> list[dict]:

@@ -125,8 +125,8 @@ def test_a_stored_points_probe_sets_its_predicted_host_speed(tmp_path):
     hw = with_profile(H100, _profile(10e-6, 10e-6), "reference")
     df = compare_run(store, run_id, prediction=hw)
     by_text = {t: g for t, g in df.groupby("text_tokens")}
-    assert set(by_text[10].predicted_host_speed) == {"measured with the point: 1.00x the calibration's host time "
-                                                     "per op"}
+    assert set(by_text[10].predicted_host_speed) == {"measured with the point: 1.00x (op kinds), 1.00x (the "
+                                                     "model's code) the calibration's host time per op"}
     assert "2.00x" in by_text[11].predicted_host_speed.iloc[0]
     assert set(by_text[12].predicted_host_speed) == {HOST_AS_CALIBRATED}
     sam = {t: float(g[g.stage == "sam"].predicted_s.iloc[0]) for t, g in by_text.items()}
@@ -145,4 +145,5 @@ def test_the_points_of_a_run_share_predictions_to_one_percent_of_the_host_speed(
     assert a.prediction.host_probe_op_s == b.prediction.host_probe_op_s == pytest.approx(12e-6, rel=1e-12)
     assert at_host_speed(with_profile(H100, _profile(), "reference"), 12e-6).prediction.host_probe_op_s is None
     fast = with_profile(H100, _profile(kinds_probe=10e-6, stages_probe=20e-6), "fast", host_probe_op_s=20e-6)
-    assert "2.00x" in fast.prediction.host_label()  # the fast engine prices by kind: the kinds' probe
+    label = fast.prediction.host_label()  # each host-cost table against its own probe
+    assert "2.00x (op kinds)" in label and "1.00x (the model's code)" in label

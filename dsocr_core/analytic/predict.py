@@ -83,12 +83,12 @@ class Prediction:
         return host_ratio(self.host_probe_op_s, self.profile.host_probe(table))
 
     def host_label(self) -> str:
-        by_stage = getattr(self.engine.kernel_plan(self.profile.device.get("kind", "cuda")), "host_costs_by_stage",
-                           False)
-        table = "stages" if by_stage and self.profile.host_probe("stages") else "kinds"
-        if self.host_probe_op_s is None or not self.profile.host_probe(table):
+        """The host speed the prediction is at: the point's over the calibration's, per host-cost table probed."""
+        ratios = [f"{self.host_ratio(t):.2f}x ({name})" for t, name in HOST_TABLES.items()
+                  if self.host_probe_op_s is not None and self.profile.host_probe(t)]
+        if not ratios:
             return HOST_AS_CALIBRATED
-        return f"measured with the point: {self.host_ratio(table):.2f}x the calibration's host time per op"
+        return f"measured with the point: {', '.join(ratios)} the calibration's host time per op"
 
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
@@ -98,6 +98,7 @@ class Prediction:
 
 
 UNIFORM_ROUTING = "uniform (assumed)"  # each token picks its k of the E routed experts independently
+HOST_TABLES = {"kinds": "op kinds", "stages": "the model's code"}  # the profile's host costs, each with its probe
 HOST_AS_CALIBRATED = "as calibrated"  # the host issues ops as fast as when the profile measured its host costs
 
 

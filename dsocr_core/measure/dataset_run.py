@@ -43,7 +43,7 @@ from statistics import median
 from typing import Callable, Literal, Sequence
 
 from ..results.store import RunStore, point_key
-from ..runtime.host_speed import probe_host_op_s
+from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
 from ..results.runs import run_model
@@ -210,8 +210,8 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
         "kv_length": run.kv_length, "flops_source": flops_source,
         "engine_state": engine.point_state(inputs.batch),
     }
-    if probes[0] is not None:
-        extra["host_probe_op_s"] = median(probes)
+    if probe_median(probes) is not None:
+        extra["host_probe_op_s"] = probe_median(probes)
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 

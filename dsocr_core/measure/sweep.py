@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import statistics
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..results.store import RunStore, point_key
-from ..runtime.host_speed import probe_host_op_s
+from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.oom import out_of_memory
 from ..runtime.session import Session
@@ -153,8 +152,7 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
                 "text_tokens": inputs.text_tokens}
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
-    host = statistics.median(probes) if probes[0] is not None else None
-    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, host)
+    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes))
 
 
 def point_extra(result: PointResult) -> dict:

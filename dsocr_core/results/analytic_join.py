@@ -113,6 +113,22 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
     return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing)
 
 
+def stage_totals_at_host_speeds(spec: ModelSpec, workloads: list[Workload], hw: Hardware,
+                                probes: list[float | None]) -> tuple[list[dict], list[str]]:
+    """workload_stage_totals under `hw` (a ProfiledHardware) with each workload at the host speed it was measured
+    at (`probes`, runtime/host_speed.py; None: the calibration's), one evaluation per distinct speed
+    (analytic.predict.at_host_speed), and each workload's host-speed label."""
+    at = [at_host_speed(hw, p) for p in probes]
+    totals: list = [None] * len(workloads)
+    labels: list = [None] * len(workloads)
+    for probe in dict.fromkeys(a.prediction.host_probe_op_s for a in at):
+        idx = [i for i, a in enumerate(at) if a.prediction.host_probe_op_s == probe]
+        label = at[idx[0]].prediction.host_label()
+        for i, t in zip(idx, workload_stage_totals(spec, [workloads[i] for i in idx], at[idx[0]])):
+            totals[i], labels[i] = t, label
+    return totals, labels
+
+
 def point_host_probe(point) -> float | None:
     """The host's speed a stored point was measured at (its extra's host_probe_op_s); None for points stored
     before it was recorded, or measured on a CPU."""
@@ -143,13 +159,10 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     on_cal = dict(zip(keys, workload_stage_totals(spec, ws, calibrated))) if calibrated else {}
     pred = getattr(prediction, "prediction", None)
     on_pred, host_labels = {}, {}
-    if pred is not None:  # each point at the host speed it was measured at (runtime/host_speed.py), grouped
-        at = {k: at_host_speed(prediction, point_host_probe(p)) for k, (_, p) in zip(firsts["key"], firsts.iterrows())}
-        for probe in dict.fromkeys(hw.prediction.host_probe_op_s for hw in at.values()):
-            group = [k for k in keys if at[k].prediction.host_probe_op_s == probe]
-            hw = at[group[0]]
-            on_pred.update(zip(group, workload_stage_totals(spec, [workloads[k] for k in group], hw)))
-            host_labels.update(dict.fromkeys(group, hw.prediction.host_label()))
+    if pred is not None:  # each point at the host speed it was measured at
+        probes = [point_host_probe(p) for _, p in firsts.iterrows()]
+        totals, labels = stage_totals_at_host_speeds(spec, ws, prediction, probes)
+        on_pred, host_labels = dict(zip(keys, totals)), dict(zip(keys, labels))
     pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU
         "predicted_profile": pred.profile.label(), "predicted_derived": pred.profile.derived,
         "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode,

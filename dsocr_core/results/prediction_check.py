@@ -21,18 +21,22 @@ import numpy as np
 from ..analytic.routing import routing_from_dict
 from ..registry import family_of, get_family, stage_names
 from ..spec import Hardware, ModelSpec, SpecError, Workload
-from .analytic_join import compare_run, workload_stage_totals
+from .analytic_join import compare_run, stage_totals_at_host_speeds, workload_stage_totals
 from .store import RunStore
 
 STAGES = (*stage_names(), "ttft", "tpot")  # every family's; a prediction has its own model's
 
 
-def predicted_stages(spec: ModelSpec, workloads: list[Workload], hw: Hardware) -> list[dict[str, float]]:
+def predicted_stages(spec: ModelSpec, workloads: list[Workload], hw: Hardware,
+                     probes: list[float | None] | None = None) -> list[dict[str, float]]:
     """Predicted seconds per stage of each workload under `hw` (a ProfiledHardware), vectorised per group of
-    workloads; plus roofline_ttft (the roofline part of the predicted TTFT)."""
+    workloads, each at the host speed it was measured at (`probes`; None: all at the calibration's); plus
+    roofline_ttft (the roofline part of the predicted TTFT)."""
     out = []
     base = [s for s in family_of(spec).all_stages if s != "total"]
-    for w, st in zip(workloads, workload_stage_totals(spec, workloads, hw)):
+    totals = (workload_stage_totals(spec, workloads, hw) if probes is None
+              else stage_totals_at_host_speeds(spec, workloads, hw, probes)[0])
+    for w, st in zip(workloads, totals):
         d = {s: st[s]["predicted_s"] for s in base}
         d["ttft"] = d["vision"] + d["prefill"]
         d["tpot"] = d["decode"] / max(w.decode_steps, 1)
@@ -76,7 +80,7 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
     uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. Each point is predicted at the host
     speed it was measured at where it recorded one (host_probe_op_s; `host_speed` False: at the calibration's).
     A result without that mode, or with settings the predictor refuses, raises a SpecError naming them."""
-    from ..analytic.predict import at_host_speed, profile_hardware, with_profile
+    from ..analytic.predict import profile_hardware, with_profile
 
     settings = result.get("settings") or {}
     entry = (result.get("modes") or {}).get(mode)
@@ -94,13 +98,7 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
-    at = [at_host_speed(hw, p.get("host_probe_op_s") if host_speed else None) for p in done]
-    probes = [a.prediction.host_probe_op_s for a in at]
-    preds: list = [None] * len(done)
-    for probe in dict.fromkeys(probes):  # points at one host speed (all, before it was recorded) together
-        idx = [i for i, q in enumerate(probes) if q == probe]
-        for i, pr in zip(idx, predicted_stages(spec, [workloads[i] for i in idx], at[idx[0]])):
-            preds[i] = pr
+    preds = predicted_stages(spec, workloads, hw, [p.get("host_probe_op_s") if host_speed else None for p in done])
     return [{"workload": w, "measured_s": p["measured_s"], "predicted_s": pr,
              "error": relative_errors(pr, p["measured_s"])} for w, p, pr in zip(workloads, done, preds)]
 

@@ -59,3 +59,7 @@ def probe_host_op_s(device: torch.device | str) -> float | None:
         torch.cuda.synchronize(device)
     return statistics.median(times)
 
+
+def probe_median(probes: list[float | None]) -> float | None:
+    """The median of probes taken around a measurement; None where the device had none (a CPU)."""
+    return statistics.median(probes) if probes and probes[0] is not None else None
