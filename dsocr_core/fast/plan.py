@@ -24,9 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write, layout,
-                                lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, swiglu,
-                                touched_experts, whole)
-from ..analytic.vision import SOFTMAX_FLOPS, clip_tokens
+                                lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, sam_mlp,
+                                swiglu, touched_experts, whole)
+from ..analytic.vision import clip_tokens, sam_patches
 from ..registry import family_of, fast_engine_models
 from ..spec import SpecError
 from .options import ResolvedFast
@@ -51,8 +51,11 @@ DEFAULT_SDPA = "attention.default"
 class FastPlan:
     # CLIP's MLP runs as four kernels one after another (fc1 GEMM, the fused quick_gelu, fc2 GEMM, the residual add):
     # nothing overlaps the GEMMs' compute with the elementwise traffic, so the row gets no overlap credit (its
-    # kernels' own rooflines add up). With the credit CLIP was predicted 12-29% fast at batch 3-64 (docs/accuracy.md)
-    separate_rows = frozenset({"clip.mlp"})
+    # kernels' own rooflines add up). With the credit CLIP was predicted 12-29% fast at batch 3-64 (docs/accuracy.md).
+    # SAM's compiled blocks likewise: Inductor fuses the elementwise work into kernels of its own, none into a GEMM
+    # or the attention (the trace, docs/accuracy.md "SAM planned kernel by kernel")
+    separate_rows = frozenset({"clip.mlp", *(f"sam.{part}.{tag}" for part in ("norm1", "attn", "norm2", "mlp")
+                                             for tag in ("windowed", "global"))})
 
     def __init__(self, options: ResolvedFast, device_kind: str):
         self.o = options
@@ -117,6 +120,8 @@ class FastPlan:
     # ---------------------------------------------------------------------------------------------- vision
     def _vision(self, c: Call) -> Plan:
         s, calls, kind = c.spec, c.calls, c.kind
+        if kind.startswith(("sam.norm", "sam.mlp")):
+            return _sam_norm(c) if kind.startswith("sam.norm") else _sam_mlp(c)
         shared = common_vision(c)
         if shared is not None:
             return shared
@@ -153,26 +158,34 @@ class FastPlan:
         v, calls, dt, heads = c.views, c.calls, c.dt, c.spec.sam_heads
         if self.o.sam_attention == "dense":  # the reference's dense mask (the broadcast sum and its copy), read by SDPA
             return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa], rest_launches=calls * 3)
-        d = c.spec.sam_width // heads
+        t, n = _sam_tokens(c)  # tokens of the call's views; the attention's, windows padded
+        cw, d = c.spec.sam_width, c.spec.sam_width // heads
         groups = a.n // a.seq
         # bias folded into q/k: [scale*q, rel_h, rel_w] . [k, onehot rows, onehot cols], head dim padded to 8
         dq = -(-(d + 2 * a.span) // 8) * 8
-        mask, sdpa, n = a.mask, a.sdpa, a.n
-        mask.real_flops = 0.0
-        # read q, k, rel; write q', k'
-        mask.real_bytes = v * (2 * n * c.spec.sam_width + a.rel + 2 * n * heads * dq) * dt
-        mask.launches = calls * 3
-        mask.table, mask.coords = "memory.elementwise", dict(bytes=mask.real_bytes)  # contiguous concatenations
-        # a flash kernel, no mask; q/k head dim dq, v keeps d. Priced on attention.sdpa (the reference LM's backends,
-        # FlashAttention 2 on an H100), not on attention.default (what runs: cuDNN's kernel, q.k at dq rounded up to
-        # a multiple of 64): with that table SAM is 10-17% under-predicted on every H100 set, because SAM's other
-        # kernels run slower than planned (docs/accuracy.md, "SDPA as the fast engine runs it"); the slower table's
-        # excess stands in for theirs until they are planned as they run: a compensation, not a model of the kernel
-        sdpa.table = "attention.sdpa"
-        sdpa.coords = dict(bh=v * groups * heads, q=a.seq, k=a.seq, d=(dq + d) / 2)
-        sdpa.real_flops = v * (2 * a.scores * (dq + d) + SOFTMAX_FLOPS * a.scores)
-        sdpa.real_bytes = v * n * heads * (2 * dq + 2 * d) * dt
-        return Plan(a.gemms + [mask, sdpa], rest_launches=calls * 3)
+        rel = n * heads * 2 * a.span  # rel_h and rel_w, one term per token, head and row or column
+        moved = [
+            # the window partition (norm1's output zero-padded and cut into windows): read the map, write the windows
+            (0.0 if c.kind.endswith("global") else t * cw + n * cw, 1.0),
+            (4 * n * cw, 2.0),  # q and v split out of the q/k/v GEMM's rows, each read and written whole
+            (4 * (2 * a.span - 1) * d, 2.0),  # the relative-position tables gathered for this grid
+            (n * cw + rel + n * heads * dq, 1.0),  # q' = [scale*q, rel_h, rel_w, 0]: read q and rel, write q'
+            (n * cw + n * heads * dq, 1.0),  # k' = [k, onehot rows, onehot cols, 0]: read k, write k'
+            (2 * n * cw, 1.0),  # the attention's output, heads merged back into rows
+        ]
+        kernels = a.gemms + [_moved(c, "memory.elementwise", nb * dt, k) for nb, k in moved if np.any(nb)]
+        # cuDNN's flash kernel (what the compiled block's SDPA runs; attention.default): its programs run q.k at
+        # the head dim padded to its tile (64, 128, 192 or 256: the kernel names' last dimension) and p.v at d.
+        # Timed as those two products' parts of one kernel, each on the table at its head dim, weighted by its
+        # share of the matrix work
+        tile = -(-dq // 64) * 64
+        bh = v * groups * heads / np.maximum(calls, 1.0)
+        for dim, weight, share in ((tile, tile / (tile + d), a.sdpa), (d, d / (tile + d), None)):
+            kernels.append(Kernel(DEFAULT_SDPA, dict(bh=bh, q=a.seq, k=a.seq, d=dim),
+                                  share.flops if share else 0.0, share.nbytes if share else 0.0, calls * weight,
+                                  real_flops=weight * calls * 4 * bh * a.seq * a.seq * dim,
+                                  real_bytes=weight * calls * 4 * bh * a.seq * dim * dt))
+        return _whole_row(c, kernels)
 
     # ---------------------------------------------------------------------------------------------- LM
     def _attention(self, c: Call) -> Plan:
@@ -205,6 +218,54 @@ class FastPlan:
                         rest_by_batch=True)
         return Plan([qkv, attn, o, kv], rest_launches=2.0, rest_real_bytes=9 * t * h * dt,
                     rest_by_batch=True)  # RoPE, head merge
+
+
+def _sam_tokens(c: Call) -> tuple:
+    """(tokens of a SAM call's views, tokens its attention runs on: the windows zero-padded to whole windows)."""
+    s = c.spec
+    p = sam_patches(s, c.side)
+    if c.kind.endswith("global"):
+        return c.views * p * p, c.views * p * p
+    side = -(-p // s.sam_window) * s.sam_window
+    return c.views * p * p, c.views * side * side
+
+
+def _moved(c: Call, table: str, nbytes, launches: float) -> Kernel:
+    """`launches` kernels of a call (all its views) that move `nbytes` in all, each timed at its share of them."""
+    per = nbytes / np.maximum(c.calls, 1.0) / launches
+    return Kernel(table, dict(bytes=per), 0.0, 0.0, c.calls * launches, real_flops=0.0, real_bytes=nbytes)
+
+
+def _whole_row(c: Call, kernels: list[Kernel]) -> Plan:
+    """A plan of exactly `kernels`: the row's analytic work they do not claim (the elementwise ops' FLOPs and
+    bytes) becomes the last one's share, so no remainder is timed beside them (in a row without overlap credit a
+    kernel's share moves time between the roofline and the excess, never adds any)."""
+    last = kernels[-1]
+    last.flops = last.flops + np.maximum(c.cost.flops - sum(k.flops for k in kernels), 0.0)
+    last.nbytes = last.nbytes + np.maximum(c.cost.bytes - sum(k.nbytes for k in kernels), 0.0)
+    return Plan(kernels, rest_launches=0.0, rest_real_bytes=0.0)
+
+
+def _sam_norm(c: Call) -> Plan:
+    """A SAM block's LayerNorm as Inductor compiles it: norm1 reads the block's input and writes the normalised
+    map; norm2 is one kernel with the attention's residual add (and, windowed, the windows put back): it reads the
+    input and the attention's output and writes the normalised map. The residual stream itself is written by the
+    MLP's last kernel (_sam_mlp)."""
+    t, n = _sam_tokens(c)
+    rows = 2 * t if c.kind.startswith("sam.norm1") else 2 * t + n
+    nbytes = rows * c.spec.sam_width * c.dt
+    return _whole_row(c, [_moved(c, "memory.norm", nbytes, 1.0)])
+
+
+def _sam_mlp(c: Call) -> Plan:
+    """SAM's MLP: the two GEMMs (bias in their epilogue), the exact GELU as one kernel (read and write the hidden
+    rows) and the block's residual add (the input, the attention's output, windowed still in windows, and the
+    MLP's output read; the new residual stream written)."""
+    plan = sam_mlp(c, elementwise=0)
+    t, n = _sam_tokens(c)
+    cw, dt = c.spec.sam_width, c.dt
+    return _whole_row(c, plan.kernels + [_moved(c, "memory.elementwise", 2 * t * c.spec.sam_mlp_dim * dt, 1.0),
+                                         _moved(c, "memory.elementwise", (3 * t + n) * cw * dt, 1.0)])
 
 
 def _clip_share(c: Call, rows):
