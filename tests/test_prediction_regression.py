@@ -56,6 +56,7 @@ ACCURACY = {
         "H100 random, seed 43, held out": ("h100_prediction_accuracy_random43_fast_2026-11-27.json", None),
         "H100 random, seed 40, profile of the day": ("h100_prediction_accuracy_random40_own_profile_2026-11-27.json",
                                                       None),
+        "H200 random, seed 52, held out": ("h200_prediction_accuracy_random52_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -73,6 +74,7 @@ ACCURACY = {
         "H100 random, seed 48, own host costs": ("h100_prediction_accuracy_random48_reference_2026-11-27.json", None),
         "H100 random, seed 49, own profile": ("h100_prediction_accuracy_random49_reference_2026-11-27.json", None),
         "H100 random, seed 50, own host speed": ("h100_prediction_accuracy_random50_reference_2026-11-27.json", None),
+        "H200 random, seed 53, own host costs": ("h200_prediction_accuracy_random53_reference_2026-11-27.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
@@ -147,7 +149,10 @@ def stated(table: dict, column: str) -> dict[str, tuple[float, float]]:
 # tables are measured again and the profile as it was before is kept here, with the day the new tables came:
 # results measured before that day are predicted with the tables of the kernels they ran (the fused batch-1 decode
 # kernels load their weights before waiting for the previous kernel since 2026-11-27, docs/fast-mode.md).
-PROFILE_BEFORE = {"data/profiles/h100.json": ("2026-11-27", "data/profiles/history/h100_2026-11-26.json")}
+PROFILE_BEFORE = {"data/profiles/h100.json": ("2026-11-27", "data/profiles/history/h100_2026-11-26.json"),
+                  "data/profiles/h200.json": ("2026-11-27", "data/profiles/history/h200_2026-11-23.json"),
+                  "data/profiles/h100_from_h200.json": ("2026-11-27",
+                                                        "data/profiles/history/h100_from_h200_2026-11-26.json")}
 
 
 def result_profile(result: dict):
