@@ -187,6 +187,7 @@ def test_clip_mlp_and_sam_block_kernels_get_no_overlap_credit(monkeypatch):
     pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1, 8], decode_steps=[0], logits="last")
     separate = _stages(EngineSpec.of("fast"), pts)
     monkeypatch.setattr(FastPlan, "separate_rows", frozenset())
+    monkeypatch.setattr(FastPlan, "sam_rows", frozenset())
     credited = _stages(EngineSpec.of("fast"), pts)
     for stage in ("clip", "sam"):
         assert np.all(separate[stage]["predicted_roofline_s"] > credited[stage]["predicted_roofline_s"]), stage

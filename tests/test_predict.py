@@ -476,8 +476,8 @@ def test_sams_dense_bias_is_priced_on_its_own_tables_where_the_profile_has_them(
     from dsocr_core.results.prediction_check import predicted_stages
     from dsocr_core.registry import get_family
 
-    base = load_profile(Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200.json")
-    assert base.table("bias.broadcast") is None and base.table("bias.strided") is None  # the H200 profile predates them
+    base = load_profile(Path(__file__).resolve().parents[1] / "data" / "profiles" / "history" / "h200_2026-11-23.json")
+    assert base.table("bias.broadcast") is None and base.table("bias.strided") is None  # this H200 profile predates them
     tables = dict(base.tables)
     for name, source in (("bias.broadcast", "memory.elementwise"), ("bias.strided", "memory.copy")):
         eff = base.table(source).lookup(bytes=1e9) / 3  # a third of the contiguous kernel's, at every shape

@@ -14,15 +14,16 @@ QUICK = ("its tables are the quick grids (kernel shapes up to 128 wide, a smoke 
 CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs only (the plans price a GPU's "
        "kernels and launches): its predictions are untested")
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on the H100 from the H200's profile, decode and TPOT "
-           "miss by 23-24% (median), the projector by 47%, CLIP by 10%")
+           "miss by 23-24% (median), the projector by 47%, CLIP by 9%")
 REFERENCE = ("the reference session mode misses the 15% target in its LM prefill and projector, and elsewhere off the "
              "machine its host costs were measured on: it is host-bound at small batches and its host differs "
              "between machines of the same kind by up to 1.5x. On H100 random points (2026-11-27) with that "
              "machine's host cost per op of the model's code (calibrate --tables launch.host_stages): SAM 5-9%, "
-             "CLIP 7-13%, decode 6-10%, TPOT 5%, TTFT 10-15%, the LM prefill 18-24%, the projector 18-54%; with "
-             "another machine's costs, or on the H200 (no such costs, no SAM tables: SAM 20%, CLIP 24%, LM prefill "
-             "129%; the bundled H200 run: LM prefill +123%), errors of 20-50% are usual; its host-bound stages also "
-             "vary by up to +-50% between runs of the same point")
+             "CLIP 7-13%, decode 6-10%, TPOT 5%, TTFT 10-15%, the LM prefill 18-24%, the projector 18-54%; on H200 "
+             "random points with that machine's costs: SAM 4%, CLIP 7%, decode 6%, TTFT 13%, the LM prefill 27% and "
+             "the projector 39% under; with another machine's costs (the bundled H200 run: SAM, CLIP and vision "
+             "22-37% over), errors of 20-50% are usual; its host-bound stages also vary by up to +-50% between runs "
+             "of the same point")
 BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routing (synthetic weights route a batch's "
            "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +33% to +59% (median); predicted "
            "with a run's observed routing, 2-10% on the H100 and the H200; reference up to +729%")
@@ -33,8 +34,8 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
 PROJECTOR = ("the projector (0.015-0.3 ms) is predicted within 2-12% (median) on the H100 sets of 2026-11-27 since "
              "the graph's start is charged (3.3-11.7% on the held-out sets, up to -40% on single points; one host "
              "stall made a point 9x slower), "
-             "about 50% under on the H200 (its profile has neither that cost nor a table for the projector's "
-             "transposed concatenation); at larger batches the stage can run tens of us longer inside its CUDA "
+             "10% under (median, up to 45%) on the H200 since its profile has that cost and a table for the "
+             "projector's transposed concatenation (about 50% under before); at larger batches the stage can run tens of us longer inside its CUDA "
              "graph than its kernels do outside it")
 
 

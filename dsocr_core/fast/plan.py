@@ -42,9 +42,9 @@ MOE_GEMV = "memory.moe_gemv"
 # memory.elementwise
 GATHER_ROWS = "memory.gather_rows"
 # the compiled SAM, CLIP and LM prefill layers call SDPA without choosing a backend: torch picks one (on an H100 with
-# torch 2.11 cuDNN's flash kernel, which the trace shows and the reference LM's backend list excludes). CLIP and the
-# prefill are priced on it (SAM is not: _sam_attention says why); a profile without the table falls back to
-# attention.sdpa (CLIP) and attention.flash (prefill), as before it existed
+# torch 2.11 cuDNN's flash kernel, which the trace shows and the reference LM's backend list excludes). SAM, CLIP
+# and the prefill are priced on it; a profile without the table falls back to attention.sdpa (SAM, CLIP) and
+# attention.flash (prefill), as before it existed
 DEFAULT_SDPA = "attention.default"
 
 
@@ -52,15 +52,20 @@ class FastPlan:
     # CLIP's MLP runs as four kernels one after another (fc1 GEMM, the fused quick_gelu, fc2 GEMM, the residual add):
     # nothing overlaps the GEMMs' compute with the elementwise traffic, so the row gets no overlap credit (its
     # kernels' own rooflines add up). With the credit CLIP was predicted 12-29% fast at batch 3-64 (docs/accuracy.md).
-    # SAM's compiled blocks likewise: Inductor fuses the elementwise work into kernels of its own, none into a GEMM
-    # or the attention (the trace, docs/accuracy.md "SAM planned kernel by kernel")
-    separate_rows = frozenset({"clip.mlp", *(f"sam.{part}.{tag}" for part in ("norm1", "attn", "norm2", "mlp")
-                                             for tag in ("windowed", "global"))})
+    # SAM's compiled blocks with the folded attention likewise: Inductor fuses the elementwise work into kernels of
+    # its own, none into a GEMM or the attention (docs/accuracy.md, "SAM planned kernel by kernel")
+    separate_rows = frozenset({"clip.mlp"})
+    sam_rows = frozenset(f"sam.{part}.{tag}" for part in ("norm1", "attn", "norm2", "mlp")
+                         for tag in ("windowed", "global"))
 
     def __init__(self, options: ResolvedFast, device_kind: str):
         self.o = options
         self.device_kind = device_kind
         self.graphs = options.graphs
+        # the dense-mask option keeps the analytic rows' elementwise work and their overlap (it was not traced)
+        self.sam_kernels = options.sam_attention != "dense"
+        if self.sam_kernels:
+            self.separate_rows = self.separate_rows | self.sam_rows
         notes = []
         if options.sam_attention == "flex":
             notes.append("fast engine sam_attention='flex' is planned as the folded bias (no FlexAttention table)")
@@ -120,7 +125,7 @@ class FastPlan:
     # ---------------------------------------------------------------------------------------------- vision
     def _vision(self, c: Call) -> Plan:
         s, calls, kind = c.spec, c.calls, c.kind
-        if kind.startswith(("sam.norm", "sam.mlp")):
+        if self.sam_kernels and kind.startswith(("sam.norm", "sam.mlp")):
             return _sam_norm(c) if kind.startswith("sam.norm") else _sam_mlp(c)
         shared = common_vision(c)
         if shared is not None:
@@ -168,24 +173,29 @@ class FastPlan:
             # the window partition (norm1's output zero-padded and cut into windows): read the map, write the windows
             (0.0 if c.kind.endswith("global") else t * cw + n * cw, 1.0),
             (4 * n * cw, 2.0),  # q and v split out of the q/k/v GEMM's rows, each read and written whole
-            (4 * (2 * a.span - 1) * d, 2.0),  # the relative-position tables gathered for this grid
+            # the two relative-position tables for this grid: (2 span - 1) x d read, span x span x d written
+            (c.calls * 2 * ((2 * a.span - 1) * d + a.span * a.span * d), 2.0),
             (n * cw + rel + n * heads * dq, 1.0),  # q' = [scale*q, rel_h, rel_w, 0]: read q and rel, write q'
             (n * cw + n * heads * dq, 1.0),  # k' = [k, onehot rows, onehot cols, 0]: read k, write k'
             (2 * n * cw, 1.0),  # the attention's output, heads merged back into rows
         ]
-        kernels = a.gemms + [_moved(c, "memory.elementwise", nb * dt, k) for nb, k in moved if np.any(nb)]
-        # cuDNN's flash kernel (what the compiled block's SDPA runs; attention.default): its programs run q.k at
-        # the head dim padded to its tile (64, 128, 192 or 256: the kernel names' last dimension) and p.v at d.
-        # Timed as those two products' parts of one kernel, each on the table at its head dim, weighted by its
-        # share of the matrix work
+        copies = [_moved(c, "memory.elementwise", nb * dt, k) for nb, k in moved if np.any(nb)]
+        # cuDNN's flash kernel (what the compiled block's SDPA runs; attention.default) with q.k at head dim dq and
+        # p.v at d: it runs at a head-dim tile of dq rounded up to 64 (the kernel names' last dimension: 128, 192,
+        # 256). The table has kernels with one head dim for both products, so it is timed as a blend of the table's
+        # kernel at the tile and at d, weighted by the two products' shares of the padded matrix work (tile and d).
+        # An empirical rule, chosen on the trace of 5 SAM stages (docs/accuracy.md), where it is within -8% to +10%
+        # of each attention; charging each product half a kernel at its own head dim (the kernel's FLOPs exactly)
+        # is 7-21% fast there, the whole kernel at the tile 5-26% slow
         tile = -(-dq // 64) * 64
         bh = v * groups * heads / np.maximum(calls, 1.0)
+        attention = []
         for dim, weight, share in ((tile, tile / (tile + d), a.sdpa), (d, d / (tile + d), None)):
-            kernels.append(Kernel(DEFAULT_SDPA, dict(bh=bh, q=a.seq, k=a.seq, d=dim),
-                                  share.flops if share else 0.0, share.nbytes if share else 0.0, calls * weight,
-                                  real_flops=weight * calls * 4 * bh * a.seq * a.seq * dim,
-                                  real_bytes=weight * calls * 4 * bh * a.seq * dim * dt))
-        return _whole_row(c, kernels)
+            attention.append(Kernel(DEFAULT_SDPA, dict(bh=bh, q=a.seq, k=a.seq, d=dim),
+                                    share.flops if share else 0.0, share.nbytes if share else 0.0, calls * weight,
+                                    real_flops=weight * calls * 4 * bh * a.seq * a.seq * dim,
+                                    real_bytes=weight * calls * 4 * bh * a.seq * dim * dt))
+        return _whole_row(c, a.gemms + attention + copies)
 
     # ---------------------------------------------------------------------------------------------- LM
     def _attention(self, c: Call) -> Plan:
@@ -237,9 +247,10 @@ def _moved(c: Call, table: str, nbytes, launches: float) -> Kernel:
 
 
 def _whole_row(c: Call, kernels: list[Kernel]) -> Plan:
-    """A plan of exactly `kernels`: the row's analytic work they do not claim (the elementwise ops' FLOPs and
-    bytes) becomes the last one's share, so no remainder is timed beside them (in a row without overlap credit a
-    kernel's share moves time between the roofline and the excess, never adds any)."""
+    """A plan of exactly `kernels`, the last a memory kernel: the row's analytic work they do not claim (the
+    elementwise ops' FLOPs and bytes) becomes its share, so no remainder is timed beside them (in a row without
+    overlap credit a kernel's share moves time between the roofline and the excess, never adds any; with
+    work="analytic" the share is timed on that memory kernel's table, as a remainder would be)."""
     last = kernels[-1]
     last.flops = last.flops + np.maximum(c.cost.flops - sum(k.flops for k in kernels), 0.0)
     last.nbytes = last.nbytes + np.maximum(c.cost.bytes - sum(k.nbytes for k in kernels), 0.0)
@@ -248,24 +259,24 @@ def _whole_row(c: Call, kernels: list[Kernel]) -> Plan:
 
 def _sam_norm(c: Call) -> Plan:
     """A SAM block's LayerNorm as Inductor compiles it: norm1 reads the block's input and writes the normalised
-    map; norm2 is one kernel with the attention's residual add (and, windowed, the windows put back): it reads the
-    input and the attention's output and writes the normalised map. The residual stream itself is written by the
-    MLP's last kernel (_sam_mlp)."""
-    t, n = _sam_tokens(c)
-    rows = 2 * t if c.kind.startswith("sam.norm1") else 2 * t + n
+    map; norm2 is one kernel with the attention's residual add (and, windowed, the windows put back, their padding
+    cropped away unread): it reads the input and the attention's output and writes the normalised map. The residual
+    stream itself is written by the MLP's last kernel (_sam_mlp)."""
+    t = _sam_tokens(c)[0]
+    rows = 2 * t if c.kind.startswith("sam.norm1") else 3 * t
     nbytes = rows * c.spec.sam_width * c.dt
     return _whole_row(c, [_moved(c, "memory.norm", nbytes, 1.0)])
 
 
 def _sam_mlp(c: Call) -> Plan:
     """SAM's MLP: the two GEMMs (bias in their epilogue), the exact GELU as one kernel (read and write the hidden
-    rows) and the block's residual add (the input, the attention's output, windowed still in windows, and the
-    MLP's output read; the new residual stream written)."""
+    rows) and the block's residual add (the input, the attention's output, windowed read through the crop of its
+    windows, and the MLP's output read; the new residual stream written)."""
     plan = sam_mlp(c, elementwise=0)
-    t, n = _sam_tokens(c)
+    t = _sam_tokens(c)[0]
     cw, dt = c.spec.sam_width, c.dt
     return _whole_row(c, plan.kernels + [_moved(c, "memory.elementwise", 2 * t * c.spec.sam_mlp_dim * dt, 1.0),
-                                         _moved(c, "memory.elementwise", (3 * t + n) * cw * dt, 1.0)])
+                                         _moved(c, "memory.elementwise", 4 * t * cw * dt, 1.0)])
 
 
 def _clip_share(c: Call, rows):
