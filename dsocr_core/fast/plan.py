@@ -163,7 +163,7 @@ class FastPlan:
         v, calls, dt, heads = c.views, c.calls, c.dt, c.spec.sam_heads
         if self.o.sam_attention == "dense":  # the reference's dense mask (the broadcast sum and its copy), read by SDPA
             return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa], rest_launches=calls * 3)
-        t, n = _sam_tokens(c)  # tokens of the call's views; the attention's, windows padded
+        t, n = _sam_tokens(c), v * a.n  # tokens of the call's views; the attention's (windows padded)
         cw, d = c.spec.sam_width, c.spec.sam_width // heads
         groups = a.n // a.seq
         # bias folded into q/k: [scale*q, rel_h, rel_w] . [k, onehot rows, onehot cols], head dim padded to 8
@@ -230,14 +230,9 @@ class FastPlan:
                     rest_by_batch=True)  # RoPE, head merge
 
 
-def _sam_tokens(c: Call) -> tuple:
-    """(tokens of a SAM call's views, tokens its attention runs on: the windows zero-padded to whole windows)."""
-    s = c.spec
-    p = sam_patches(s, c.side)
-    if c.kind.endswith("global"):
-        return c.views * p * p, c.views * p * p
-    side = -(-p // s.sam_window) * s.sam_window
-    return c.views * p * p, c.views * side * side
+def _sam_tokens(c: Call):
+    """Tokens of a SAM call's views (the map, unpadded; the attention's padded windows are kernels.sam_attention's)."""
+    return c.views * sam_patches(c.spec, c.side) ** 2
 
 
 def _moved(c: Call, table: str, nbytes, launches: float) -> Kernel:
@@ -262,7 +257,7 @@ def _sam_norm(c: Call) -> Plan:
     map; norm2 is one kernel with the attention's residual add (and, windowed, the windows put back, their padding
     cropped away unread): it reads the input and the attention's output and writes the normalised map. The residual
     stream itself is written by the MLP's last kernel (_sam_mlp)."""
-    t = _sam_tokens(c)[0]
+    t = _sam_tokens(c)
     rows = 2 * t if c.kind.startswith("sam.norm1") else 3 * t
     nbytes = rows * c.spec.sam_width * c.dt
     return _whole_row(c, [_moved(c, "memory.norm", nbytes, 1.0)])
@@ -273,7 +268,7 @@ def _sam_mlp(c: Call) -> Plan:
     rows) and the block's residual add (the input, the attention's output, windowed read through the crop of its
     windows, and the MLP's output read; the new residual stream written)."""
     plan = sam_mlp(c, elementwise=0)
-    t = _sam_tokens(c)[0]
+    t = _sam_tokens(c)
     cw, dt = c.spec.sam_width, c.dt
     return _whole_row(c, plan.kernels + [_moved(c, "memory.elementwise", 2 * t * c.spec.sam_mlp_dim * dt, 1.0),
                                          _moved(c, "memory.elementwise", 4 * t * cw * dt, 1.0)])
