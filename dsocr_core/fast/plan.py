@@ -46,6 +46,11 @@ GATHER_ROWS = "memory.gather_rows"
 # and the prefill are priced on it; a profile without the table falls back to attention.sdpa (SAM, CLIP) and
 # attention.flash (prefill), as before it existed
 DEFAULT_SDPA = "attention.default"
+# torch._grouped_mm's kernel (CUTLASS, sm90) runs a group of more than 128 rows in tiles of 256 rows: its time is
+# flat from 129 to 256 rows and steps up by a tile's time at 257, 513, ... (benchmarks/grouped_gemm_steps.py on an
+# H200: 140 us at 256 rows per expert, 235 us at 288, 245 us at 512). A group is priced at its rows rounded up to
+# whole tiles, on the grouped_gemm table's entry there
+GROUPED_TILE_ROWS = 256
 
 
 class FastPlan:
@@ -351,8 +356,8 @@ def _mlp(c: Call) -> Plan:
             gu.coords, down.coords = dict(bytes=gu.real_bytes), dict(bytes=_fused_moe_bytes(c)[1])
             gu.launches, down.launches = 1.0, 1.0
             return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
-        gu.table = down.table = "grouped_gemm"
-        gu.coords, down.coords = dict(tokens=r.per, n=2 * im, k=h), dict(tokens=r.per, n=h, k=im)
+        _grouped(gu, r.per, dict(n=2 * im, k=h), c.routing is None)
+        _grouped(down, r.per, dict(n=h, k=im), c.routing is None)
         gu.launches, down.launches = 1.0, 1.0
         # 23 kernels per MoE layer outside the fused step, counted with the profiler on an H100 (torch 2.11's
         # Inductor, decode batch 8; docs/fast-mode.md): the gate row's 4, the two grouped GEMMs and 17 more: their
@@ -367,11 +372,31 @@ def _mlp(c: Call) -> Plan:
             gu.table = down.table = FUSED_GEMV
             gu.coords, down.coords = dict(bytes=router_kernel), dict(bytes=down_kernel)
             return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
-        gu.table = down.table = "grouped_gemm"
-        gu.coords = dict(tokens=t, n=2 * s.moe_intermediate_size, k=h)
-        down.coords = dict(tokens=t, n=h, k=s.moe_intermediate_size)
+        _grouped(gu, t, dict(n=2 * s.moe_intermediate_size, k=h), True)
+        _grouped(down, t, dict(n=h, k=s.moe_intermediate_size), True)
         return Plan([gu, down], rest_launches=0.0)
     raise KeyError(c.kind)
+
+
+def tiled_rows(rows):
+    """The rows a grouped GEMM's group of `rows` rows pays for: whole tiles of GROUPED_TILE_ROWS above half a tile
+    (below, the kernel takes smaller tiles, which the table measures as they are)."""
+    rows = np.asarray(rows, dtype=float)
+    tiles = np.ceil(rows / GROUPED_TILE_ROWS) * GROUPED_TILE_ROWS
+    return np.where(rows > GROUPED_TILE_ROWS / 2, tiles, rows)
+
+
+def _grouped(k: Kernel, rows, shape: dict, even: bool) -> None:
+    """Price `k` (a SwiGLU GEMM over groups of `rows` rows each) on the grouped_gemm table. `even`: the groups
+    hold `rows` rows each (the shared experts' every token; uniform routing's experts, whose counts spread by about
+    their square root), so each pays for its whole tiles: the table's entry there, for the work of the padded rows
+    (its analytic share stays the real rows'). Otherwise (an observed routing: a few experts take most rows, the
+    rest hold less than a tile) `rows` is only their mean, and a mean's padding is not the groups' (a routing
+    records how many experts a call touched, not how it spread the rows): priced at the mean."""
+    padded = tiled_rows(rows) if even else np.asarray(rows, dtype=float)
+    pad = padded / np.maximum(np.asarray(rows, dtype=float), 1e-9)
+    k.table, k.coords = "grouped_gemm", dict(tokens=padded, **shape)
+    k.real_flops = (k.flops if k.real_flops is None else k.real_flops) * pad
 
 
 def _by_expert_bytes(c: Call) -> tuple[float, float]:

@@ -1,0 +1,54 @@
+"""The prefill's grouped expert GEMMs in the fast plan (fast/plan.py, docs/fast-mode.md "The grouped GEMMs'
+steps"): a group of more than half a tile pays for whole tiles of GROUPED_TILE_ROWS rows where the groups are even
+(the shared experts, uniform routing); under an observed routing only the mean rows per expert is known, and it
+is priced at that mean."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsocr_core.analytic import Points
+from dsocr_core.analytic.kernels import Call
+from dsocr_core.analytic.routing import routing_from_calls
+from dsocr_core.analytic.stages import prefill_rows
+from dsocr_core.engines import EngineSpec
+from dsocr_core.fast.plan import GROUPED_TILE_ROWS, tiled_rows
+from dsocr_core.spec import ModelSpec, Workload
+
+SPEC = ModelSpec()
+PLAN = EngineSpec.of("fast").kernel_plan("cuda")
+
+
+def test_rows_round_up_to_whole_tiles_above_half_a_tile():
+    assert GROUPED_TILE_ROWS == 256
+    got = tiled_rows(np.array([1.0, 100.0, 128.0, 129.0, 256.0, 257.0, 290.0, 512.0, 1320.0]))
+    assert got.tolist() == [1.0, 100.0, 128.0, 256.0, 256.0, 512.0, 512.0, 512.0, 1536.0]
+
+
+def _grouped_kernels(kind: str, routing=None, batch: int = 8):
+    pts = Points.from_workload(Workload(mode="base", text_tokens=300, batch=batch))
+    (row,) = [r for r in prefill_rows(SPEC, pts) if r.kind == kind]
+    plan = PLAN.plan(Call(row.kind, row.cost, row.ctx[0], routing=routing))
+    return [k for k in plan.kernels if k.table == "grouped_gemm"], float(np.sum(row.ctx[0]["b"] * row.ctx[0]["sq"]))
+
+
+def test_the_shared_experts_pay_for_whole_tiles_of_every_token():
+    kernels, tokens = _grouped_kernels("lm.mlp.shared_experts")
+    assert len(kernels) == 2 and tokens > GROUPED_TILE_ROWS
+    padded = float(tiled_rows(tokens))
+    for k in kernels:
+        assert float(np.sum(k.coords["tokens"])) == pytest.approx(padded)
+        assert float(np.sum(k.real_flops)) == pytest.approx(float(np.sum(k.flops)) * padded / tokens)
+
+
+def test_uniform_routing_pads_the_mean_group_and_an_observed_routing_does_not():
+    uniform, tokens = _grouped_kernels("lm.mlp.experts")
+    slots = tokens * SPEC.num_experts_per_tok
+    for k in uniform:
+        rows = float(np.sum(k.coords["tokens"]))
+        assert rows % GROUPED_TILE_ROWS == 0 and rows >= slots / SPEC.n_routed_experts
+    observed = routing_from_calls([(tokens, 40.0)], SPEC.n_routed_experts, SPEC.num_experts_per_tok, "test")
+    seen, _ = _grouped_kernels("lm.mlp.experts", routing=observed)
+    for k in seen:
+        assert float(np.sum(k.coords["tokens"])) == pytest.approx(slots / 40.0)
+        assert float(np.sum(k.real_flops)) == pytest.approx(float(np.sum(k.flops)))
