@@ -52,3 +52,22 @@ def test_uniform_routing_pads_the_mean_group_and_an_observed_routing_does_not():
     for k in seen:
         assert float(np.sum(k.coords["tokens"])) == pytest.approx(slots / 40.0)
         assert float(np.sum(k.real_flops)) == pytest.approx(float(np.sum(k.flops)))
+
+
+def test_an_observed_routing_with_loads_prices_each_rank_bucket_at_its_own_tiles():
+    """One expert with 70% of the rows and the rest spread thin: the largest group pays for its own whole tiles,
+    the thin ones for what they hold; the buckets' analytic shares add up to the GEMM's, one launch each GEMM."""
+    even, tokens = _grouped_kernels("lm.mlp.experts")
+    slots = tokens * SPEC.num_experts_per_tok
+    rest = [0.3 / 63] * 63
+    calls = [(tokens, 64.0, [0.7 * slots] + [r * slots for r in rest])]
+    routing = routing_from_calls(calls, SPEC.n_routed_experts, SPEC.num_experts_per_tok, "test")
+    ranked, _ = _grouped_kernels("lm.mlp.experts", routing=routing)
+    assert len(ranked) == 8 and sum(float(np.sum(k.launches)) for k in ranked) == 2.0
+    for share in (sum(float(np.sum(k.flops)) for k in ranked[:4]), sum(float(np.sum(k.flops)) for k in ranked[4:])):
+        assert share in (pytest.approx(float(np.sum(even[0].flops))), pytest.approx(float(np.sum(even[1].flops))))
+    top = ranked[0]
+    assert float(np.sum(top.coords["tokens"])) == pytest.approx(float(tiled_rows(0.7 * slots)))
+    thin = ranked[3]  # ranks 17-64: each holds about 0.3 / 63 of the rows
+    held = 0.3 / 63 * slots
+    assert float(np.sum(thin.coords["tokens"])) == pytest.approx(float(tiled_rows(held)))

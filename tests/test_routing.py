@@ -121,6 +121,38 @@ def test_a_measured_point_records_the_experts_each_layer_touched(measured_run):
     assert decode["tokens"] == 2 and len(decode["distinct"]) == 2  # batch 2, two counted decode steps
     for d in [*prefill["distinct"], *sum(decode["distinct"], [])]:
         assert spec.num_experts_per_tok <= d <= spec.n_routed_experts
+    # each layer-call's loads: the rows of each touched expert, largest first, k rows per token in all
+    for loads, d in zip(prefill["loads"], prefill["distinct"]):
+        assert len(loads) == d and loads == sorted(loads, reverse=True)
+        assert sum(loads) == prefill["tokens"] * spec.num_experts_per_tok
+    assert [len(step) for step in decode["loads"]] == [layers, layers]
+    routing = observed_routing(store.get_run(run_id), pts)
+    assert routing.shapes is not None and all(sh is not None for sh in routing.shapes)
+    rows = routing.rows_by_rank(spec.n_routed_experts, spec.num_experts_per_tok, prefill["tokens"])
+    assert rows.sum() == pytest.approx(prefill["tokens"] * spec.num_experts_per_tok)
+
+
+def test_loads_become_a_mean_shape_per_token_count_and_survive_the_file(tmp_path):
+    calls = calls_of_record({"tokens": 50, "distinct": [3, 2], "loads": [[60, 30, 10], [80, 20]]})
+    calls += calls_of_record({"tokens": 2, "distinct": [[2]], "loads": [[[3, 1]]]})
+    r = routing_from_calls(calls, 8, 2, "run x")
+    assert r.shapes[1] == pytest.approx((0.7, 0.25, 0.05, 0, 0, 0, 0, 0))  # (0.6 + 0.8) / 2, ...
+    rows = r.rows_by_rank(8, 2, np.array([50.0, 20.0, 400.0]))
+    assert rows[0, :3] == pytest.approx([70.0, 25.0, 5.0])
+    assert rows[1, 0] == pytest.approx(0.7 * 40) and np.isnan(rows[2]).all()  # nearest (log): 50 tokens; 400 outside
+    table = routing_table(r)
+    assert table["largest expert's share of the rows"].tolist() == pytest.approx([0.75, 0.7])
+    table = routing_table(r)
+    assert table["largest expert's share of the rows"].tolist() == pytest.approx([0.75, 0.7])
+    back = load_routing(r.save(tmp_path / "r.json"))
+    assert back.shapes[1] == pytest.approx(r.shapes[1])
+    old = routing_from_calls(calls_of_record({"tokens": 50, "distinct": [3, 2]}), 8, 2, "run y")
+    assert old.shapes is None and old.rows_by_rank(8, 2, 50.0) is None  # records made before loads
+    data = json.loads((tmp_path / "r.json").read_text())
+    data["calls"][0]["loads"] = [0.5, 0.6] + [0.0] * 6
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(RoutingError, match="summing to 1"):
+        load_routing(tmp_path / "bad.json")
 
 
 def test_a_measured_run_is_predicted_with_its_observed_routing(measured_run):

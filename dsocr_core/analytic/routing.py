@@ -7,7 +7,10 @@ are not uniform: synthetic weights, for one, send a batch of tokens to far fewer
 call (recorded by measure/routing_record.py). Between observed token counts the ratio observed / uniform is
 interpolated in log(tokens); outside the observed range the routing says nothing, so uniform routing is used
 there (a decode-only profile, 1-64 tokens per call, must not set the experts a 700-token prefill reaches); the
-result stays within [k, E].
+result stays within [k, E]. Where the records hold each layer-call's loads (the rows each touched expert got,
+largest first; runs measured since 2026-11-27), a Routing also keeps, per token count, their mean shape: each
+rank's share of the call's k x T rows. A grouped GEMM's time follows those rows, not only how many experts hold
+them (fast/plan.py prices each group in whole tiles); `rows_by_rank` gives them for a call of T tokens.
 
 A routing profile is that table in a JSON file (`format` "dsocr-routing-profile", version 1), saved from a run
 (`python -m dsocr_core runs RUN --save-routing FILE`, or the MFU page) and chosen for what-if predictions (the
@@ -43,6 +46,9 @@ class Routing:
     observed: tuple[float, ...]  # mean distinct experts per layer and call at those token counts
     samples: tuple[int, ...]  # layer-calls behind each mean
     source: str  # where it was observed: "run 1a2b3c4d (name)"
+    # per token count, each rank's mean share of the call's k x T rows, largest first (E values summing to 1), or
+    # None where the records held no loads; None for the whole table when none did
+    shapes: tuple[tuple[float, ...] | None, ...] | None = None
 
     def __post_init__(self):
         if not self.tokens or len({len(self.tokens), len(self.observed), len(self.samples)}) != 1:
@@ -53,6 +59,13 @@ class Routing:
             if not (min(self.k, self.experts) <= d <= min(self.experts, self.k * t) + 1e-9):
                 raise RoutingError(f"{d} distinct experts for {t:g} tokens is impossible with k={self.k} of "
                                    f"E={self.experts}")
+        if self.shapes is not None:
+            if len(self.shapes) != len(self.tokens):
+                raise RoutingError("a routing table needs one loads entry (or none) per token count")
+            for t, shape in zip(self.tokens, self.shapes):
+                if shape is not None and (len(shape) != self.experts or min(shape) < 0
+                                          or abs(sum(shape) - 1.0) > 1e-3):
+                    raise RoutingError(f"the loads at {t:g} tokens must be {self.experts} shares >= 0 summing to 1")
 
     def ratios(self) -> np.ndarray:
         """Observed / uniform at each observed token count."""
@@ -72,6 +85,24 @@ class Routing:
         low = np.where(tokens > 0, float(min(k, n_experts)), 0.0)
         return np.clip(ratio * uniform, low, np.minimum(float(n_experts), k * tokens))
 
+    def rows_by_rank(self, n_experts: int, k: int, tokens):
+        """Rows each rank of expert gets in a call of `tokens` tokens, largest first: [..., E] (numpy over sweep
+        points), from the loads recorded at the nearest token count (in log tokens) inside the observed range; NaN
+        where there are none (outside the range, or no loads recorded). None when the routing holds no loads."""
+        if self.shapes is None or not any(sh is not None for sh in self.shapes):
+            return None
+        if (n_experts, k) != (self.experts, self.k):
+            raise SpecError(f"the routing profile ({self.source}) is for k={self.k} of E={self.experts} experts; "
+                            f"the model picks k={k} of E={n_experts}")
+        have = [i for i, sh in enumerate(self.shapes) if sh is not None]
+        known_t = np.log(np.asarray([self.tokens[i] for i in have], dtype=float))
+        table = np.asarray([self.shapes[i] for i in have], dtype=float)  # [recorded, E]
+        tokens = np.asarray(tokens, dtype=float)
+        nearest = np.abs(np.log(np.maximum(tokens, 1.0))[..., None] - known_t).argmin(-1)
+        inside = (tokens >= self.tokens[0]) & (tokens <= self.tokens[-1])
+        rows = table[nearest] * (k * tokens)[..., None]
+        return np.where(inside[..., None], rows, np.nan)
+
     def label(self) -> str:
         return (f"observed ({self.source}; {self.tokens[0]:g}-{self.tokens[-1]:g} tokens per call, uniform "
                 "outside)")
@@ -79,8 +110,10 @@ class Routing:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "experts": self.experts, "k": self.k,
                 "source": self.source,
-                "calls": [{"tokens": t, "distinct": d, "samples": n}
-                          for t, d, n in zip(self.tokens, self.observed, self.samples)]}
+                "calls": [{"tokens": t, "distinct": d, "samples": n,
+                           **({} if sh is None else {"loads": [round(x, 6) for x in sh]})}
+                          for t, d, n, sh in zip(self.tokens, self.observed, self.samples,
+                                                 self.shapes or (None,) * len(self.tokens))]}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -89,27 +122,48 @@ class Routing:
         return path
 
 
-def routing_from_calls(calls: Iterable[tuple[float, float]], experts: int, k: int, source: str) -> Routing | None:
-    """A Routing from (tokens, distinct experts) of individual layer-calls: the mean per token count. None when
-    there is none."""
-    by_tokens: dict[float, list[float]] = {}
-    for t, d in calls:
-        if t >= 1:
-            by_tokens.setdefault(float(t), []).append(float(d))
+def load_shape(loads: Iterable[float], experts: int) -> tuple[float, ...]:
+    """One layer-call's loads (rows per touched expert) as each rank's share of the rows, largest first, E values."""
+    rows = sorted((float(x) for x in loads), reverse=True)[:experts]
+    total = sum(rows)
+    return tuple([x / total for x in rows] + [0.0] * (experts - len(rows))) if total > 0 else (1.0 / experts,) * experts
+
+
+def routing_from_calls(calls: Iterable[tuple], experts: int, k: int, source: str) -> Routing | None:
+    """A Routing from layer-calls (tokens, distinct experts[, loads]): the mean distinct experts per token count,
+    and the mean load shape where every call of that count recorded its loads. None when there is none."""
+    by_tokens: dict[float, list[tuple]] = {}
+    for c in calls:
+        if c[0] >= 1:
+            by_tokens.setdefault(float(c[0]), []).append(c)
     if not by_tokens:
         return None
     ts = sorted(by_tokens)
-    return Routing(experts, k, tuple(ts), tuple(float(np.mean(by_tokens[t])) for t in ts),
-                   tuple(len(by_tokens[t]) for t in ts), source)
+    shapes = []
+    for t in ts:
+        group = by_tokens[t]
+        full = all(len(c) > 2 and c[2] for c in group)
+        shapes.append(tuple(np.mean([load_shape(c[2], experts) for c in group], axis=0).tolist()) if full else None)
+    return Routing(experts, k, tuple(ts), tuple(float(np.mean([c[1] for c in by_tokens[t]])) for t in ts),
+                   tuple(len(by_tokens[t]) for t in ts), source,
+                   tuple(shapes) if any(sh is not None for sh in shapes) else None)
 
 
-def calls_of_record(record: Mapping[str, Any]) -> list[tuple[float, float]]:
-    """(tokens, distinct) layer-calls of one stored routing record (measure/routing_record.py): {"tokens": T,
-    "distinct": [per layer]} for a prefill, {"tokens": B, "distinct": [[per layer] per step]} for decode steps."""
+def calls_of_record(record: Mapping[str, Any]) -> list[tuple]:
+    """Layer-calls of one stored routing record (measure/routing_record.py): (tokens, distinct) or, where the record
+    holds them, (tokens, distinct, loads). {"tokens": T, "distinct": [per layer], "loads": [[...] per layer]} for a
+    prefill, {"tokens": B, "distinct": [[per layer] per step], "loads": [[[...] per layer] per step]} for decode
+    steps; records made before loads were recorded have none."""
     t = float(record["tokens"])
+    distinct = record["distinct"]
+    loads = record.get("loads")
     out = []
-    for v in record["distinct"]:
-        out += [(t, float(x)) for x in (v if isinstance(v, list) else [v])]
+    for i, v in enumerate(distinct):
+        if isinstance(v, list):
+            step = loads[i] if loads is not None else [None] * len(v)
+            out += [(t, float(x)) if ld is None else (t, float(x), ld) for x, ld in zip(v, step)]
+        else:
+            out.append((t, float(v)) if loads is None else (t, float(v), loads[i]))
     return out
 
 
@@ -136,16 +190,25 @@ def routing_from_dict(data: Any, where: str = "routing profile") -> Routing:
         raise bad("calls must be a non-empty list")
     rows = []
     for i, c in enumerate(calls):
-        if not isinstance(c, Mapping) or set(c) != {"tokens", "distinct", "samples"}:
-            raise bad(f"calls[{i}] must have exactly tokens, distinct and samples")
+        if not isinstance(c, Mapping) or not ({"tokens", "distinct", "samples"} <= set(c)
+                                              <= {"tokens", "distinct", "samples", "loads"}):
+            raise bad(f"calls[{i}] must have tokens, distinct and samples (and optionally loads), nothing else")
         for name in ("tokens", "distinct", "samples"):
             v = c[name]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise bad(f"calls[{i}].{name} must be a finite number >= 0, got {v!r}")
-        rows.append((float(c["tokens"]), float(c["distinct"]), int(c["samples"])))
+        shape = c.get("loads")
+        if shape is not None:
+            if not isinstance(shape, list) or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                                  or not math.isfinite(x) for x in shape):
+                raise bad(f"calls[{i}].loads must be a list of numbers")
+            shape = tuple(float(x) for x in shape)
+        rows.append((float(c["tokens"]), float(c["distinct"]), int(c["samples"]), shape))
+    shapes = tuple(r[3] for r in rows)
     try:
         return Routing(data["experts"], data["k"], tuple(r[0] for r in rows), tuple(r[1] for r in rows),
-                       tuple(r[2] for r in rows), data["source"])
+                       tuple(r[2] for r in rows), data["source"],
+                       shapes if any(sh is not None for sh in shapes) else None)
     except RoutingError as exc:
         raise bad(str(exc)) from None
 
@@ -169,6 +232,10 @@ def routing_table(routing: Routing):
 
     t = np.asarray(routing.tokens)
     uniform = expected_experts(routing.experts, routing.k, t)
-    return pd.DataFrame({"tokens per call": t.astype(int), "observed distinct experts": routing.observed,
-                         "uniform (assumed)": uniform, "observed / uniform": np.asarray(routing.observed) / uniform,
-                         "layer-calls": routing.samples})
+    table = pd.DataFrame({"tokens per call": t.astype(int), "observed distinct experts": routing.observed,
+                          "uniform (assumed)": uniform, "observed / uniform": np.asarray(routing.observed) / uniform,
+                          "layer-calls": routing.samples})
+    if routing.shapes is not None:  # how unevenly the rows spread (the grouped GEMMs' tiles follow it)
+        table["largest expert's share of the rows"] = [np.nan if sh is None else sh[0] for sh in routing.shapes]
+        table["uniform share (assumed)"] = 1.0 / np.maximum(uniform, 1.0)
+    return table

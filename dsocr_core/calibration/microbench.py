@@ -65,12 +65,13 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
     # least SAM's 12 heads (at bh 1 the reshape is a view: no copy to time, the entry would stay unmeasured)
     out |= {f"bias.{k}": {"bh": [12, 48, 192, 768, 3072, 12288], "side": [14, 40, 64, 80]} for k in BIAS_KINDS}
     out |= {"attention.sdpa": att, "attention.sdpa.causal": causal,
-            # the LM's expert GEMMs (gate/up n 1,792 k 1,280; down n 1,280 k 896) on grid lines of their own, and
-            # rows per expert between the powers of two: the grouped kernel's time grows in steps (flat from 129 to
-            # 256 rows, 1.6x at 257 on an H200: benchmarks/grouped_gemm_steps.py), and powers of two alone are
-            # its best sizes, which priced every size between them as fast as those
-            "grouped_gemm.bfloat16": {"tokens": [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024,
-                                                 1536, 2048, 3072, 4096],
+            # the LM's expert GEMMs (gate/up n 1,792 k 1,280; down n 1,280 k 896) on grid lines of their own. Above
+            # 128 rows per expert the kernel runs whole tiles of 256 rows (flat from 129 to 256 rows, 1.6x at 257 on
+            # an H200: benchmarks/grouped_gemm_steps.py); the fast plan prices a group at its rows in whole tiles
+            # (fast/plan.tiled_rows), so the grid above 128 holds whole tiles only: a size between them would be
+            # timed with its padding, which the plan already charges
+            "grouped_gemm.bfloat16": {"tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048,
+                                                 3072, 4096],
                                       "n": [256, 1024, 1280, 1792, 4096], "k": [256, 896, 1024, 1280, 4096]},
             "attention.flash": att, "attention.flash.causal": causal,
             # the fast engine's SAM (its folded q/k head dim is 92 to 224), CLIP and LM prefill

@@ -356,9 +356,16 @@ def _mlp(c: Call) -> Plan:
             gu.coords, down.coords = dict(bytes=gu.real_bytes), dict(bytes=_fused_moe_bytes(c)[1])
             gu.launches, down.launches = 1.0, 1.0
             return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
-        _grouped(gu, r.per, dict(n=2 * im, k=h), c.routing is None)
-        _grouped(down, r.per, dict(n=h, k=im), c.routing is None)
         gu.launches, down.launches = 1.0, 1.0
+        by_rank = _observed_rows_by_rank(c)
+        if by_rank is not None:  # the groups as the observed loads make them: each rank bucket at its own tiles
+            return Plan(_ranked_grouped(c, gu, by_rank, dict(n=2 * im, k=h), weight_bytes=2 * h * im * c.dt,
+                                        row_bytes=(h + 2 * im) * c.dt)
+                        + _ranked_grouped(c, down, by_rank, dict(n=h, k=im), weight_bytes=h * im * c.dt,
+                                          row_bytes=(im + h) * c.dt), rest_launches=17.0)
+        rows = _routed_group_rows(c, r)
+        _grouped(gu, rows, dict(n=2 * im, k=h))
+        _grouped(down, rows, dict(n=h, k=im))
         # 23 kernels per MoE layer outside the fused step, counted with the profiler on an H100 (torch 2.11's
         # Inductor, decode batch 8; docs/fast-mode.md): the gate row's 4, the two grouped GEMMs and 17 more: their
         # two data-preparation kernels, the routing's scatters, maxima and cumulative sums, the gather, SwiGLU and
@@ -372,8 +379,9 @@ def _mlp(c: Call) -> Plan:
             gu.table = down.table = FUSED_GEMV
             gu.coords, down.coords = dict(bytes=router_kernel), dict(bytes=down_kernel)
             return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
-        _grouped(gu, t, dict(n=2 * s.moe_intermediate_size, k=h), True)
-        _grouped(down, t, dict(n=h, k=s.moe_intermediate_size), True)
+        rows = _even_group_rows(t)  # each shared expert takes every token
+        _grouped(gu, rows, dict(n=2 * s.moe_intermediate_size, k=h))
+        _grouped(down, rows, dict(n=h, k=s.moe_intermediate_size))
         return Plan([gu, down], rest_launches=0.0)
     raise KeyError(c.kind)
 
@@ -386,17 +394,66 @@ def tiled_rows(rows):
     return np.where(rows > GROUPED_TILE_ROWS / 2, tiles, rows)
 
 
-def _grouped(k: Kernel, rows, shape: dict, even: bool) -> None:
-    """Price `k` (a SwiGLU GEMM over groups of `rows` rows each) on the grouped_gemm table. `even`: the groups
-    hold `rows` rows each (the shared experts' every token; uniform routing's experts, whose counts spread by about
-    their square root), so each pays for its whole tiles: the table's entry there, for the work of the padded rows
-    (its analytic share stays the real rows'). Otherwise (an observed routing: a few experts take most rows, the
-    rest hold less than a tile) `rows` is only their mean, and a mean's padding is not the groups' (a routing
-    records how many experts a call touched, not how it spread the rows): priced at the mean."""
-    padded = tiled_rows(rows) if even else np.asarray(rows, dtype=float)
-    pad = padded / np.maximum(np.asarray(rows, dtype=float), 1e-9)
-    k.table, k.coords = "grouped_gemm", dict(tokens=padded, **shape)
-    k.real_flops = (k.flops if k.real_flops is None else k.real_flops) * pad
+def _even_group_rows(rows) -> tuple:
+    """(rows each group holds, rows it pays for) of groups of `rows` rows each."""
+    return np.asarray(rows, dtype=float), tiled_rows(rows)
+
+
+def _routed_group_rows(c: Call, r) -> tuple:
+    """(mean rows per touched expert, mean rows each pays for) of one call's routed groups where no loads are known.
+    Uniform routing spreads the rows evenly (each expert's count by about its square root): every group pays for the
+    mean's whole tiles. An observed routing without loads (runs measured before they were recorded) is priced at
+    the mean: its groups are far from even (the synthetic router sends 60-95% of a layer's rows to one expert), so
+    the mean's padding is not theirs."""
+    mean = np.asarray(r.per, dtype=float)
+    return (mean, tiled_rows(mean)) if c.routing is None else (mean, mean)
+
+
+# ranks of experts (largest group first) priced together when an observed routing has its loads: the largest
+# group, the next three, the next twelve, the rest. Each bucket is looked up at its own mean rows in whole tiles;
+# one lookup at the mean of all groups priced the synthetic router's skew 25% fast, these four within 3 points of a
+# lookup per group (docs/accuracy.md, "Loads recorded")
+RANK_BUCKETS = ((0, 1), (1, 4), (4, 16), (16, None))
+
+
+def _observed_rows_by_rank(c: Call):
+    """Rows per rank of expert [points, E] of a call under an observed routing that recorded its loads, every point
+    inside the recorded range; else None (the plan then prices the mean group)."""
+    if c.routing is None:
+        return None
+    s = c.spec
+    by_rank = c.routing.rows_by_rank(s.n_routed_experts, s.num_experts_per_tok, np.asarray(c.b * c.sq, dtype=float))
+    if by_rank is None or np.isnan(by_rank).any():
+        return None
+    return by_rank
+
+
+def _ranked_grouped(c: Call, k: Kernel, by_rank, shape: dict, weight_bytes: float, row_bytes: float) -> list:
+    """One routed grouped GEMM as kernels per rank bucket (RANK_BUCKETS): each holds its share of `k`'s analytic
+    work (by rows), reads its experts' weights and its rows, and is looked up at its groups' mean rows in whole
+    tiles; the launch is the first bucket's."""
+    held_all = np.maximum(by_rank.sum(-1), 1e-9)
+    out = []
+    for i, (a, z) in enumerate(RANK_BUCKETS):
+        part = by_rank[..., a:z]
+        held, groups = part.sum(-1), (part > 0).sum(-1).astype(float)
+        paid = tiled_rows(part).sum(-1)
+        share = held / held_all
+        per = np.where(groups > 0, paid / np.maximum(groups, 1.0), 1.0)
+        out.append(Kernel("grouped_gemm", dict(tokens=per, **shape), k.flops * share, k.nbytes * share,
+                          launches=1.0 if i == 0 else 0.0,
+                          real_flops=(k.flops / held_all) * paid,  # the work of the rows paid for
+                          real_bytes=groups * weight_bytes + held * row_bytes))
+    return out
+
+
+def _grouped(k: Kernel, rows: tuple, shape: dict) -> None:
+    """Price `k` (a SwiGLU GEMM over groups; `rows`: (mean rows a group holds, mean rows it pays for in whole
+    tiles)) on the grouped_gemm table at the rows paid for, for the work of those rows (its analytic share stays
+    the real rows')."""
+    held, paid = rows
+    k.table, k.coords = "grouped_gemm", dict(tokens=paid, **shape)
+    k.real_flops = (k.flops if k.real_flops is None else k.real_flops) * paid / np.maximum(held, 1e-9)
 
 
 def _by_expert_bytes(c: Call) -> tuple[float, float]:

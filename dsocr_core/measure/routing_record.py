@@ -20,12 +20,16 @@ SOURCE = "FLOP-counting pass (the reference model, the point's inputs)"
 
 @contextmanager
 def record_routing(model: torch.nn.Module):
-    """Yields a list that receives (tokens, distinct experts) for every MoE gate call, in call order."""
-    calls: list[tuple[int, int]] = []
+    """Yields a list that receives (tokens, distinct experts, loads) for every MoE gate call, in call order;
+    loads: the rows each touched expert got, largest first (a grouped GEMM's time follows them, not only their
+    count: fast/plan.py prices each group in whole tiles)."""
+    calls: list[tuple[int, int, list[int]]] = []
 
     def hook(_module, _inputs, output):
         ids = output[1]  # [tokens, k] expert ids
-        calls.append((int(ids.shape[0]), int(torch.unique(ids).numel())))
+        counts = torch.bincount(ids.reshape(-1))
+        loads = sorted((int(c) for c in counts.tolist() if c), reverse=True)
+        calls.append((int(ids.shape[0]), len(loads), loads))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MoEGate)]
     try:
@@ -35,15 +39,18 @@ def record_routing(model: torch.nn.Module):
             h.remove()
 
 
-def routing_records(calls: list[tuple[int, int]], moe_layers: int) -> dict[str, dict] | None:
+def routing_records(calls: list[tuple[int, int, list[int]]], moe_layers: int) -> dict[str, dict] | None:
     """The calls of one prefill and the decode steps after it, as the stored records: {"prefill": {"tokens",
-    "distinct": [per layer]}, "decode": {"tokens", "distinct": [[per layer] per step]}}; None without MoE layers
+    "distinct": [per layer], "loads": [[rows per touched expert, largest first] per layer]}, "decode": {"tokens",
+    "distinct": [[per layer] per step], "loads": [[[...] per layer] per step]}}; None without MoE layers
     or when the calls are not whole forwards (a model with other gates)."""
     if not moe_layers or not calls or len(calls) % moe_layers:
         return None
     forwards = [calls[i:i + moe_layers] for i in range(0, len(calls), moe_layers)]
     prefill, steps = forwards[0], forwards[1:]
-    out = {"prefill": {"tokens": prefill[0][0], "distinct": [d for _, d in prefill], "source": SOURCE}}
+    out = {"prefill": {"tokens": prefill[0][0], "distinct": [c[1] for c in prefill],
+                       "loads": [c[2] for c in prefill], "source": SOURCE}}
     if steps:
-        out["decode"] = {"tokens": steps[0][0][0], "distinct": [[d for _, d in s] for s in steps], "source": SOURCE}
+        out["decode"] = {"tokens": steps[0][0][0], "distinct": [[c[1] for c in s] for s in steps],
+                         "loads": [[c[2] for c in s] for s in steps], "source": SOURCE}
     return out
