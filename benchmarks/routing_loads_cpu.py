@@ -66,10 +66,11 @@ def with_loads(recorded, calls):
 
 def step_cost(steps: dict):
     """Seconds of one group's gate/up + down GEMMs at `rows` rows, from a grouped_gemm_steps result (64 groups,
-    graphed): the curve at the group's whole 256-row tiles (at its rows up to 128), per group."""
-    import math
-
+    graphed): the curve at the rows the fast plan charges the group (fast/plan.tiled_rows: its whole tiles above
+    half a tile), per group."""
     import numpy as np
+
+    from dsocr_core.fast.plan import tiled_rows
 
     pts = steps["points"]
     rows = np.asarray([p["rows"] for p in pts], dtype=float)
@@ -78,7 +79,7 @@ def step_cost(steps: dict):
     def cost(n: float) -> float:
         if n <= 0:
             return 0.0
-        q = math.ceil(n / 256) * 256 if n > 128 else n
+        q = float(tiled_rows(n))
         return float(np.interp(q, rows, per)) if q <= rows[-1] else float(per[-1] * q / rows[-1])
     return cost
 
@@ -94,7 +95,7 @@ def check_tiles(session: Session, groups: dict, steps: dict, k: int, experts: in
         measured = dict.fromkeys(model, 0.0)
         for layer, (t, distinct, loads) in list(zip(p["layers"], calls))[:10]:
             shared = 2 * cost(t)
-            slots = k * calls[0][0]
+            slots = k * t
             model["router_s"] += sum(cost(n) for n in loads) + shared
             model["plan_s"] += distinct * cost(slots / distinct) + shared
             model["uniform_s"] += experts * cost(slots / experts) + shared

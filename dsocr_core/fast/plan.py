@@ -359,18 +359,20 @@ def _mlp(c: Call) -> Plan:
         gu.launches, down.launches = 1.0, 1.0
         by_rank = _observed_rows_by_rank(c)
         if by_rank is not None:  # the groups as the observed loads make them: each rank bucket at its own tiles
-            return Plan(_ranked_grouped(c, gu, by_rank, dict(n=2 * im, k=h), weight_bytes=2 * h * im * c.dt,
-                                        row_bytes=(h + 2 * im) * c.dt)
-                        + _ranked_grouped(c, down, by_rank, dict(n=h, k=im), weight_bytes=h * im * c.dt,
-                                          row_bytes=(im + h) * c.dt), rest_launches=17.0)
-        rows = _routed_group_rows(c, r)
-        _grouped(gu, rows, dict(n=2 * im, k=h))
-        _grouped(down, rows, dict(n=h, k=im))
+            kernels = (_ranked_grouped(gu, by_rank, dict(n=2 * im, k=h), weight_bytes=2 * h * im * c.dt,
+                                       row_bytes=(h + 2 * im) * c.dt)
+                       + _ranked_grouped(down, by_rank, dict(n=h, k=im), weight_bytes=h * im * c.dt,
+                                         row_bytes=(im + h) * c.dt))
+        else:
+            rows = _routed_group_rows(c, r)
+            _grouped(gu, rows, dict(n=2 * im, k=h))
+            _grouped(down, rows, dict(n=h, k=im))
+            kernels = [gu, down]
         # 23 kernels per MoE layer outside the fused step, counted with the profiler on an H100 (torch 2.11's
         # Inductor, decode batch 8; docs/fast-mode.md): the gate row's 4, the two grouped GEMMs and 17 more: their
         # two data-preparation kernels, the routing's scatters, maxima and cumulative sums, the gather, SwiGLU and
         # the weighted combine + residual. The prefill runs the same MoE code; its count was not traced
-        return Plan([gu, down], rest_launches=17.0)
+        return Plan(kernels, rest_launches=17.0)
     if c.kind == "lm.mlp.shared_experts":
         gu, down = swiglu(c, s.shared_intermediate_size)
         gu.launches = down.launches = 0.0  # run inside the routed kernels (two extra experts of width 896)
@@ -428,7 +430,7 @@ def _observed_rows_by_rank(c: Call):
     return by_rank
 
 
-def _ranked_grouped(c: Call, k: Kernel, by_rank, shape: dict, weight_bytes: float, row_bytes: float) -> list:
+def _ranked_grouped(k: Kernel, by_rank, shape: dict, weight_bytes: float, row_bytes: float) -> list:
     """One routed grouped GEMM as kernels per rank bucket (RANK_BUCKETS): each holds its share of `k`'s analytic
     work (by rows), reads its experts' weights and its rows, and is looked up at its groups' mean rows in whole
     tiles; the launch is the first bucket's."""

@@ -210,8 +210,9 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
         "kv_length": run.kv_length, "flops_source": flops_source,
         "engine_state": engine.point_state(inputs.batch),
     }
-    if probe_median(probes) is not None:
-        extra["host_probe_op_s"] = probe_median(probes)
+    host = probe_median(probes)
+    if host is not None:
+        extra["host_probe_op_s"] = host
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 
