@@ -45,6 +45,7 @@ from .compiled import COMPILE_OPTIONS, Compiled
 from .decode_kernels import FusedDecode
 from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer
+from .moe_rows import HAS_ROW_KERNELS
 from .options import DEFAULT_NEW_TOKENS  # cache room a bare prefill() leaves for decoding (grown on demand)
 from .options import decode_moe
 from .prefill import prefill_entry, prefill_key
@@ -69,7 +70,8 @@ class FastEngine:
                  compile_vision: bool | None = None, compile_prefill: bool | None = None, clip_packed: bool = True,
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
-                 graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "gather"):
+                 graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "gather",
+                 moe_rows: str = "auto"):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -79,6 +81,8 @@ class FastEngine:
         if projector_layout not in ("gather", "per_image"):
             raise ValueError(f"projector_layout must be 'gather' or 'per_image', got {projector_layout!r}")
         self.projector_layout = projector_layout
+        if moe_rows not in ("auto", "torch", "triton"):
+            raise ValueError(f"moe_rows must be 'auto', 'torch' or 'triton', got {moe_rows!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -101,6 +105,10 @@ class FastEngine:
         if fused and not (self.triton or interpreted):
             raise ValueError("fused decode needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
         self.fused = self.triton if fused is None else bool(fused)
+        if moe_rows == "triton" and not (self.triton or interpreted):
+            raise ValueError("moe_rows 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
+        # the grouped MoE's copy into expert order and its weighted combine + residual (fast/moe_rows.py)
+        self.moe_rows = ("triton" if self.triton and HAS_ROW_KERNELS else "torch") if moe_rows == "auto" else moe_rows
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
         sm90 = self.triton and torch.cuda.get_device_capability(self.device)[0] >= 9
@@ -159,7 +167,7 @@ class FastEngine:
         """The decode step's pieces for one MoE kind (compiled when `compile` is on)."""
         if moe_impl not in self._fns:
             impl = "grouped" if moe_impl == "triton" else moe_impl  # 'moe' is unused with the triton kernel
-            eager = make_decode_fns(self.cfg, impl, self.gemv, self.topk)
+            eager = make_decode_fns(self.cfg, impl, self.gemv, self.topk, self.moe_rows)
             self._fns[moe_impl] = {k: self._compiled(f, self.compile_options) for k, f in eager.items()}
         return self._fns[moe_impl]
 
@@ -172,7 +180,8 @@ class FastEngine:
             # compiled, the one-hot grouping is a parallel scan; eagerly ATen's cumsum is serial: sort instead
             compiled = self.compile_prefill and cuda
             topk, grouping = ("argmax", "onehot") if compiled else ("torch", "sort")
-            lm, lm_last = (make_prefill_layer(self.cfg, topk, grouping, last_only) for last_only in (False, True))
+            lm, lm_last = (make_prefill_layer(self.cfg, topk, grouping, last_only, self.moe_rows)
+                           for last_only in (False, True))
             if compiled:  # symbolic batch, prompt length and capacity, compiled once on canonical sizes: see
                 # compile_prefill_layers for why neither static nor torch's automatic dynamic shapes
                 lm, lm_last = Compiled(lm, None), Compiled(lm_last, None)
@@ -478,7 +487,7 @@ class FastEngine:
             "session_mode": "fast", "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
             "cuda_graphs": self.graphs, "compile": self.compile, "compile_vision": self.compile_vision,
             "compile_prefill": self.compile_prefill, "clip_packed": self.clip_packed,
-            "projector_layout": self.projector_layout,
+            "projector_layout": self.projector_layout, "moe_rows": self.moe_rows,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
             "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl,

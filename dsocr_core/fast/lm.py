@@ -51,16 +51,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def mlp(h: torch.Tensor, w13, w2, gate, cfg: LMConfig, moe_impl: str, gemv: str = "linear",
-        topk: str = "torch", grouping: str = "onehot") -> torch.Tensor:
-    """Dense SwiGLU (gate None) or MoE of one layer on tokens h [T, H] -> [T, H]."""
+        topk: str = "torch", grouping: str = "onehot", rows: str = "torch",
+        residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense SwiGLU (gate None) or MoE of one layer on tokens h [T, H] -> [T, H], plus `residual` when given."""
     if gate is None:
-        return F.linear(swiglu(F.linear(h, w13), cfg.inter), w2)
+        out = F.linear(swiglu(F.linear(h, w13), cfg.inter), w2)
+        return out if residual is None else residual + out
     return moe_forward(h, gate, w13, w2, k=cfg.k, n_routed=cfg.n_routed, shared_slots=cfg.shared_slots,
                        inner=cfg.moe_inter, norm_topk_prob=cfg.norm_topk_prob, scale=cfg.scale, impl=moe_impl,
-                       gemv=gemv, topk=topk, grouping=grouping)
+                       gemv=gemv, topk=topk, grouping=grouping, rows=rows, residual=residual)
 
 
-def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort", last_only: bool = False):
+def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort", last_only: bool = False,
+                       rows: str = "torch"):
     """One decoder layer over a whole prompt, as a function of tensors only (so it can be compiled):
 
     layer(x [B, T, H], cos, sin [T, d], keys, values [B, heads, capacity, d] (the layer's whole static cache, so
@@ -84,13 +87,13 @@ def make_prefill_layer(cfg: LMConfig, topk: str = "torch", grouping: str = "sort
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + F.linear(o.transpose(1, 2).reshape(b, t, hdim), wo)
         h = rms_norm(x, ln2, cfg.eps)
-        return x + mlp(h.reshape(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk,
-                       grouping=grouping).view(b, t, hdim)
+        return mlp(h.reshape(b * t, hdim), w13, w2, gate, cfg, "grouped", topk=topk, grouping=grouping,
+                   rows=rows, residual=x.reshape(b * t, hdim)).view(b, t, hdim)
 
     return layer
 
 
-def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch") -> dict:
+def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch", rows: str = "torch") -> dict:
     """The pieces of one decode step (batch B, one token per row), each a function of tensors only, with
     static shapes (the attention over the cache, whose length changes, runs between them):
 
@@ -128,7 +131,7 @@ def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch"
 
     def moe(x, o, wo, ln2, w13, w2, gate):
         x, h = attn_out(x, o, wo, ln2)
-        return x + mlp(h, w13, w2, gate, cfg, moe_impl, gemv, topk)
+        return mlp(h, w13, w2, gate, cfg, moe_impl, gemv, topk, rows=rows, residual=x)
 
     def logits_fn(x, o, wo, ln2, gate):
         x, h = attn_out(x, o, wo, ln2)

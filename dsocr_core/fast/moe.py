@@ -115,20 +115,35 @@ def group_rows_sorted(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, 
     return dest, ends
 
 
-def experts_grouped(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                    inner: int, grouping: str = "onehot") -> torch.Tensor:
-    """x [T, H], ids [T, K] -> per-slot outputs [T, K, H]: rows placed in expert order, two grouped GEMMs,
-    rows read back in (token, slot) order. No host sync: group ends are computed on the device.
-    grouping 'onehot' (compiled decode) or 'sort' (eager prefill)."""
-    if not HAS_GROUPED_MM:  # pragma: no cover - torch without grouped GEMM
-        return experts_gather(x, ids, w13, w2, inner, "bmm")
+def expert_rows(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, inner: int,
+                grouping: str = "onehot", rows: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H], ids [T, K] -> (expert outputs [T*K, H] in expert order, dest [T*K]: each (token, slot) row's
+    place in that order): rows placed in expert order, two grouped GEMMs. No host sync: group ends are computed
+    on the device. grouping 'onehot' (compiled) or 'sort' (eager); rows 'torch' or 'triton' (the grouping and
+    the copy into expert order by moe_rows' kernels; the grouping by `grouping` above their row limit)."""
     t, k = ids.shape
-    dest, ends = (group_rows_sorted if grouping == "sort" else group_rows)(ids, w13.shape[0])
-    xs = x.new_empty(t * k, x.shape[1]).index_copy_(0, dest, x.repeat_interleave(k, dim=0))  # expert order
+    if rows == "triton":
+        from . import moe_rows
+        if ids.numel() <= moe_rows.GROUP_MAX_ROWS:
+            dest, ends = moe_rows.group_rows(ids, w13.shape[0])
+        else:
+            dest, ends = (group_rows_sorted if grouping == "sort" else group_rows)(ids, w13.shape[0])
+        xs = moe_rows.scatter_rows(x, dest, k)
+    else:
+        dest, ends = (group_rows_sorted if grouping == "sort" else group_rows)(ids, w13.shape[0])
+        xs = x.new_empty(t * k, x.shape[1]).index_copy_(0, dest, x.repeat_interleave(k, dim=0))  # expert order
     h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=ends)  # [T*K, 2Im]; b is column-major per group
     a = swiglu(h, inner)
-    ys = torch._grouped_mm(a, w2.transpose(1, 2), offs=ends)  # [T*K, H]
-    return ys.index_select(0, dest).view(t, k, -1)
+    return torch._grouped_mm(a, w2.transpose(1, 2), offs=ends), dest  # [T*K, H]
+
+
+def experts_grouped(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                    inner: int, grouping: str = "onehot") -> torch.Tensor:
+    """x [T, H], ids [T, K] -> per-slot outputs [T, K, H]: expert_rows read back in (token, slot) order."""
+    if not HAS_GROUPED_MM:  # pragma: no cover - torch without grouped GEMM
+        return experts_gather(x, ids, w13, w2, inner, "bmm")
+    ys, dest = expert_rows(x, ids, w13, w2, inner, grouping)
+    return ys.index_select(0, dest).view(*ids.shape, -1)
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -139,10 +154,17 @@ def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 def moe_forward(h: torch.Tensor, gate32: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, k: int,
                 n_routed: int, shared_slots: int, inner: int, norm_topk_prob: bool, scale: float,
                 impl: str = "grouped", gemv: str = "linear", topk: str = "torch",
-                grouping: str = "onehot") -> torch.Tensor:
-    """Routed experts + shared expert of one MoE layer on tokens h [T, H] -> [T, H] (model dtype)."""
+                grouping: str = "onehot", rows: str = "torch", residual: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Routed experts + shared expert of one MoE layer on tokens h [T, H] -> [T, H] (model dtype), plus
+    `residual` [T, H] when given. rows 'triton' (grouped impl, with a residual, on a GPU): the copy into expert
+    order and the weighted combine with the residual run as moe_rows' kernels."""
     weights, ids = route(h, gate32, k, norm_topk_prob, scale, gemv, topk)
     weights, ids = with_shared(weights, ids, n_routed, shared_slots)
+    if impl == "grouped" and rows == "triton" and residual is not None and HAS_GROUPED_MM:
+        from .moe_rows import gather_combine
+        ys, dest = expert_rows(h, ids, w13, w2, inner, grouping, rows)
+        return gather_combine(ys, dest, weights, residual)
     if impl == "triton":
         from .triton_kernels import moe_gemv
         y = moe_gemv(h, ids, w13, w2)
@@ -152,4 +174,5 @@ def moe_forward(h: torch.Tensor, gate32: torch.Tensor, w13: torch.Tensor, w2: to
         y = experts_grouped(h, ids, w13, w2, inner, grouping)
     else:
         raise ValueError(f"moe impl must be 'triton', 'gather' or 'grouped', got {impl!r}")
-    return combine(y, weights)
+    out = combine(y, weights)
+    return out if residual is None else residual + out

@@ -46,6 +46,10 @@ class FastOptions(BaseModel):
     # projected rows and the layout vectors (fast/vision.run_projector); 'per_image', the reference's loop of cats
     # per image, which every run measured before this option existed ran
     projector_layout: Literal["gather", "per_image"] = "gather"
+    # the grouped MoE's copy into expert order and weighted combine + residual (prefill, and decode above the
+    # by-expert kernels): 'triton', fast/moe_rows.py's kernels; 'torch', the formulation Inductor compiles, which
+    # every run measured before this option existed ran ('auto': Triton's on a GPU)
+    moe_rows: Literal["auto", "torch", "triton"] = "auto"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
     compile_options: dict | None = None
@@ -58,10 +62,12 @@ class FastOptions(BaseModel):
     @classmethod
     def from_stored(cls, options: dict) -> dict:
         """Options read back from a stored engine description. EngineSpec.to_dict writes every option of its
-        time, so a description holding every option of the set before projector_layout existed, and not that one,
-        was written when the projector laid images out per image: it gets 'per_image', not today's default."""
-        if "projector_layout" not in options and OPTIONS_BEFORE_PROJECTOR_LAYOUT <= set(options):
-            return {**options, "projector_layout": "per_image"}
+        time, so a description holding every option of the set before projector_layout existed but not a later
+        option was written before that option existed: it gets what the engine did then ('per_image' layout,
+        torch's MoE rows), not today's default."""
+        if OPTIONS_BEFORE_PROJECTOR_LAYOUT <= set(options):  # a whole description: options added since are theirs
+            before = {"projector_layout": "per_image", "moe_rows": "torch"}
+            return {**{k: v for k, v in before.items() if k not in options}, **options}
         return options
 
     def resolved(self, device_kind: str) -> "ResolvedFast":
@@ -73,6 +79,8 @@ class FastOptions(BaseModel):
             raise SpecError("fast engine option attention: 'triton' needs a CUDA device and Triton")
         if self.moe == "triton" and not triton:
             raise SpecError("fast engine option moe: 'triton' needs a CUDA device and Triton")
+        if self.moe_rows == "triton" and not triton:
+            raise SpecError("fast engine option moe_rows: 'triton' needs a CUDA device and Triton")
         compile_ = cuda if self.compile is None else self.compile
         attention = self.attention
         if attention == "auto":
@@ -86,7 +94,8 @@ class FastOptions(BaseModel):
             attention=attention, moe=self.moe, gather_max_rows=self.gather_max_rows,
             sam_attention="fold" if self.sam_attention == "auto" else self.sam_attention,
             clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda,
-            projector_layout=self.projector_layout)
+            projector_layout=self.projector_layout,
+            moe_rows=("triton" if triton else "torch") if self.moe_rows == "auto" else self.moe_rows)
 
 
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
@@ -129,6 +138,7 @@ class ResolvedFast:
     graph_steps: int
     cuda: bool = False
     projector_layout: str = "gather"
+    moe_rows: str = "torch"
 
     def decode_moe(self, batch, slots: int) -> str:
         """decode_moe for this engine (Triton is assumed wherever CUDA is, as the plan assumes)."""

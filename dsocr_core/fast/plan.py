@@ -11,6 +11,9 @@ What the options decide here:
 * `clip_packed`: every view group's CLIP rows go through each layer at once (one GEMM per layer);
 * `projector_layout`: 'gather' lays out every image's slots with one gather, 'per_image' with the reference's cats
   per image;
+* `moe_rows`: 'triton' runs the grouped MoE's grouping, its copy into expert order and its weighted combine as
+  fast/moe_rows.py's kernels, priced with SwiGLU by their bytes; 'torch' as the kernels Inductor compiles (a
+  remainder of 17 launches);
 * `sam_attention`: 'fold' folds the relative-position bias into q/k so a flash kernel runs (no dense mask);
   'dense' runs the reference's dense-mask SDPA.
 Options the plan does not model (the decode experts' and attention's kernel choice outside the fused step, eager
@@ -32,6 +35,10 @@ from ..spec import SpecError
 from .options import ResolvedFast
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
+ID_BYTES = 8  # an int64 expert id or row place
+# the MoE's kernels beside moe_rows' kernels, SwiGLU and the grouped GEMMs, per layer of a compiled prefill traced on
+# an H200 (docs/fast-mode.md): the top-k's rounds (9), the slots' ids and weights (1), the grouped GEMMs' data (2)
+ROUTING_LAUNCHES = 12.0
 # the fused step's own kernels have their own tables; a profile without them (a CPU, or one measured before they
 # existed) falls back to memory.gemv / attention.flash (analytic.predict._candidates)
 FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
@@ -109,7 +116,7 @@ class FastPlan:
         if k in ("lm.input_layernorm", "lm.post_attention_layernorm", "lm.norm"):
             return _rms(c)
         if k.startswith("lm.mlp"):
-            return _by_expert_mlp(c) if c.path == "triton" else _mlp(c)
+            return _by_expert_mlp(c) if c.path == "triton" else _mlp(c, self.o.moe_rows)
         if k == "lm.embed_tokens":
             if c.fused:  # the embedding row is read inside the first q/k/v kernel; graph_steps steps per replay
                 return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
@@ -328,7 +335,7 @@ def _fused_moe_bytes(c: Call) -> tuple[float, float]:
     return s.n_routed_experts * h * FP32 + 2 * si * h * dt, (routed + si) * h * dt
 
 
-def _mlp(c: Call) -> Plan:
+def _mlp(c: Call, moe_rows: str = "torch") -> Plan:
     s, dt = c.spec, c.dt
     h, t = s.hidden_size, c.b * c.sq
     if c.kind == "lm.mlp.dense":
@@ -368,6 +375,9 @@ def _mlp(c: Call) -> Plan:
             _grouped(gu, rows, dict(n=2 * im, k=h))
             _grouped(down, rows, dict(n=h, k=im))
             kernels = [gu, down]
+        if moe_rows == "triton":  # moe_rows' kernels and SwiGLU by their bytes; the routing's small kernels left
+            return Plan(kernels + _row_kernels(c), rest_launches=ROUTING_LAUNCHES,
+                        rest_real_bytes=ROUTING_LAUNCHES * _routing_bytes(c))
         # 23 kernels per MoE layer outside the fused step, counted with the profiler on an H100 (torch 2.11's
         # Inductor, decode batch 8; docs/fast-mode.md): the gate row's 4, the two grouped GEMMs and 17 more: their
         # two data-preparation kernels, the routing's scatters, maxima and cumulative sums, the gather, SwiGLU and
@@ -386,6 +396,40 @@ def _mlp(c: Call) -> Plan:
         _grouped(down, rows, dict(n=h, k=s.moe_intermediate_size))
         return Plan([gu, down], rest_launches=0.0)
     raise KeyError(c.kind)
+
+
+def _slot_rows(c: Call):
+    """(tokens, (token, slot) rows) of one MoE call: every token takes its routed and its shared experts' slots."""
+    t = c.b * c.sq
+    return t, t * (c.spec.num_experts_per_tok + c.spec.n_shared_experts)
+
+
+def _row_kernels(c: Call) -> list[Kernel]:
+    """fast/moe_rows.py's kernels of one MoE call and the SwiGLU between the grouped GEMMs, each by the bytes it
+    moves (engine work only: their analytic share stays with the row's remainder): the grouping (the zeroed
+    totals, the counts pass reading the ids, the chunk offsets, the places pass reading the ids and writing the
+    places), the copy into expert order (each token row read once, written to its slots), SwiGLU (gate and up
+    read, the product written), the weighted combine (each slot row, the places and weights, the residual read;
+    the sum written)."""
+    s, dt = c.spec, c.dt
+    t, rows = _slot_rows(c)
+    h, im = s.hidden_size, s.moe_intermediate_size
+    slots = s.num_experts_per_tok + s.n_shared_experts
+
+    def moved(table, nbytes, launches=1.0):
+        return Kernel(table, dict(bytes=nbytes), 0.0, 0.0, launches, real_bytes=nbytes)
+
+    return [moved("memory.elementwise", rows * ID_BYTES, 3.0),  # memset, counts, chunk offsets
+            moved("memory.elementwise", 2 * rows * ID_BYTES),  # places
+            moved(GATHER_ROWS, t * h * dt * (1 + slots)),
+            moved("memory.elementwise", rows * 3 * im * dt),
+            moved(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (ID_BYTES + FP32))]
+
+
+def _routing_bytes(c: Call):
+    """Bytes one routing kernel moves: the float32 expert scores of every token, read and written once."""
+    t, _ = _slot_rows(c)
+    return 2 * t * c.spec.n_routed_experts * FP32
 
 
 def tiled_rows(rows):

@@ -1,0 +1,102 @@
+"""The grouped MoE's row kernels (dsocr_core/fast/moe_rows.py) on the CPU, through Triton's interpreter
+(TRITON_INTERPRET=1, set before Triton is imported, hence a subprocess): the grouping gives exactly the stable
+sort's places and group ends, the copy into expert order is exact, the weighted combine with the residual equals
+torch's formulation (float32: the interpreter rounds to bfloat16 by truncation, unlike the GPU), and the fast
+engine's prefill and generation with the kernels (moe_rows='triton') equal the torch formulation's. On a GPU the
+same kernels run compiled inside the prefill layer (tests/test_fast_gpu.py, benchmarks/moe_rows.py)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="Triton is not installed: the row kernels exist only as Triton code")
+
+SCRIPT = r"""
+import json
+import torch
+from dsocr_core.fast import moe, moe_rows
+from dsocr_core.model.checkpoint import synthetic_model
+from dsocr_core.runtime.inputs import synthetic_inputs
+from dsocr_core.runtime.session import Session
+from dsocr_core.spec import tiny_spec
+from dsocr_core.runtime.tokenizer import load_tokenizer
+
+out = {"grouping": [], "scatter": [], "combine": []}
+g = torch.Generator().manual_seed(0)
+# (tokens, slots, experts): one token; routed + shared slots of distinct experts; more rows than one chunk; a
+# skewed draw with repeats across tokens; several chunks of a few experts
+for t, k, e in ((1, 8, 66), (37, 8, 66), (700, 8, 66), (300, 3, 10), (5000, 4, 66)):
+    if t < 1000:
+        skew = torch.arange(e, dtype=torch.float64).add(1).pow(-1.2)
+        ids = torch.multinomial(skew.expand(t, e), k, replacement=False, generator=g)
+    else:
+        ids = torch.randint(0, e, (t, k), generator=g)
+    dest, ends = moe_rows.group_rows(ids, e)
+    want_dest, want_ends = moe.group_rows_sorted(ids, e)
+    out["grouping"].append([torch.equal(dest, want_dest), torch.equal(ends, want_ends.to(torch.int32)),
+                            str(dest.dtype), str(ends.dtype)])
+    h = 40
+    x = torch.randn(t, h, generator=g)
+    xs = moe_rows.scatter_rows(x, dest, k)
+    out["scatter"].append(torch.equal(xs, x.new_empty(t * k, h).index_copy_(0, dest, x.repeat_interleave(k, 0))))
+    ys = torch.randn(t * k, h, generator=g)
+    w = torch.rand(t, k, generator=g)
+    got = moe_rows.gather_combine(ys, dest, w, x)
+    want = x + moe.combine(ys.index_select(0, dest).view(t, k, h), w)
+    out["combine"].append(float((got - want).abs().max()))
+try:
+    moe_rows.group_rows(torch.zeros(moe_rows.GROUP_MAX_ROWS + 1, dtype=torch.long), 4)
+    out["too_many_rows"] = None
+except ValueError as exc:
+    out["too_many_rows"] = str(exc)
+
+# the engine: prefill logits and generated tokens with the kernels against the torch formulation
+spec = tiny_spec()
+ref = Session(synthetic_model(spec, seed=0, dtype="float32"), spec, load_tokenizer(None), torch.device("cpu"),
+              "float32", {"source": "synthetic", "detail": "tiny seed 0", "synthetic": True})
+few = synthetic_inputs("small", (1, 1), text_tokens=12, batch=2, seed=3)
+fast_rows = ref.with_mode("fast", bucket=32, moe_rows="triton", moe="grouped")
+torch_rows = ref.with_mode("fast", bucket=32, moe_rows="torch", moe="grouped")
+out["engine_rows"] = [fast_rows.engine.moe_rows, torch_rows.engine.moe_rows]
+a, b = fast_rows.prefill(few, logits="all", room=4), torch_rows.prefill(few, logits="all", room=4)
+out["prefill_max_abs_diff"] = float((a.logits - b.logits).abs().max())
+out["tokens_triton"] = fast_rows.generate(few, max_new_tokens=5, no_repeat_ngram_size=0).generated_ids
+out["tokens_torch"] = torch_rows.generate(few, max_new_tokens=5, no_repeat_ngram_size=0).generated_ids
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def result():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_grouping_gives_the_stable_sorts_places_and_ends(result):
+    assert result["grouping"] == [[True, True, "torch.int64", "torch.int32"]] * 5
+
+
+def test_too_many_rows_for_one_scan_is_refused(result):
+    assert "group_rows takes up to" in result["too_many_rows"]
+
+
+def test_copy_into_expert_order_is_exact(result):
+    assert result["scatter"] == [True] * 5
+
+
+def test_weighted_combine_with_the_residual_equals_torch(result):
+    assert max(result["combine"]) < 1e-5
+
+
+def test_engine_with_the_row_kernels_equals_the_torch_rows(result):
+    assert result["engine_rows"] == ["triton", "torch"]
+    assert result["prefill_max_abs_diff"] < 1e-4
+    assert result["tokens_triton"] == result["tokens_torch"]
