@@ -173,9 +173,13 @@ def test_the_plan_takes_the_engines_decode_path_at_every_batch():
     grouped = _stages(EngineSpec.of("fast", {"gather_max_rows": 8}), pts, graph_kernel_s=1.0)["decode"][
         "predicted_launch_s"][0]
     moe_layers = spec.num_hidden_layers - spec.first_k_dense_replace
-    # per MoE layer, besides the router GEMM both run: 2 grouped GEMMs + 17 + the gate row's 3 against 2 expert
-    # launches + 1 combine + 1 routing kernel
-    assert grouped - by_expert == pytest.approx(4 * moe_layers * (22 - 4))
+    # per MoE layer, besides the router GEMM both run: 2 grouped GEMMs + moe_rows' 7 (memset, counts, offsets,
+    # places, copy, SwiGLU, combine) + 12 routing kernels + the gate row's 3 against 2 expert launches + 1 combine
+    # + 1 routing kernel
+    assert grouped - by_expert == pytest.approx(4 * moe_layers * (24 - 4))
+    torch_rows = _stages(EngineSpec.of("fast", {"gather_max_rows": 8, "moe_rows": "torch"}), pts,
+                         graph_kernel_s=1.0)["decode"]["predicted_launch_s"][0]
+    assert torch_rows - by_expert == pytest.approx(4 * moe_layers * (22 - 4))  # 17 Inductor kernels instead
 
 
 def test_clip_mlp_and_sam_block_kernels_get_no_overlap_credit(monkeypatch):
