@@ -44,10 +44,12 @@ NGRAM = 20
 ENGINES = {"grouped": {"moe": "grouped"}, "triton": {"moe": "triton"}, "gather": {"moe": "gather"}}
 
 
-def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path: str | None = None) -> float:
+def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path: str | None = None,
+                      options: dict | None = None) -> float:
     """The time model's device time of one graphed decode step of `variant` at `batch` (2x2 Gundam pages, the
     benchmark's context): the step's prediction without its per-step host term, which a graph replay of
-    decode_step does not run. Routing from `routing_path` (a routing profile), else uniform."""
+    decode_step does not run. Routing from `routing_path` (a routing profile), else uniform; `options`: engine
+    options beside the variant's (a run's own, e.g. moe_rows 'torch' for runs from before that option)."""
     from dsocr_core.analytic import Points, evaluate
     from dsocr_core.analytic.predict import profile_hardware, with_profile
     from dsocr_core.analytic.routing import load_routing
@@ -56,7 +58,7 @@ def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path:
 
     profile = load_profile(profile_path)
     routing = load_routing(routing_path) if routing_path else None
-    engine = EngineSpec.of("fast", ENGINES[variant.split()[0]])
+    engine = EngineSpec.of("fast", {**ENGINES[variant.split()[0]], **(options or {})})
     hw = with_profile(profile_hardware(profile), profile, engine, "engine", "row", routing)
     pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[batch], decode_steps=[1], logits="last")
     d = evaluate(ModelSpec(), pts, hw)["decode"]
