@@ -27,8 +27,9 @@ import torch
 from .triton_kernels import HAS_TRITON, triton, tl
 
 GROUP_CHUNK = 256  # (token, slot) rows per program of the grouping kernels
-GROUP_SCAN = 16384  # chunks the offsets' scan covers: 4,194,304 rows (524,288 tokens of 8 slots) per MoE call
-GROUP_MAX_ROWS = GROUP_CHUNK * GROUP_SCAN
+GROUP_SCAN = 1024  # chunks per step of the chunks' offsets scan
+GROUP_STEPS = 16  # its steps at most: 4,194,304 rows (524,288 tokens of 8 slots) per MoE call
+GROUP_MAX_ROWS = GROUP_CHUNK * GROUP_SCAN * GROUP_STEPS
 ROW_BLOCK = 256  # features per program: 1,280-wide rows in 5 blocks; 8 bf16 (16 bytes) per thread at 1 warp
 ROW_WARPS = 1
 
@@ -48,17 +49,22 @@ if HAS_ROW_KERNELS:
         tl.atomic_add(total_ptr + e, n, mask=e < E)
 
     @triton.jit
-    def _chunk_bases(counts_ptr, total_ptr, base_ptr, ends_ptr, NC, E, EP: tl.constexpr, CB: tl.constexpr):
+    def _chunk_bases(counts_ptr, total_ptr, base_ptr, ends_ptr, NC, E, EP: tl.constexpr, CB: tl.constexpr,
+                     STEPS: tl.constexpr):
         """Expert e's first place in chunk c: the rows of every lower expert, then expert e's rows in the chunks
-        before c (base [chunk, EP]); and the end of expert e's group. One step over up to CB chunks (no loop
-        over a runtime bound: Triton's interpreter, which the CPU tests run, cannot take one)."""
+        before c (base [chunk, EP]); and the end of expert e's group. Steps of CB chunks, as many as there are
+        chunks (a fixed loop with a test: Triton's interpreter, which the CPU tests run, cannot loop to a runtime
+        bound)."""
         e = tl.program_id(0)
         x = tl.arange(0, EP)
-        start = tl.sum(tl.where(x < e, tl.load(total_ptr + x, mask=x < E, other=0), 0), axis=0)
-        c = tl.arange(0, CB)
-        n = tl.load(counts_ptr + c * EP + e, mask=c < NC, other=0)
-        tl.store(base_ptr + c * EP + e, start + tl.cumsum(n, axis=0) - n, mask=c < NC)
-        tl.store(ends_ptr + e, start + tl.sum(n, axis=0))
+        carry = tl.sum(tl.where(x < e, tl.load(total_ptr + x, mask=x < E, other=0), 0), axis=0)
+        for i in tl.static_range(STEPS):
+            if i * CB < NC:
+                c = i * CB + tl.arange(0, CB)
+                n = tl.load(counts_ptr + c * EP + e, mask=c < NC, other=0)
+                tl.store(base_ptr + c * EP + e, carry + tl.cumsum(n, axis=0) - n, mask=c < NC)
+                carry += tl.sum(n, axis=0)
+        tl.store(ends_ptr + e, carry)
 
     @triton.jit
     def _place_rows(ids_ptr, base_ptr, dest_ptr, R, CH: tl.constexpr, EP: tl.constexpr):
@@ -118,7 +124,7 @@ if HAS_ROW_KERNELS:
         torch.library.wrap_triton(_chunk_counts)[(chunks,)](flat, counts, total, r, n_experts, CH=GROUP_CHUNK,
                                                             EP=ep, num_warps=8)
         torch.library.wrap_triton(_chunk_bases)[(n_experts,)](counts, total, base, ends, chunks, n_experts, EP=ep,
-                                                              CB=GROUP_SCAN, num_warps=4)
+                                                              CB=GROUP_SCAN, STEPS=GROUP_STEPS, num_warps=4)
         torch.library.wrap_triton(_place_rows)[(chunks,)](flat, base, dest, r, CH=GROUP_CHUNK, EP=ep, num_warps=8)
         return dest, ends
 

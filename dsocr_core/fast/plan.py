@@ -35,7 +35,6 @@ from ..spec import SpecError
 from .options import ResolvedFast
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
-ID_BYTES = 8  # an int64 expert id or row place
 # the MoE's kernels beside moe_rows' kernels, SwiGLU and the grouped GEMMs, per layer of a compiled prefill traced on
 # an H200 (docs/fast-mode.md): the top-k's rounds (9), the slots' ids and weights (1), the grouped GEMMs' data (2)
 ROUTING_LAUNCHES = 12.0
@@ -407,10 +406,11 @@ def _slot_rows(c: Call):
 def _row_kernels(c: Call) -> list[Kernel]:
     """fast/moe_rows.py's kernels of one MoE call and the SwiGLU between the grouped GEMMs, each by the bytes it
     moves (engine work only: their analytic share stays with the row's remainder): the grouping (the zeroed
-    totals, the counts pass reading the ids, the chunk offsets, the places pass reading the ids and writing the
-    places), the copy into expert order (each token row read once, written to its slots), SwiGLU (gate and up
-    read, the product written), the weighted combine (each slot row, the places and weights, the residual read;
-    the sum written)."""
+    totals, the counts pass, the chunk offsets, the places pass: each pass compares every row with every expert
+    and sums or scans the one-hot [rows, experts padded to a power of two] int32 matrix in registers, priced as if
+    it streamed that matrix, which is what bounds it rather than the ids' few bytes), the copy into expert order
+    (each token row read once, written to its slots), SwiGLU (gate and up read, the product written), the weighted
+    combine (each slot row, the places and weights, the residual read; the sum written)."""
     s, dt = c.spec, c.dt
     t, rows = _slot_rows(c)
     h, im = s.hidden_size, s.moe_intermediate_size
@@ -419,11 +419,17 @@ def _row_kernels(c: Call) -> list[Kernel]:
     def moved(table, nbytes, launches=1.0):
         return Kernel(table, dict(bytes=nbytes), 0.0, 0.0, launches, real_bytes=nbytes)
 
-    return [moved("memory.elementwise", rows * ID_BYTES, 3.0),  # memset, counts, chunk offsets
-            moved("memory.elementwise", 2 * rows * ID_BYTES),  # places
+    onehot = rows * _padded_experts(s.n_routed_experts + s.n_shared_experts) * FP32
+    return [moved("memory.elementwise", onehot, 3.0),  # memset, counts, chunk offsets
+            moved("memory.elementwise", onehot),  # places
             moved(GATHER_ROWS, t * h * dt * (1 + slots)),
             moved("memory.elementwise", rows * 3 * im * dt),
-            moved(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (ID_BYTES + FP32))]
+            moved(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (8 + FP32))]  # int64 places, float32 weights
+
+
+def _padded_experts(n: int) -> int:
+    """The expert lanes moe_rows.group_rows compares a row with: n rounded up to a power of two, 16 at least."""
+    return max(16, 1 << (n - 1).bit_length())
 
 
 def _routing_bytes(c: Call):
