@@ -61,6 +61,10 @@ ACCURACY = {
         "H200 random, seed 55, held out": ("h200_prediction_accuracy_random55_fast_2026-11-27.json", None),
         "H100 random, seed 56, held out": ("h100_prediction_accuracy_random56_fast_2026-11-27.json", None),
         "H200 native, loads recorded, held out": ("h200_prediction_accuracy_native_loads_2026-11-27.json", None),
+        "H200 random, seed 58, MoE row kernels, held out": ("h200_prediction_accuracy_random58_fast_2026-11-27.json",
+                                                            None),
+        "H100 random, seed 59, MoE row kernels, held out": ("h100_prediction_accuracy_random59_fast_2026-11-27.json",
+                                                            None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),

@@ -6,7 +6,8 @@ What it does differently from the reference path (each point is explained in doc
 * positions, the new token and the cache write position live on the device; no `.item()`/`.tolist()` in a step;
 * MoE without host sync (moe.py): in decode up to batch 64 (`gather_max_rows` (token, slot) rows) Triton's
   routing kernel and by-expert kernels (triton_kernels.py), grouped GEMM with sort-free grouping above that and
-  in prefill; the shared expert runs as two extra experts;
+  in prefill, its grouping, copy into expert order and weighted combine as Triton row kernels on a GPU
+  (moe_rows.py, option `moe_rows`); the shared expert runs as two extra experts;
 * decode attention over the cache by a Triton split-KV kernel (torch formulations on a CPU);
 * logits for the last position only;
 * at batch 1 (with Triton) the whole step is decode_kernels.FusedDecode in one graph: 5 fused Triton kernels
@@ -107,7 +108,7 @@ class FastEngine:
         self.fused = self.triton if fused is None else bool(fused)
         if moe_rows == "triton" and not (self.triton or interpreted):
             raise ValueError("moe_rows 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
-        # the grouped MoE's copy into expert order and its weighted combine + residual (fast/moe_rows.py)
+        # the grouped MoE's grouping, copy into expert order and weighted combine + residual (fast/moe_rows.py)
         self.moe_rows = ("triton" if self.triton and HAS_ROW_KERNELS else "torch") if moe_rows == "auto" else moe_rows
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
