@@ -1,14 +1,15 @@
-"""The grouped MoE's row movement, torch's compiled formulation against the Triton row kernels (fast/moe_rows.py).
+"""The grouped MoE's row movement, torch's formulation against the Triton row kernels (fast/moe_rows.py).
 
-Around its two grouped GEMMs a prefill MoE layer copies each token's row to its K (token, slot) places in expert
-order, and after them reads the expert outputs back in token order, weights and sums them per token and adds the
-residual. Inside the compiled prefill layer Inductor's kernels for these ran about ten times longer than their
-bytes take on an H200 (docs/fast-mode.md). This times each step on its own, compiled with dynamic sizes as the
-engine compiles its prefill layer (first on CANONICAL tokens, then at each token count), as torch's formulation,
-as the Triton kernel, and as the Triton kernel inside a compiled function, at several token counts and with
-uniform or skewed routing, each replayed from a CUDA graph (as the engine runs them); it prints the time, the bandwidth
-its bytes reach, and whether the results agree with the eager formulation (bitwise for the copy; the combine
-within rounding: its float32 sum may fuse multiply-adds).
+Around its two grouped GEMMs a prefill MoE layer finds each (token, slot) row's place in expert order (the
+grouping), copies each token's row to its K places, and after the GEMMs reads the expert outputs back in token
+order, weights and sums them per token and adds the residual. Inside the compiled prefill layer Inductor's kernels
+for these ran far longer than their bytes take on an H200 (docs/fast-mode.md). This times each step on its own:
+torch's formulation eagerly (the grouping by a stable sort) and compiled with dynamic sizes as the engine compiles
+its prefill layer (first on CANONICAL tokens, then at each token count; the grouping by the one-hot scan), the
+Triton kernel, and the Triton kernel inside a compiled function, at several token counts and with uniform or
+skewed routing, each replayed from a CUDA graph (as the engine runs them); it prints the time, the bandwidth its
+bytes reach, and whether the results agree with the eager formulation (the grouping and the copy exactly; the
+combine within rounding: its float32 sum's order).
 
     python benchmarks/moe_rows.py --tokens 244,1822,3098,14088 --out out/moe_rows.json
     python benchmarks/moe_rows.py --device cpu --quick --out /tmp/moe_rows.json     # smoke test (torch only)

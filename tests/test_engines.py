@@ -295,6 +295,14 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     assert set(old) == OPTIONS_BEFORE_PROJECTOR_LAYOUT  # every option of that time is still an option
     assert FastOptions.from_stored(old)["projector_layout"] == "per_image"
     assert "projector_layout" not in FastOptions.from_stored({k: old[k] for k in list(old)[1:]})
+    # moe_rows: every description stored before it ran Inductor's rows ('torch'), with either layout
+    assert FastOptions.from_stored(old)["moe_rows"] == "torch"
+    with_layout = {**old, "projector_layout": "gather"}
+    assert FastOptions.from_stored(with_layout) == {**with_layout, "moe_rows": "torch"}
+    assert EngineSpec.from_dict(stored).options["moe_rows"] == "auto"  # written with it (only the layout removed)
+    del stored["options"]["moe_rows"]
+    assert EngineSpec.from_dict(stored).options["moe_rows"] == "torch"
+    assert EngineSpec.from_dict(fresh).options["moe_rows"] == "auto"  # written with it: kept
 
 
 def test_the_projector_layout_reaches_the_plan():

@@ -71,3 +71,29 @@ def test_an_observed_routing_with_loads_prices_each_rank_bucket_at_its_own_tiles
     thin = ranked[3]  # ranks 17-64: each holds about 0.3 / 63 of the rows
     held = 0.3 / 63 * slots
     assert float(np.sum(thin.coords["tokens"])) == pytest.approx(float(tiled_rows(held)))
+
+
+def test_the_moe_row_kernels_are_priced_by_the_bytes_each_moves():
+    """moe_rows='triton' (the default on a GPU): the grouping's two passes, the copy into expert order, SwiGLU and
+    the weighted combine are kernels of their own by their bytes, the routing's 12 small kernels the remainder;
+    moe_rows='torch' keeps Inductor's 17-launch remainder and no such kernels."""
+    pts = Points.from_workload(Workload(mode="base", text_tokens=300, batch=8))
+    (row,) = [r for r in prefill_rows(SPEC, pts) if r.kind == "lm.mlp.experts"]
+    tokens = float(np.sum(row.ctx[0]["b"] * row.ctx[0]["sq"]))
+    slots = SPEC.num_experts_per_tok + SPEC.n_shared_experts
+    rows, h, im = tokens * slots, SPEC.hidden_size, SPEC.moe_intermediate_size
+    triton = EngineSpec.of("fast", {"moe_rows": "triton"}).kernel_plan("cuda").plan(Call(row.kind, row.cost, row.ctx[0]))
+    glue = [k for k in triton.kernels if k.table != "grouped_gemm"]
+    assert [k.table for k in glue] == ["memory.elementwise", "memory.elementwise", "memory.gather_rows",
+                                       "memory.elementwise", "memory.gather_rows"]
+    onehot = rows * 128 * 4  # 66 experts (64 routed, 2 shared) in 128 lanes, int32
+    want = [onehot, onehot, tokens * h * 2 * (1 + slots), rows * 3 * im * 2, tokens * h * 2 * (slots + 2) + rows * 12]
+    assert [float(np.sum(k.real_bytes)) for k in glue] == pytest.approx(want)
+    assert all(float(np.sum(k.nbytes)) == 0.0 for k in glue)  # the row's analytic share stays with the remainder
+    assert sum(float(k.launches) for k in glue) == 7.0 and float(triton.rest_launches) == 12.0
+    torch_rows = EngineSpec.of("fast", {"moe_rows": "torch"}).kernel_plan("cuda").plan(
+        Call(row.kind, row.cost, row.ctx[0]))
+    assert [k.table for k in torch_rows.kernels] == ["grouped_gemm"] * 2
+    assert float(torch_rows.rest_launches) == 17.0 and torch_rows.rest_real_bytes is None
+    assert EngineSpec.of("fast").kernel_plan("cuda").o.moe_rows == "triton"
+    assert EngineSpec.of("fast").kernel_plan("cpu").o.moe_rows == "torch"

@@ -4,13 +4,9 @@ torch step, greedy generation with an active n-gram ban equals the torch path to
 bans exactly what generate.ban_repeated_ngrams bans. On a GPU the same kernels run compiled
 (tests/test_fast_gpu.py, benchmarks/session_speed.py)."""
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from triton_interpreter import interpreted_result
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="Triton is not installed: the fused kernels exist only as Triton code")
@@ -116,11 +112,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return interpreted_result(SCRIPT)
 
 
 def test_ban_kernel_bans_what_the_reference_bans(result):

@@ -1,5 +1,5 @@
-"""benchmarks/grouped_gemm_steps.py and benchmarks/routing_loads_cpu.py on the CPU: the step curve's pieces and the
-tile model that reads it, and the loads a prefill records."""
+"""benchmarks/grouped_gemm_steps.py, benchmarks/routing_loads_cpu.py and benchmarks/moe_rows.py on the CPU: the
+step curve's pieces and the tile model that reads it, the loads a prefill records, the MoE rows' steps."""
 import json
 
 import pytest
@@ -33,3 +33,15 @@ def test_a_quick_run_records_each_moe_layer_calls_loads(tmp_path):
     assert calls
     for tokens, distinct, loads in calls:
         assert len(loads) == distinct and loads == sorted(loads, reverse=True) and sum(loads) > tokens
+
+
+def test_the_moe_rows_benchmark_times_and_checks_each_step(tmp_path):
+    """benchmarks/moe_rows.py on the CPU: torch's eager formulation of the grouping, the copy and the combine at
+    each token count and skew, checked against itself (the Triton kernels and the compiled variants need a GPU)."""
+    out = tmp_path / "rows.json"
+    assert load_benchmark("moe_rows").main(["--device", "cpu", "--quick", "--tokens", "5,40", "--skews", "0,1.2",
+                                            "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["skew"], r["tokens"], r["step"]) for r in rows} == {
+        (s, t, step) for s in (0.0, 1.2) for t in (5, 40) for step in ("group", "scatter", "combine")}
+    assert all(r["seconds"] > 0 and r["max_abs_diff"] == 0 for r in rows)

@@ -5,13 +5,9 @@ torch's formulation (float32: the interpreter rounds to bfloat16 by truncation, 
 engine's prefill and generation with the kernels (moe_rows='triton') equal the torch formulation's. On a GPU the
 same kernels run compiled inside the prefill layer (tests/test_fast_gpu.py, benchmarks/moe_rows.py)."""
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from triton_interpreter import interpreted_result
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="Triton is not installed: the row kernels exist only as Triton code")
@@ -73,11 +69,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return interpreted_result(SCRIPT)
 
 
 def test_grouping_gives_the_stable_sorts_places_and_ends(result):
