@@ -108,7 +108,9 @@ def main(argv=None) -> int:
                 want = {step: run["torch eager"][step](*a) for step, a in calls.items()}
                 size = x.element_size()
                 rows_ = tokens * slots
-                moved = {"group": rows_ * 8 * 2 + n_experts * 4,  # ids read, places written (int64)
+                # the grouping: ids read, places written (int64): its bytes in memory, not the one-hot work the
+                # time model prices it by (fast/plan._row_kernels)
+                moved = {"group": rows_ * 8 * 2 + n_experts * 4,
                          "scatter": tokens * hidden * size * (1 + slots),
                          "combine": tokens * hidden * size * (slots + 2)}
                 for name, fns in run.items():

@@ -77,9 +77,10 @@ def test_resolution_on_the_cpu_is_the_engines(tiny_model):
         got = FastEngine(tiny_model, **opts).describe()
         r = EngineSpec.of("fast", opts).validated().resolved("cpu")
         assert (r.graphs, r.compile, r.compile_vision, r.compile_prefill, r.fused, r.attention, r.bucket,
-                r.graph_steps, r.clip_packed, r.sam_attention) == (
+                r.graph_steps, r.clip_packed, r.sam_attention, r.moe_rows) == (
             got["cuda_graphs"], got["compile"], got["compile_vision"], got["compile_prefill"], got["fused_decode_b1"],
-            got["attention"], got["bucket"], got["graph_steps"], got["clip_packed"], got["sam_attention"])
+            got["attention"], got["bucket"], got["graph_steps"], got["clip_packed"], got["sam_attention"],
+            got["moe_rows"])
 
 
 @pytest.fixture(scope="module")

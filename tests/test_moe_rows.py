@@ -45,6 +45,21 @@ for t, k, e in ((1, 8, 66), (37, 8, 66), (700, 8, 66), (300, 3, 10), (5000, 4, 6
     got = moe_rows.gather_combine(ys, dest, w, x)
     want = x + moe.combine(ys.index_select(0, dest).view(t, k, h), w)
     out["combine"].append(float((got - want).abs().max()))
+# more rows than one step of the chunks' offsets scan (1,024 chunks of 256 rows)
+ids = torch.randint(0, 66, (32769, 8), generator=g)
+dest, ends = moe_rows.group_rows(ids, 66)
+want_dest, want_ends = moe.group_rows_sorted(ids, 66)
+out["two_scan_steps"] = [ids.numel() > moe_rows.GROUP_CHUNK * moe_rows.GROUP_SCAN, torch.equal(dest, want_dest),
+                         torch.equal(ends, want_ends.to(torch.int32))]
+# above the kernels' row limit expert_rows groups with torch's formulation, the same places
+t, e, h, im = 9, 6, 16, 8
+ids = torch.stack([torch.randperm(e, generator=g)[:3] for _ in range(t)])
+x, w13, w2 = torch.randn(t, h, generator=g), torch.randn(e, 2 * im, h, generator=g), torch.randn(e, h, im, generator=g)
+want = moe.expert_rows(x, ids, w13, w2, im, "sort", "torch")
+limit, moe_rows.GROUP_MAX_ROWS = moe_rows.GROUP_MAX_ROWS, 10
+got = moe.expert_rows(x, ids, w13, w2, im, "sort", "triton")
+moe_rows.GROUP_MAX_ROWS = limit
+out["fallback"] = [torch.equal(got[1], want[1]), float((got[0] - want[0]).abs().max())]
 try:
     moe_rows.group_rows(torch.zeros(moe_rows.GROUP_MAX_ROWS + 1, dtype=torch.long), 4)
     out["too_many_rows"] = None
@@ -76,8 +91,13 @@ def test_grouping_gives_the_stable_sorts_places_and_ends(result):
     assert result["grouping"] == [[True, True, "torch.int64", "torch.int32"]] * 5
 
 
-def test_too_many_rows_for_one_scan_is_refused(result):
+def test_the_offsets_scan_carries_across_its_steps(result):
+    assert result["two_scan_steps"] == [True, True, True]
+
+
+def test_too_many_rows_are_refused_and_expert_rows_groups_them_with_torch(result):
     assert "group_rows takes up to" in result["too_many_rows"]
+    assert result["fallback"] == [True, 0.0]
 
 
 def test_copy_into_expert_order_is_exact(result):

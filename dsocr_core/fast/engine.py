@@ -106,8 +106,9 @@ class FastEngine:
         if fused and not (self.triton or interpreted):
             raise ValueError("fused decode needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
         self.fused = self.triton if fused is None else bool(fused)
-        if moe_rows == "triton" and not (self.triton or interpreted):
-            raise ValueError("moe_rows 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
+        if moe_rows == "triton" and not ((self.triton or interpreted) and HAS_ROW_KERNELS):
+            raise ValueError("moe_rows 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU) "
+                             "and torch.library.triton_op")
         # the grouped MoE's grouping, copy into expert order and weighted combine + residual (fast/moe_rows.py)
         self.moe_rows = ("triton" if self.triton and HAS_ROW_KERNELS else "torch") if moe_rows == "auto" else moe_rows
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}

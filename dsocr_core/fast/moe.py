@@ -17,8 +17,10 @@ Python. Here the counts never leave the device, so the whole layer can be captur
 * `gather`: each (token, slot) row multiplies its expert's weights gathered by id (`bmm` copies the chosen
   weights first, `reduce` is a multiply-sum Inductor can fuse). CPU path and fallback.
 
-Both return per-slot outputs [T, K, H] in the model dtype (each expert output rounded as the reference rounds
-it), combined in float32 with the routing weights in a fixed slot order, like the reference.
+Each returns per-slot outputs [T, K, H] in the model dtype (each expert output rounded as the reference rounds
+it), combined in float32 with the routing weights in a fixed slot order, like the reference; with the engine's
+MoE row kernels (moe_rows.py) the grouped path's rows are read back, combined and added to the residual in one
+kernel instead.
 """
 from __future__ import annotations
 
@@ -157,8 +159,8 @@ def moe_forward(h: torch.Tensor, gate32: torch.Tensor, w13: torch.Tensor, w2: to
                 grouping: str = "onehot", rows: str = "torch", residual: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """Routed experts + shared expert of one MoE layer on tokens h [T, H] -> [T, H] (model dtype), plus
-    `residual` [T, H] when given. rows 'triton' (grouped impl, with a residual, on a GPU): the copy into expert
-    order and the weighted combine with the residual run as moe_rows' kernels."""
+    `residual` [T, H] when given. rows 'triton' (grouped impl, with a residual): the grouping, the copy into
+    expert order and the weighted combine with the residual run as moe_rows' kernels."""
     weights, ids = route(h, gate32, k, norm_topk_prob, scale, gemv, topk)
     weights, ids = with_shared(weights, ids, n_routed, shared_slots)
     if impl == "grouped" and rows == "triton" and residual is not None and HAS_GROUPED_MM:

@@ -46,8 +46,8 @@ class FastOptions(BaseModel):
     # projected rows and the layout vectors (fast/vision.run_projector); 'per_image', the reference's loop of cats
     # per image, which every run measured before this option existed ran
     projector_layout: Literal["gather", "per_image"] = "gather"
-    # the grouped MoE's copy into expert order and weighted combine + residual (prefill, and decode above the
-    # by-expert kernels): 'triton', fast/moe_rows.py's kernels; 'torch', the formulation Inductor compiles, which
+    # the grouped MoE's grouping, copy into expert order and weighted combine + residual (prefill, and decode above
+    # the by-expert kernels): 'triton', fast/moe_rows.py's kernels; 'torch', the formulation Inductor compiles, which
     # every run measured before this option existed ran ('auto': Triton's on a GPU)
     moe_rows: Literal["auto", "torch", "triton"] = "auto"
     topk: Literal["auto", "argmax", "torch"] = "auto"

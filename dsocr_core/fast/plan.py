@@ -406,9 +406,10 @@ def _slot_rows(c: Call):
 def _row_kernels(c: Call) -> list[Kernel]:
     """fast/moe_rows.py's kernels of one MoE call and the SwiGLU between the grouped GEMMs, each by the bytes it
     moves (engine work only: their analytic share stays with the row's remainder): the grouping (the zeroed
-    totals, the counts pass, the chunk offsets, the places pass: each pass compares every row with every expert
-    and sums or scans the one-hot [rows, experts padded to a power of two] int32 matrix in registers, priced as if
-    it streamed that matrix, which is what bounds it rather than the ids' few bytes), the copy into expert order
+    totals and the chunk offsets launched beside the counts pass; the counts pass and the places pass each compare
+    every row with every expert and sum or scan the one-hot [rows, experts padded to a power of two] int32 matrix
+    in registers, each priced as if it streamed that matrix, which bounds them rather than the ids' few bytes; on
+    an H200 the grouping measured 55.6 us at 14,088 tokens, about twice that price), the copy into expert order
     (each token row read once, written to its slots), SwiGLU (gate and up read, the product written), the weighted
     combine (each slot row, the places and weights, the residual read; the sum written)."""
     s, dt = c.spec, c.dt

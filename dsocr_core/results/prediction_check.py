@@ -68,7 +68,9 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
 # Accuracy results record their engine since 2026-11-26; one without that record was measured before, when the
 # fast engine's batched decode ran the grouped GEMMs (gather_max_rows 8, the default of the time) and its projector
 # laid each image out with the reference's cats (projector_layout 'per_image', the only layout before that option)
-ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image"}}}
+# and its MoE rows were Inductor's kernels (moe_rows 'torch')
+ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image",
+                                                              "moe_rows": "torch"}}}
 
 
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
