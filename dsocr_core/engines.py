@@ -162,11 +162,25 @@ def options_help() -> str:
     return "engine options as a JSON object (" + "; ".join(parts) + ")"
 
 
+# What a fast engine ran before runs and accuracy results recorded their engine (2026-11-26): batched decode on the
+# grouped GEMMs (gather_max_rows 8, the default of the time), the projector laying each image out with the
+# reference's cats (projector_layout 'per_image', the only layout then), Inductor's MoE rows (moe_rows 'torch')
+ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image",
+                                                              "moe_rows": "torch"}}}
+
+
+def engine_before_records(session_mode: str) -> EngineSpec:
+    """The engine a session mode ran before engine descriptions were recorded (its defaults where nothing of
+    note has changed since)."""
+    return EngineSpec.from_dict(ENGINE_BEFORE_RECORDS.get(session_mode, {"kind": session_mode, "options": {}}))
+
+
 def run_engine(run: Mapping[str, Any]) -> tuple[EngineSpec, bool]:
     """(the engine a stored run was measured with, whether that is recorded). Runs stored before engine
-    descriptions existed carry only their session mode: their engine is that mode's defaults (False)."""
+    descriptions existed carry only their session mode: their engine is that mode's engine of the time
+    (engine_before_records; False)."""
     session = ((run.get("meta") or {}).get("session") or {})
     stored = session.get("engine_spec")
     if stored is not None:
         return EngineSpec.from_dict(stored), True
-    return EngineSpec.of(run.get("session_mode") or "reference"), False
+    return engine_before_records(run.get("session_mode") or "reference"), False

@@ -244,8 +244,12 @@ def test_compare_run_predicts_each_point_as_the_analytic_model_does(tmp_path):
     hw = with_profile(PRESETS["h200"], prof, "fast")
     df = analytic_join.compare_run(store, run_id, prediction=hw)
     points = store.points(run_id).drop_duplicates("key").set_index("key")
+    # the fake run records no engine: it is predicted on the fast engine of the time before engine records
+    from dsocr_core.engines import engine_before_records
+
+    hw_run = with_profile(PRESETS["h200"], prof, engine_before_records("fast"))
     for _, row in df[df["stage"] != "decode_step"].iterrows():
-        one = analytic.stage_totals(ModelSpec(), analytic_join.point_workload(points.loc[row["point"]]), hw)
+        one = analytic.stage_totals(ModelSpec(), analytic_join.point_workload(points.loc[row["point"]]), hw_run)
         assert row["predicted_s"] == pytest.approx(one[row["stage"]]["predicted_s"], rel=1e-9)
         assert row["time_err_predicted"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert df["predicted_session_mode"].eq("fast").all() and (~df["predicted_derived"]).all()
@@ -330,7 +334,7 @@ def test_mfu_page_shows_the_observed_routing_and_saves_it_for_what_if_prediction
     table = [f.value for f in at.dataframe if "observed distinct experts" in f.value.columns][0]
     assert list(table["tokens per call"]) == [2, 546] and list(table["layer-calls"]) == [4, 2]
     assert table["observed distinct experts"].tolist() == pytest.approx([2.25, 7.5])
-    assert "engine reference with its default options (assumed" in plain(page_text(at))
+    assert "engine reference (assumed: the run predates engine descriptions" in plain(page_text(at))
     cmp = [f.value for f in at.dataframe if "predicted_routing" in f.value.columns][0]
     assert cmp["predicted_routing"].str.startswith(f"observed (run {run_id[:8]}").all()
 

@@ -110,9 +110,12 @@ def test_the_session_builds_its_engine_from_the_description_and_runs_store_it(tm
     from dsocr_core.results.runs import engine_note, run_details
 
     assert "engine fast (bucket=64, graph_steps=3) (recorded with the run)" in run_details(store.get_run(run_id))
-    # a run stored before engine descriptions: its session mode's defaults, said so
-    assert run_engine({"session_mode": "fast", "meta": {}}) == (EngineSpec.of("fast"), False)
-    assert "default options (assumed" in engine_note({"session_mode": "fast", "meta": {}})
+    # a run stored before engine descriptions: its session mode's engine of that time, said so
+    from dsocr_core.engines import engine_before_records
+
+    assert run_engine({"session_mode": "fast", "meta": {}}) == (engine_before_records("fast"), False)
+    assert 'moe_rows="torch"' in engine_note({"session_mode": "fast", "meta": {}})
+    assert "(assumed: the run predates engine descriptions" in engine_note({"session_mode": "fast", "meta": {}})
     with pytest.raises(SpecError, match="bucket"):
         Session.load(synthetic="tiny", device="cpu", session_mode="fast", engine_options={"bucket": -1})
 
@@ -259,11 +262,13 @@ def test_the_by_expert_kernels_stop_at_their_token_tile():
 
 
 def test_results_without_an_engine_record_are_predicted_on_the_engine_of_their_time():
-    from dsocr_core.results.prediction_check import ENGINE_BEFORE_RECORDS
+    from dsocr_core.engines import engine_before_records
 
-    old = as_engine(ENGINE_BEFORE_RECORDS["fast"])
+    old = engine_before_records("fast")
     assert old.options["gather_max_rows"] == 8
+    assert old.options["projector_layout"] == "per_image" and old.options["moe_rows"] == "torch"
     assert list(old.kernel_plan("cuda").decode_paths(np.array([1, 8]), ModelSpec())) == ["fused", "grouped"]
+    assert engine_before_records("reference") == EngineSpec.of("reference")
 
 
 def test_the_engine_and_its_plan_choose_the_same_decode_experts(tiny_model):

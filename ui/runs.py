@@ -15,11 +15,12 @@ from . import resources
 
 def run_mode(run: dict) -> str:
     """e.g. 'fast session mode', 'fast session mode (bucket=128)' ('unrecorded session mode' for runs stored
-    before modes were recorded)."""
+    before modes were recorded). Options only where the run recorded its engine: an assumed engine of the time
+    is said in the run's caption (results.runs.engine_note), not put in its name."""
     if not run.get("session_mode"):
         return "unrecorded session mode"
-    engine, _ = run_engine(run)
-    options = engine.label()[len(engine.kind):]
+    engine, recorded = run_engine(run)
+    options = engine.label()[len(engine.kind):] if recorded else ""
     return f"{engine.kind} session mode{options}"
 
 

@@ -102,8 +102,8 @@ def observed_routing(run: dict, points: pd.DataFrame, spec: ModelSpec | None = N
 
 def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: ModelSpec | None = None):
     """`prediction` (a ProfiledHardware) made for the run: its profile, work and overlap, with the run's own
-    engine (its stored description; its session mode's defaults for runs stored before descriptions) and the
-    routing it observed (uniform, labelled assumed, where it recorded none)."""
+    engine (its stored description; for runs stored before descriptions, its session mode's engine of that time)
+    and the routing it observed (uniform, labelled assumed, where it recorded none)."""
     from ..analytic.predict import with_profile
 
     pred = prediction.prediction

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..analytic.routing import routing_from_dict
+from ..engines import engine_before_records
 from ..registry import family_of, get_family, stage_names
 from ..spec import Hardware, ModelSpec, SpecError, Workload
 from .analytic_join import compare_run, stage_totals_at_host_speeds, workload_stage_totals
@@ -65,19 +66,13 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
     return out
 
 
-# Accuracy results record their engine since 2026-11-26; one without that record was measured before, when the
-# fast engine's batched decode ran the grouped GEMMs (gather_max_rows 8, the default of the time) and its projector
-# laid each image out with the reference's cats (projector_layout 'per_image', the only layout before that option)
-# and its MoE rows were Inductor's kernels (moe_rows 'torch')
-ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image",
-                                                              "moe_rows": "torch"}}}
 
 
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
                     host_speed: bool = True) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
-    overlap) on the engine the result recorded (else the engine of the time: ENGINE_BEFORE_RECORDS), with
+    overlap) on the engine the result recorded (else the engine of the time: engines.engine_before_records), with
     `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing" entry), else
     uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. Each point is predicted at the host
     speed it was measured at where it recorded one (host_probe_op_s; `host_speed` False: at the calibration's).
@@ -95,7 +90,7 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
     if preset not in fam.presets:
         raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
     spec = fam.preset(preset)
-    engine = entry.get("engine") or ENGINE_BEFORE_RECORDS.get(mode, mode)  # the engine the points ran on
+    engine = entry.get("engine") or engine_before_records(mode)  # the engine the points ran on
     hw = with_profile(profile_hardware(profile), profile, engine, settings.get("work", "engine"),
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]

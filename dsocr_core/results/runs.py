@@ -81,7 +81,8 @@ def engine_note(run: Mapping[str, Any]) -> str:
     engine, recorded = run_engine(run)
     if recorded:
         return f"engine {engine.label()} (recorded with the run)"
-    return f"engine {engine.kind} with its default options (assumed: the run predates engine descriptions)"
+    return (f"engine {engine.label()} (assumed: the run predates engine descriptions; the {engine.kind} engine of "
+            "that time)")
 
 
 def run_details(run: Mapping[str, Any]) -> str:
