@@ -84,10 +84,10 @@ def test_the_moe_row_kernels_are_priced_by_the_bytes_each_moves():
     rows, h, im = tokens * slots, SPEC.hidden_size, SPEC.moe_intermediate_size
     triton = EngineSpec.of("fast", {"moe_rows": "triton"}).kernel_plan("cuda").plan(Call(row.kind, row.cost, row.ctx[0]))
     glue = [k for k in triton.kernels if k.table != "grouped_gemm"]
-    assert [k.table for k in glue] == ["memory.elementwise", "memory.elementwise", "memory.gather_rows",
-                                       "memory.elementwise", "memory.gather_rows"]
-    onehot = rows * 128 * 4  # 66 experts (64 routed, 2 shared) in 128 lanes, int32
-    want = [onehot, onehot, tokens * h * 2 * (1 + slots), rows * 3 * im * 2, tokens * h * 2 * (slots + 2) + rows * 12]
+    assert [k.table for k in glue] == ["memory.group_rows", "memory.gather_rows", "memory.elementwise",
+                                       "memory.gather_rows"]
+    onehot = rows * 128 * 4  # a pass: 66 experts (64 routed, 2 shared) in 128 lanes, int32
+    want = [2 * onehot, tokens * h * 2 * (1 + slots), rows * 3 * im * 2, tokens * h * 2 * (slots + 2) + rows * 12]
     assert [float(np.sum(k.real_bytes)) for k in glue] == pytest.approx(want)
     assert all(float(np.sum(k.nbytes)) == 0.0 for k in glue)  # the row's analytic share stays with the remainder
     assert sum(float(k.launches) for k in glue) == 7.0 and float(triton.rest_launches) == 12.0
@@ -97,3 +97,19 @@ def test_the_moe_row_kernels_are_priced_by_the_bytes_each_moves():
     assert float(torch_rows.rest_launches) == 17.0 and torch_rows.rest_real_bytes is None
     assert EngineSpec.of("fast").kernel_plan("cuda").o.moe_rows == "triton"
     assert EngineSpec.of("fast").kernel_plan("cpu").o.moe_rows == "torch"
+
+
+def test_the_grouping_table_is_measured_in_the_plans_units():
+    """memory.group_rows: the calibration times moe_rows.group_rows at the one-hot work per (token, slot) row the
+    plan prices the grouping by, on a GPU only; its grid reaches the largest prefill calls measured so far."""
+    from dsocr_core.calibration.microbench import grids
+    from dsocr_core.calibration.ops import GROUP_BYTES_PER_ROW, GROUP_EXPERTS, GROUP_SLOTS, kernel_count
+    from dsocr_core.fast.plan import _padded_experts
+
+    assert GROUP_EXPERTS == SPEC.n_routed_experts + SPEC.n_shared_experts
+    assert GROUP_SLOTS == SPEC.num_experts_per_tok + SPEC.n_shared_experts
+    assert GROUP_BYTES_PER_ROW == 2 * _padded_experts(GROUP_EXPERTS) * 4
+    assert kernel_count("memory.group_rows") == 4
+    assert "memory.group_rows" not in grids(False, "cpu")
+    axis = grids(False, "cuda")["memory.group_rows"]["bytes"]
+    assert axis[-1] / (GROUP_BYTES_PER_ROW * GROUP_SLOTS) >= 54_000  # tokens of the largest held-out call

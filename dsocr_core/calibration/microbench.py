@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ops import (FUSED_ATTN_SLOT_BYTES, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
+from .ops import (FUSED_ATTN_SLOT_BYTES, GROUP_BYTES_PER_ROW, GROUP_SLOTS, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
                   launch_costs, measure_entry)
 from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
                       add_tables, build_profile, entry_work, table_kind)
@@ -92,6 +92,9 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
                                                    (16, 64, 256, 1024, 4096, 16384)]}
         # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
         out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)]}
+        # the MoE's grouping kernels over the rows of 16 to 131,072 tokens (its one-hot work, 128 KB to 1 GB)
+        out["memory.group_rows"] = {"bytes": [float(GROUP_BYTES_PER_ROW * GROUP_SLOTS * t)
+                                              for t in (16, 128, 1024, 4096, 16384, 65536, 131072)]}
     return out
 
 

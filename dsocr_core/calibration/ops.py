@@ -28,6 +28,11 @@ FUSED_ATTN_SLOT_BYTES = 2 * FUSED_HEADS * FUSED_HEAD_DIM * 2  # one cached token
 # shared; 9 rows for all 66): the table's axis (bytes read) moves with the number of distinct experts the rows touch
 MOE_INNER, MOE_TOKENS, MOE_SLOTS, MOE_MAX_EXPERTS = 896, 8, 8, 66
 MOE_EXPERT_BYTES = 3 * FUSED_WIDTH * MOE_INNER * 2  # one expert's gate, up and down weights, bf16
+# The MoE's grouping kernels (fast/moe_rows.group_rows) at the LM's 66 experts (64 routed, 2 shared), 8 slots per
+# token: the table's axis is the one-hot work of its two passes over the rows, GROUP_BYTES_PER_ROW per (token, slot)
+# row (each pass compares a row with 128 expert lanes of int32), the measure fast/plan.py prices the grouping by
+GROUP_EXPERTS, GROUP_SLOTS, GROUP_LANES = 66, 8, 128
+GROUP_BYTES_PER_ROW = 2 * GROUP_LANES * 4
 # SAM's residual stream tables at its width and a 1024 px view's patch grid (the stream's bytes move with the views)
 SAM_WIDTH, SAM_GRID = 768, 64
 
@@ -97,6 +102,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             return _fused_op(what, nbytes, dev, rnd)
         if what == "moe_gemv":
             return _moe_gemv_op(nbytes, dev, rnd)
+        if what == "group_rows":
+            return _group_rows_op(nbytes, dev)
         if what == "copy":
             n = nbytes // 4  # bf16 elements: read + write = bytes
             return (lambda: (rnd(n), torch.empty(n, device=dev, dtype=torch.bfloat16)),
@@ -254,6 +261,24 @@ def _moe_gemv_op(nbytes: int, dev: str, rnd):
     make = lambda: (rnd(tokens, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731
                     rnd(n, FUSED_WIDTH, MOE_INNER))
     return make, lambda x: moe_gemv(x[0], ids, x[1], x[2]), n * MOE_EXPERT_BYTES + tokens * FUSED_WIDTH * 2, 2
+
+
+def _group_rows_op(nbytes: int, dev: str):
+    """The fast engine's MoE grouping (fast/moe_rows.group_rows: a memset and three kernels) over the (token, slot)
+    rows of as many tokens as make `nbytes` of one-hot work: each token's 6 routed experts drawn at random, distinct,
+    and the 2 shared ones."""
+    import torch
+
+    from ..fast.moe_rows import HAS_ROW_KERNELS, group_rows
+
+    if not (dev.startswith("cuda") and HAS_ROW_KERNELS):
+        raise RuntimeError("the MoE grouping kernels run on a CUDA GPU with Triton only")
+    tokens = max(nbytes // (GROUP_BYTES_PER_ROW * GROUP_SLOTS), 1)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    routed = GROUP_EXPERTS - 2
+    ids = torch.rand(tokens, routed, device=dev, generator=gen).argsort(-1)[:, :GROUP_SLOTS - 2]
+    ids = torch.cat([ids, torch.tensor([routed, routed + 1], device=dev).expand(tokens, 2)], 1)
+    return lambda: ids, lambda x: group_rows(x, GROUP_EXPERTS), tokens * GROUP_SLOTS * GROUP_BYTES_PER_ROW, 1
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -483,7 +508,8 @@ def kernel_count(name: str) -> int:
     if kind in ("attention", "attention_causal"):
         impl = name.split(".")[1]
         return ATTN_KERNELS["eager.causal" if impl == "eager" and kind == "attention_causal" else impl]
-    return 2 if name == "memory.moe_gemv" else 1  # its gate/up and its down launch
+    # the by-expert MoE's gate/up and down launches; the grouping's memset and three kernels
+    return {"memory.moe_gemv": 2, "memory.group_rows": 4}.get(name, 1)
 
 
 def input_bytes(name: str, c: dict, st: Settings):

@@ -83,7 +83,7 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
-                "gather_rows", "permuted_copy", "permuted_add")
+                "gather_rows", "permuted_copy", "permuted_add", "group_rows")
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
 # of the second strided by rows); profiles made before it price it on the elementwise table. gather_rows: whole
 # rows gathered by an index (index_select), the fast projector's layout; profiles made before it use elementwise
@@ -99,7 +99,9 @@ BIAS_KINDS = ("broadcast", "strided")
 # fused_gemv / fused_attention: the fast engine's own batch-1 decode kernels (fast/decode_kernels.py), by bytes
 # read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so).
 # moe_gemv: its by-expert MoE kernels of batched decode (fast/triton_kernels.py), by weight bytes read, the same way;
-# profiles without it price them on fused_gemv
+# profiles without it price them on fused_gemv. group_rows: its MoE grouping kernels (fast/moe_rows.py), by the
+# one-hot work of their two passes over the rows (calibration/ops.GROUP_BYTES_PER_ROW a row); profiles without it
+# price that work on elementwise
 # sdpa / flash: SDPA limited to the reference LM's backends (flash, memory-efficient, math) / to flash alone;
 # default: SDPA with torch's own choice of backend, what the fast engine's compiled SAM, CLIP and LM prefill layers
 # call (on an H100 with torch 2.11 that is cuDNN's flash kernel, docs/accuracy.md); profiles made before it price

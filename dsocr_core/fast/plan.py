@@ -47,6 +47,8 @@ MOE_GEMV = "memory.moe_gemv"
 # gathers of whole rows (index_select), the projector's layout; a profile without the table falls back to
 # memory.elementwise
 GATHER_ROWS = "memory.gather_rows"
+# the MoE grouping kernels (fast/moe_rows.group_rows), by their one-hot work; profiles without it: elementwise
+GROUP_ROWS = "memory.group_rows"
 # the compiled SAM, CLIP and LM prefill layers call SDPA without choosing a backend: torch picks one (on an H100 with
 # torch 2.11 cuDNN's flash kernel, which the trace shows and the reference LM's backend list excludes). SAM, CLIP
 # and the prefill are priced on it; a profile without the table falls back to attention.sdpa (SAM, CLIP) and
@@ -406,10 +408,11 @@ def _slot_rows(c: Call):
 def _row_kernels(c: Call) -> list[Kernel]:
     """fast/moe_rows.py's kernels of one MoE call and the SwiGLU between the grouped GEMMs, each by the bytes it
     moves (engine work only: their analytic share stays with the row's remainder): the grouping (the zeroed
-    totals and the chunk offsets launched beside the counts pass; the counts pass and the places pass each compare
-    every row with every expert and sum or scan the one-hot [rows, experts padded to a power of two] int32 matrix
-    in registers, each priced as if it streamed that matrix, which bounds them rather than the ids' few bytes; on
-    an H200 the grouping measured 55.6 us at 14,088 tokens, about twice that price), the copy into expert order
+    totals and the chunk offsets launched beside the counts pass and the places pass, which each compare every
+    row with every expert and sum or scan the one-hot [rows, experts padded to a power of two] int32 matrix in
+    registers: timed on its own table by that work (calibration/ops.GROUP_BYTES_PER_ROW); a profile without the
+    table prices the work as streamed bytes on the elementwise table, about half what the kernels took on an
+    H200: 55.6 us at 14,088 tokens), the copy into expert order
     (each token row read once, written to its slots), SwiGLU (gate and up read, the product written), the weighted
     combine (each slot row, the places and weights, the residual read; the sum written)."""
     s, dt = c.spec, c.dt
@@ -420,9 +423,8 @@ def _row_kernels(c: Call) -> list[Kernel]:
     def moved(table, nbytes, launches=1.0):
         return Kernel(table, dict(bytes=nbytes), 0.0, 0.0, launches, real_bytes=nbytes)
 
-    onehot = rows * _padded_experts(s.n_routed_experts + s.n_shared_experts) * FP32
-    return [moved("memory.elementwise", onehot, 3.0),  # memset, counts, chunk offsets
-            moved("memory.elementwise", onehot),  # places
+    onehot = 2 * rows * _padded_experts(s.n_routed_experts + s.n_shared_experts) * FP32  # its two passes
+    return [moved(GROUP_ROWS, onehot, 4.0),  # memset, counts, chunk offsets, places
             moved(GATHER_ROWS, t * h * dt * (1 + slots)),
             moved("memory.elementwise", rows * 3 * im * dt),
             moved(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (8 + FP32))]  # int64 places, float32 weights
