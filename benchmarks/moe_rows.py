@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 from grouped_gemm_steps import graphed, median_s  # noqa: E402
 
-from dsocr_core.fast.moe import combine, group_rows, group_rows_sorted, with_shared  # noqa: E402
+from dsocr_core.fast.moe import (combine_rows, group_rows, group_rows_sorted, to_expert_order,  # noqa: E402
+                                 with_shared)
 
 CANONICAL = 1024  # tokens the dynamic compile first sees (the engine compiles its prefill layer on a canonical size)
 
@@ -42,22 +43,13 @@ def routing(tokens: int, experts: int, k: int, shared: int, skew: float, gen, de
     return with_shared(w / w.sum(-1, keepdim=True), ids, experts, shared)
 
 
-def torch_scatter(x, dest, k: int):
-    return x.new_empty(x.shape[0] * k, x.shape[1]).index_copy_(0, dest, x.repeat_interleave(k, dim=0))
-
-
-def torch_combine(ys, dest, weights, residual):
-    t, k = weights.shape
-    return residual + combine(ys.index_select(0, dest).view(t, k, -1), weights)
-
-
 def variants(device, compile_: bool):
     """name -> {step: callable}: the grouping (ids -> places, group ends), the copy into expert order, the combine."""
-    out = {"torch eager": {"group": group_rows_sorted, "scatter": torch_scatter, "combine": torch_combine}}
+    out = {"torch eager": {"group": group_rows_sorted, "scatter": to_expert_order, "combine": combine_rows}}
     if compile_:  # the engine's compiled layer groups with the one-hot scan
         out["torch compiled"] = {"group": torch.compile(group_rows, dynamic=True),
-                                 "scatter": torch.compile(torch_scatter, dynamic=True),
-                                 "combine": torch.compile(torch_combine, dynamic=True)}
+                                 "scatter": torch.compile(to_expert_order, dynamic=True),
+                                 "combine": torch.compile(combine_rows, dynamic=True)}
     from dsocr_core.fast import moe_rows
     if moe_rows.HAS_ROW_KERNELS and device.type == "cuda":
         kernels = {"group": moe_rows.group_rows, "scatter": moe_rows.scatter_rows, "combine": moe_rows.gather_combine}

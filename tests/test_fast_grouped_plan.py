@@ -104,11 +104,11 @@ def test_the_grouping_table_is_measured_in_the_plans_units():
     plan prices the grouping by, on a GPU only; its grid reaches the largest prefill calls measured so far."""
     from dsocr_core.calibration.microbench import grids
     from dsocr_core.calibration.ops import GROUP_BYTES_PER_ROW, GROUP_EXPERTS, GROUP_SLOTS, kernel_count
-    from dsocr_core.fast.plan import _padded_experts
+    from dsocr_core.fast.options import expert_lanes
 
     assert GROUP_EXPERTS == SPEC.n_routed_experts + SPEC.n_shared_experts
     assert GROUP_SLOTS == SPEC.num_experts_per_tok + SPEC.n_shared_experts
-    assert GROUP_BYTES_PER_ROW == 2 * _padded_experts(GROUP_EXPERTS) * 4
+    assert expert_lanes(GROUP_EXPERTS) == 128 and GROUP_BYTES_PER_ROW == 2 * 128 * 4
     assert kernel_count("memory.group_rows") == 4
     assert "memory.group_rows" not in grids(False, "cpu")
     axis = grids(False, "cuda")["memory.group_rows"]["bytes"]

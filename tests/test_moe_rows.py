@@ -39,11 +39,11 @@ for t, k, e in ((1, 8, 66), (37, 8, 66), (700, 8, 66), (300, 3, 10), (5000, 4, 6
     h = 40
     x = torch.randn(t, h, generator=g)
     xs = moe_rows.scatter_rows(x, dest, k)
-    out["scatter"].append(torch.equal(xs, x.new_empty(t * k, h).index_copy_(0, dest, x.repeat_interleave(k, 0))))
+    out["scatter"].append(torch.equal(xs, moe.to_expert_order(x, dest, k)))
     ys = torch.randn(t * k, h, generator=g)
     w = torch.rand(t, k, generator=g)
     got = moe_rows.gather_combine(ys, dest, w, x)
-    want = x + moe.combine(ys.index_select(0, dest).view(t, k, h), w)
+    want = moe.combine_rows(ys, dest, w, x)
     out["combine"].append(float((got - want).abs().max()))
 # more rows than one step of the chunks' offsets scan (1,024 chunks of 256 rows)
 ids = torch.randint(0, 66, (32769, 8), generator=g)
@@ -112,3 +112,24 @@ def test_engine_with_the_row_kernels_equals_the_torch_rows(result):
     assert result["engine_rows"] == ["triton", "torch"]
     assert result["prefill_max_abs_diff"] < 1e-4
     assert result["tokens_triton"] == result["tokens_torch"]
+
+
+def test_the_torch_formulations_are_the_indexing_they_replace():
+    """moe.to_expert_order and moe.combine_rows (what moe_rows' kernels are checked against, and what the engine
+    runs with moe_rows='torch') against plain loops over the tokens and slots."""
+    import torch
+
+    from dsocr_core.fast import moe
+
+    g = torch.Generator().manual_seed(1)
+    t, k, h = 5, 3, 4
+    ids = torch.stack([torch.randperm(6, generator=g)[:k] for _ in range(t)])
+    dest, _ = moe.group_rows_sorted(ids, 6)
+    x, w = torch.randn(t, h, generator=g), torch.rand(t, k, generator=g)
+    xs = moe.to_expert_order(x, dest, k)
+    ys = torch.randn(t * k, h, generator=g)
+    for i in range(t):
+        for j in range(k):
+            assert torch.equal(xs[dest[i * k + j]], x[i])
+    want = torch.stack([x[i] + sum(ys[dest[i * k + j]] * w[i, j] for j in range(k)) for i in range(t)])
+    assert torch.allclose(moe.combine_rows(ys, dest, w, x), want, atol=1e-6)

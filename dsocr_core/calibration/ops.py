@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..fast.options import expert_lanes
 from ..spec import DTYPE_BYTES
 from .profile import MNK_KINDS, table_kind
 
@@ -31,8 +32,8 @@ MOE_EXPERT_BYTES = 3 * FUSED_WIDTH * MOE_INNER * 2  # one expert's gate, up and 
 # The MoE's grouping kernels (fast/moe_rows.group_rows) at the LM's 66 experts (64 routed, 2 shared), 8 slots per
 # token: the table's axis is the one-hot work of its two passes over the rows, GROUP_BYTES_PER_ROW per (token, slot)
 # row (each pass compares a row with 128 expert lanes of int32), the measure fast/plan.py prices the grouping by
-GROUP_EXPERTS, GROUP_SLOTS, GROUP_LANES = 66, 8, 128
-GROUP_BYTES_PER_ROW = 2 * GROUP_LANES * 4
+GROUP_EXPERTS, GROUP_SLOTS = 66, 8
+GROUP_BYTES_PER_ROW = 2 * expert_lanes(GROUP_EXPERTS) * 4
 # SAM's residual stream tables at its width and a 1024 px view's patch grid (the stream's bytes move with the views)
 SAM_WIDTH, SAM_GRID = 768, 64
 

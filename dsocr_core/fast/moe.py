@@ -117,23 +117,39 @@ def group_rows_sorted(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, 
     return dest, ends
 
 
+def to_expert_order(x: torch.Tensor, dest: torch.Tensor, k: int) -> torch.Tensor:
+    """x [T, H] -> each token's row at its k (token, slot) rows' places in expert order [T*K, H] (torch's
+    formulation of moe_rows.scatter_rows)."""
+    return x.new_empty(x.shape[0] * k, x.shape[1]).index_copy_(0, dest, x.repeat_interleave(k, dim=0))
+
+
+def from_expert_order(ys: torch.Tensor, dest: torch.Tensor, slots: torch.Size) -> torch.Tensor:
+    """Expert outputs in expert order [T*K, H] -> per-slot outputs [T, K, H] (`slots` = (T, K))."""
+    return ys.index_select(0, dest).view(*slots, -1)
+
+
+def combine_rows(ys: torch.Tensor, dest: torch.Tensor, weights: torch.Tensor,
+                 residual: torch.Tensor) -> torch.Tensor:
+    """Expert outputs in expert order [T*K, H] read back in (token, slot) order, combined with `weights` [T, K],
+    plus `residual` [T, H] (torch's formulation of moe_rows.gather_combine)."""
+    return residual + combine(from_expert_order(ys, dest, weights.shape), weights)
+
+
 def expert_rows(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, inner: int,
                 grouping: str = "onehot", rows: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H], ids [T, K] -> (expert outputs [T*K, H] in expert order, dest [T*K]: each (token, slot) row's
     place in that order): rows placed in expert order, two grouped GEMMs. No host sync: group ends are computed
     on the device. grouping 'onehot' (compiled) or 'sort' (eager); rows 'torch' or 'triton' (the grouping and
     the copy into expert order by moe_rows' kernels; the grouping by `grouping` above their row limit)."""
-    t, k = ids.shape
+    k, n_experts = ids.shape[1], w13.shape[0]
+    kernels = None
     if rows == "triton":
-        from . import moe_rows
-        if ids.numel() <= moe_rows.GROUP_MAX_ROWS:
-            dest, ends = moe_rows.group_rows(ids, w13.shape[0])
-        else:
-            dest, ends = (group_rows_sorted if grouping == "sort" else group_rows)(ids, w13.shape[0])
-        xs = moe_rows.scatter_rows(x, dest, k)
+        from . import moe_rows as kernels
+    if kernels is not None and ids.numel() <= kernels.GROUP_MAX_ROWS:
+        dest, ends = kernels.group_rows(ids, n_experts)
     else:
-        dest, ends = (group_rows_sorted if grouping == "sort" else group_rows)(ids, w13.shape[0])
-        xs = x.new_empty(t * k, x.shape[1]).index_copy_(0, dest, x.repeat_interleave(k, dim=0))  # expert order
+        dest, ends = (group_rows_sorted if grouping == "sort" else group_rows)(ids, n_experts)
+    xs = kernels.scatter_rows(x, dest, k) if kernels is not None else to_expert_order(x, dest, k)
     h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=ends)  # [T*K, 2Im]; b is column-major per group
     a = swiglu(h, inner)
     return torch._grouped_mm(a, w2.transpose(1, 2), offs=ends), dest  # [T*K, H]
@@ -145,7 +161,7 @@ def experts_grouped(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: t
     if not HAS_GROUPED_MM:  # pragma: no cover - torch without grouped GEMM
         return experts_gather(x, ids, w13, w2, inner, "bmm")
     ys, dest = expert_rows(x, ids, w13, w2, inner, grouping)
-    return ys.index_select(0, dest).view(*ids.shape, -1)
+    return from_expert_order(ys, dest, ids.shape)
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -159,14 +175,17 @@ def moe_forward(h: torch.Tensor, gate32: torch.Tensor, w13: torch.Tensor, w2: to
                 grouping: str = "onehot", rows: str = "torch", residual: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """Routed experts + shared expert of one MoE layer on tokens h [T, H] -> [T, H] (model dtype), plus
-    `residual` [T, H] when given. rows 'triton' (grouped impl, with a residual): the grouping, the copy into
-    expert order and the weighted combine with the residual run as moe_rows' kernels."""
+    `residual` [T, H] when given. The grouped impl with a residual: rows 'triton' runs the grouping, the copy into
+    expert order and the weighted combine with the residual as moe_rows' kernels, 'torch' as their torch
+    formulations (to_expert_order, combine_rows)."""
     weights, ids = route(h, gate32, k, norm_topk_prob, scale, gemv, topk)
     weights, ids = with_shared(weights, ids, n_routed, shared_slots)
-    if impl == "grouped" and rows == "triton" and residual is not None and HAS_GROUPED_MM:
-        from .moe_rows import gather_combine
+    if impl == "grouped" and residual is not None and HAS_GROUPED_MM:  # the engine's prefill and grouped decode
         ys, dest = expert_rows(h, ids, w13, w2, inner, grouping, rows)
-        return gather_combine(ys, dest, weights, residual)
+        if rows == "triton":
+            from .moe_rows import gather_combine
+            return gather_combine(ys, dest, weights, residual)
+        return combine_rows(ys, dest, weights, residual)
     if impl == "triton":
         from .triton_kernels import moe_gemv
         y = moe_gemv(h, ids, w13, w2)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .options import expert_lanes
 from .triton_kernels import HAS_TRITON, triton, tl
 
 GROUP_CHUNK = 256  # (token, slot) rows per program of the grouping kernels
@@ -114,7 +115,7 @@ if HAS_ROW_KERNELS:
         r = flat.numel()
         if r > GROUP_MAX_ROWS:
             raise ValueError(f"group_rows takes up to {GROUP_MAX_ROWS} rows, got {r}")
-        ep = max(16, 1 << (n_experts - 1).bit_length())
+        ep = expert_lanes(n_experts)
         chunks = triton.cdiv(r, GROUP_CHUNK)
         counts = flat.new_empty(chunks * ep, dtype=torch.int32)
         total = flat.new_zeros(ep, dtype=torch.int32)

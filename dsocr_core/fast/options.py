@@ -103,6 +103,12 @@ class FastOptions(BaseModel):
 BY_EXPERT_MAX_TOKENS = 64
 
 
+def expert_lanes(n_experts: int) -> int:
+    """The lanes moe_rows.group_rows compares each (token, slot) row with, one per expert: n_experts rounded up to
+    a power of two, 16 at least (its one-hot tile's width). The kernel plan prices the grouping by this work."""
+    return max(16, 1 << (n_experts - 1).bit_length())
+
+
 def decode_moe(moe: str, batch: int, slots: int, gather_max_rows: int, cuda: bool, triton: bool) -> str:
     """The experts' kernels of a decode step at `batch` outside the fused batch-1 step, as FastEngine.moe_impl
     runs them and the kernel plan prices them: an explicit `moe` option, else on a CPU the gather path, else

@@ -32,7 +32,7 @@ from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_m
 from ..analytic.vision import clip_tokens, sam_patches
 from ..registry import family_of, fast_engine_models
 from ..spec import SpecError
-from .options import ResolvedFast
+from .options import ResolvedFast, expert_lanes
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
 # the MoE's kernels beside moe_rows' kernels, SwiGLU and the grouped GEMMs, per layer of a compiled prefill traced on
@@ -399,12 +399,6 @@ def _mlp(c: Call, moe_rows: str = "torch") -> Plan:
     raise KeyError(c.kind)
 
 
-def _slot_rows(c: Call):
-    """(tokens, (token, slot) rows) of one MoE call: every token takes its routed and its shared experts' slots."""
-    t = c.b * c.sq
-    return t, t * (c.spec.num_experts_per_tok + c.spec.n_shared_experts)
-
-
 def _row_kernels(c: Call) -> list[Kernel]:
     """fast/moe_rows.py's kernels of one MoE call and the SwiGLU between the grouped GEMMs, each by the bytes it
     moves (engine work only: their analytic share stays with the row's remainder): the grouping (the zeroed
@@ -416,29 +410,24 @@ def _row_kernels(c: Call) -> list[Kernel]:
     (each token row read once, written to its slots), SwiGLU (gate and up read, the product written), the weighted
     combine (each slot row, the places and weights, the residual read; the sum written)."""
     s, dt = c.spec, c.dt
-    t, rows = _slot_rows(c)
     h, im = s.hidden_size, s.moe_intermediate_size
-    slots = s.num_experts_per_tok + s.n_shared_experts
+    t = c.b * c.sq
+    slots = s.num_experts_per_tok + s.n_shared_experts  # every token takes its routed and its shared experts' slots
+    rows = t * slots
 
     def moved(table, nbytes, launches=1.0):
         return Kernel(table, dict(bytes=nbytes), 0.0, 0.0, launches, real_bytes=nbytes)
 
-    onehot = 2 * rows * _padded_experts(s.n_routed_experts + s.n_shared_experts) * FP32  # its two passes
+    onehot = 2 * rows * expert_lanes(s.n_routed_experts + s.n_shared_experts) * FP32  # its two passes
     return [moved(GROUP_ROWS, onehot, 4.0),  # memset, counts, chunk offsets, places
             moved(GATHER_ROWS, t * h * dt * (1 + slots)),
             moved("memory.elementwise", rows * 3 * im * dt),
             moved(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (8 + FP32))]  # int64 places, float32 weights
 
 
-def _padded_experts(n: int) -> int:
-    """The expert lanes moe_rows.group_rows compares a row with: n rounded up to a power of two, 16 at least."""
-    return max(16, 1 << (n - 1).bit_length())
-
-
 def _routing_bytes(c: Call):
     """Bytes one routing kernel moves: the float32 expert scores of every token, read and written once."""
-    t, _ = _slot_rows(c)
-    return 2 * t * c.spec.n_routed_experts * FP32
+    return 2 * c.b * c.sq * c.spec.n_routed_experts * FP32
 
 
 def tiled_rows(rows):
