@@ -1,7 +1,7 @@
 """Do the prefill's routed-expert GEMMs run as fast with the groups the router really makes as with the even
 groups the time model prices?
 
-The fast engine's prefill runs each MoE layer's experts as two grouped GEMMs (fast/moe.experts_grouped: gate/up,
+The fast engine's prefill runs each MoE layer's experts as two grouped GEMMs (fast/moe.expert_rows: gate/up,
 then down) over the (token, slot) rows sorted by expert, the shared expert's slots included. The time model looks
 each GEMM up in the `grouped_gemm` table, calibrated with every expert holding the same number of rows, at the mean
 rows per touched expert. A router does not spread rows evenly: some experts get several times the mean. Whether
@@ -49,19 +49,19 @@ def parse_point(text: str) -> dict:
 
 
 def record_groups(session, inputs) -> list[torch.Tensor]:
-    """Each MoE layer's expert ids [T, K + S] of one eager prefill (the experts_grouped calls, in layer order)."""
+    """Each MoE layer's expert ids [T, K + S] of one eager prefill (the expert_rows calls, in layer order)."""
     seen: list[torch.Tensor] = []
-    real = moe.experts_grouped
+    real = moe.expert_rows
 
-    def spy(x, ids, w13, w2, inner, grouping="onehot"):
+    def spy(x, ids, *rest, **kwargs):
         seen.append(ids.detach().clone())
-        return real(x, ids, w13, w2, inner, grouping)
+        return real(x, ids, *rest, **kwargs)
 
-    moe.experts_grouped = spy
+    moe.expert_rows = spy
     try:
         session.prefill(inputs)
     finally:
-        moe.experts_grouped = real
+        moe.expert_rows = real
     return seen
 
 

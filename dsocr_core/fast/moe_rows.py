@@ -10,8 +10,8 @@ by-expert kernels' batch limit):
   and summed in float32 in slot order, rounded to the model dtype, then added to the residual (the reference's
   `x + (y.float() * w).sum(1).to(dtype)`).
 
-Why: Inductor compiles the same steps (moe.group_rows' one-hot scan, `moe.experts_grouped`'s index_copy and
-index_select with `moe.combine`) into kernels that, inside the compiled prefill layer with the synthetic router's
+Why: Inductor compiles the same steps (moe.group_rows' one-hot scan, moe.to_expert_order and moe.combine_rows,
+the torch formulations) into kernels that, inside the compiled prefill layer with the synthetic router's
 uneven loads, ran far longer than their bytes take on an H200 (the combine 301 us a layer at 3,098 tokens, the scan
 193 us at 14,088; docs/fast-mode.md). The row kernels read and write each row once, 16-byte vectors along the
 features.
