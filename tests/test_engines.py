@@ -186,10 +186,10 @@ def test_the_plan_takes_the_engines_decode_path_at_every_batch():
     assert torch_rows - by_expert == pytest.approx(4 * moe_layers * (22 - 4))  # 17 Inductor kernels instead
 
 
-def test_clip_mlp_and_sam_block_kernels_get_no_overlap_credit(monkeypatch):
-    """The fast plan names CLIP's MLP and SAM's block rows (norms, attention, MLP: Inductor's kernels one after
-    another) as rows of separate kernels: their kernels' own rooflines add up instead of the row's max(compute,
-    memory); the other rows keep the overlap."""
+def test_clip_mlp_sam_block_and_lm_attention_kernels_get_no_overlap_credit(monkeypatch):
+    """The fast plan names CLIP's MLP, SAM's block rows (norms, attention, MLP: Inductor's kernels one after
+    another) and the LM's attention as rows of separate kernels: their kernels' own rooflines add up instead of the
+    row's max(compute, memory); the other rows keep the overlap."""
     from dsocr_core.fast.plan import FastPlan
 
     pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1, 8], decode_steps=[0], logits="last")
@@ -197,10 +197,22 @@ def test_clip_mlp_and_sam_block_kernels_get_no_overlap_credit(monkeypatch):
     monkeypatch.setattr(FastPlan, "separate_rows", frozenset())
     monkeypatch.setattr(FastPlan, "sam_rows", frozenset())
     credited = _stages(EngineSpec.of("fast"), pts)
-    for stage in ("clip", "sam"):
+    for stage in ("clip", "sam", "prefill"):
         assert np.all(separate[stage]["predicted_roofline_s"] > credited[stage]["predicted_roofline_s"]), stage
-    for stage in ("projector", "prefill"):
-        np.testing.assert_array_equal(separate[stage]["predicted_s"], credited[stage]["predicted_s"])
+    np.testing.assert_array_equal(separate["projector"]["predicted_s"], credited["projector"]["predicted_s"])
+    # in the prefill only the attention row changes: the MLP, norm and embedding rows keep their credit
+    from dsocr_core.analytic.api import module_table
+    from dsocr_core.spec import Workload
+
+    monkeypatch.undo()
+    page = Workload(mode="gundam", crops=(2, 2), batch=8, text_tokens=10, decode_steps=0, logits="last")
+    hw = with_profile(H200, _profile(), EngineSpec.of("fast"))
+    rows = lambda: module_table(ModelSpec(), page, hw).set_index(["stage", "module"])["predicted_s"]  # noqa: E731
+    with_sep = rows()
+    monkeypatch.setattr(FastPlan, "separate_rows", FastPlan.separate_rows - {"lm.self_attn"})
+    without = rows()
+    changed = {m for (st, m) in with_sep.index if st == "prefill" and with_sep[(st, m)] != without[(st, m)]}
+    assert changed and all(".self_attn" in m for m in changed), changed
 
 
 def test_options_the_plan_does_not_model_are_noted():

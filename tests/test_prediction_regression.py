@@ -65,6 +65,10 @@ ACCURACY = {
                                                             None),
         "H100 random, seed 59, MoE row kernels, held out": ("h100_prediction_accuracy_random59_fast_2026-11-27.json",
                                                             None),
+        "H100 random, seed 60, attention kernels add up, held out": (
+            "h100_prediction_accuracy_random60_fast_2026-11-27.json", None),
+        "H200 random, seed 61, attention kernels add up, held out": (
+            "h200_prediction_accuracy_random61_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),

@@ -30,10 +30,10 @@ BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routin
 BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill measured 10-22% slower on one H100 "
                    "machine than on another (the same code and points, 2026-11-27; SAM, CLIP and decode within 3%), "
                    "so a measured batched prefill can take that much longer than predicted; on the other machines the "
-                   "held-out sets were within 4.2% (median, max 10%). On an H200 prefills of 18,000-54,000 tokens a "
-                   "call (batch 39-52) were 13-20% under-predicted with the MoE's Triton row kernels (seed 58, "
-                   "2026-11-27; batches up to 4 within 4%), where before those kernels (Inductor's, about ten times "
-                   "slower than their bytes there) calls of 3,000-21,000 tokens were 21-33% under (seed 55)")
+                   "held-out sets were within 4.2% (median, max 10%; 2.5%, max 9.7%, on the latest). On an H200 "
+                   "prefills of 18,000-54,000 tokens a call (batch 39-52) are 6-10% under-predicted (seed 58: the GPU "
+                   "at its power cap runs the large GEMMs 7-10% slower than their tables); the latest H200 set "
+                   "(batch 1-33) is within 5.2% (median, max 8.7%)")
 PROJECTOR = ("the projector (0.015-0.3 ms) is predicted within 2-12% (median) on the H100 sets of 2026-11-27 since "
              "the graph's start is charged (3.3-11.7% on the held-out sets, up to -40% on single points; one host "
              "stall made a point 9x slower), "

@@ -76,7 +76,11 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
             "attention.flash": att, "attention.flash.causal": causal,
             # the fast engine's SAM (its folded q/k head dim is 92 to 224), CLIP and LM prefill
             "attention.default": {**att, "d": [64, 128, 192, 256]},
-            "attention.default.causal": {**causal, "d": [64, 128, 192, 256]},
+            # the LM prefill's causal SDPA (bh = batch x 10 heads, s = a page's tokens): grid lines 2x apart where
+            # the prefill runs, since 4-8x steps missed it by up to 40% between them (docs/accuracy.md, "The LM
+            # attention's kernels add up")
+            "attention.default.causal": {"bh": [1, 4, 16, 32, 64, 128, 256, 512, 1024],
+                                         "s": [16, 64, 128, 256, 512, 1024, 2048, 4096, 8192], "d": [64, 128, 256]},
             "attention.sdpa_bias": {"bh": [1, 8, 64, 512, 4096], "q": [16, 256, 1024, 4096],
                                     "k": [16, 256, 1024, 4096], "d": [64, 128, 256]},
             "attention.eager": {"bh": [1, 8, 64, 512], "q": [1, 16, 256, 1024, 4096], "k": [16, 256, 1024, 4096],

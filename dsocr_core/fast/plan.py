@@ -66,8 +66,11 @@ class FastPlan:
     # nothing overlaps the GEMMs' compute with the elementwise traffic, so the row gets no overlap credit (its
     # kernels' own rooflines add up). With the credit CLIP was predicted 12-29% fast at batch 3-64 (docs/accuracy.md).
     # SAM's compiled blocks with the folded attention likewise: Inductor fuses the elementwise work into kernels of
-    # its own, none into a GEMM or the attention (docs/accuracy.md, "SAM planned kernel by kernel")
-    separate_rows = frozenset({"clip.mlp"})
+    # its own, none into a GEMM or the attention (docs/accuracy.md, "SAM planned kernel by kernel"). The LM's
+    # attention row too: its q/k/v GEMM, RoPE, head split, cache write, SDPA and o_proj run one after another (an
+    # H200 trace of prefills of 14,088-53,560 tokens: the kernels took 503-2,006 us per layer, their own rooflines
+    # 507-1,691 us, the row with the credit 312-957 us; docs/accuracy.md, "The LM attention's kernels add up")
+    separate_rows = frozenset({"clip.mlp", "lm.self_attn"})
     sam_rows = frozenset(f"sam.{part}.{tag}" for part in ("norm1", "attn", "norm2", "mlp")
                          for tag in ("windowed", "global"))
 
