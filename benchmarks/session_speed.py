@@ -222,9 +222,8 @@ def main() -> None:
     sections = set(args.sections.split(","))
     if not args.ablation:
         sections.discard("ablation")
-    if args.profile:
-        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine))
-        return
+    if args.profile:  # only the profile section, with its options (before 2026-11-27 they were ignored here)
+        sections = {"profile"}
     t_prompt = page.input_ids.shape[1]
 
     # ------------------------------------------------------------------------------------------ parity
