@@ -58,10 +58,11 @@ def checkpoint(out: dict, path: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
-def page_inputs(grid: tuple[int, int], batch: int, seed: int, device, dtype) -> PreparedInputs:
+def page_inputs(grid: tuple[int, int], batch: int, seed: int, device, dtype, text_tokens: int = 10) -> PreparedInputs:
     """Gundam pages of one tile grid, every row with its own random pixels and prompt text (generated on the
-    device: fast for large batches), laid out like the grounding prompt (BOS, image slots, 9 text ids)."""
-    one = synthetic_inputs("gundam", grid, text_tokens=10, batch=1, seed=seed)
+    device: fast for large batches), laid out like the grounding prompt (BOS, image slots, then the text ids:
+    9 unless `text_tokens` says more)."""
+    one = synthetic_inputs("gundam", grid, text_tokens=text_tokens, batch=1, seed=seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     crops, glob = one.images[0]
     images = [((torch.rand(crops.shape, generator=gen, device=device) * 2 - 1).to(dtype),
@@ -177,6 +178,8 @@ def main() -> None:
                     help="with the profile section: also profile the prefill (compiles the vision stages)")
     ap.add_argument("--profile-batches", default="1", help="with the profile section: decode batch sizes to "
                     "profile (empty: none)")
+    ap.add_argument("--profile-text-tokens", type=int, default=10,
+                    help="with the profile section: prompt text tokens of the decode steps' pages (default 10)")
     ap.add_argument("--variants", default="", help="ablation variants to run (comma list; default all; 'fast' "
                     "= the default engine): " + ", ".join(VARIANTS))
     ap.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
@@ -244,7 +247,8 @@ def main() -> None:
         checkpoint(out, args.out)
     if "profile" in sections:
         profile(ref, page, device, Path(args.out).parent, json.loads(args.engine),
-                batches=tuple(int(b) for b in args.profile_batches.split(",") if b), prefill=args.profile_prefill)
+                batches=tuple(int(b) for b in args.profile_batches.split(",") if b), prefill=args.profile_prefill,
+                text_tokens=args.profile_text_tokens)
     if "ablation" in sections:
         out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
                                    T0 + args.budget_s, [v for v in args.variants.split(",") if v] or None)
@@ -441,9 +445,10 @@ def _kernel_table(prof, steps: int) -> tuple[str, dict]:
 
 
 def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches=(1, 64),
-            prefill: bool = True) -> None:
+            prefill: bool = True, text_tokens: int = 10) -> None:
     """Kernel tables: prefill (graphs off, so kernels launch one by one) and decode steps at batch 1 and 64
-    (compiled, graphs off; plus the graph-replay time of the same step for the launch-gap share)."""
+    (compiled, graphs off; plus the graph-replay time of the same step for the launch-gap share); batched steps
+    on pages of `text_tokens` prompt tokens (a longer cache: decode attention at 1-4k cached tokens)."""
     from torch.profiler import ProfilerActivity, profile as tprofile
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -462,8 +467,10 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches
         say("prefill (graphs off) " + json.dumps(tot))
         say(table[:6000])
         summary_rows["prefill"] = tot
+    tag = "" if text_tokens == 10 else f"_t{text_tokens}"  # file and summary names of longer prompts
     for b in batches:
-        inputs = page if b == 1 else page_inputs((2, 2), b, 100 + b, device, page.images[0][1].dtype)
+        inputs = page if b == 1 and text_tokens == 10 else page_inputs((2, 2), b, 100 + b, device,
+                                                                         page.images[0][1].dtype, text_tokens)
         for graphs in (False, True):
             fs = ref.with_mode("fast", graphs=graphs, **engine_opts)
             pre = fs.prefill(inputs, room=64)
@@ -477,7 +484,7 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches
                     with timer.stage("s"):
                         fs.engine.decode_step(token, cache)
                 replay = med([x for _, x in timer.finish()])
-                summary_rows[f"decode_b{b}"]["graph_replay_us"] = replay * 1e6
+                summary_rows[f"decode_b{b}{tag}"]["graph_replay_us"] = replay * 1e6
                 say(f"decode b{b} graph replay {replay * 1e6:.0f} us")
             else:
                 with tprofile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -485,8 +492,8 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches
                         fs.engine.decode_step(token, cache)
                     sync(device)
                 table, tot = _kernel_table(prof, 10)
-                (folder / f"profile_decode_b{b}.txt").write_text(table)
-                summary_rows[f"decode_b{b}"] = tot
+                (folder / f"profile_decode_b{b}{tag}.txt").write_text(table)
+                summary_rows[f"decode_b{b}{tag}"] = dict(tot, prompt_tokens=int(inputs.input_ids.shape[1]))
                 say(f"decode b{b} (compiled, graphs off) " + json.dumps(tot))
                 say(table[:5000])
             del fs, pre, cache
