@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.engines import SESSION_MODES, run_engine  # noqa: E402
+from dsocr_core.measure import order_check as order_checks  # noqa: E402
 from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes  # noqa: E402
 from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
@@ -342,9 +343,13 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
                          "predicted_s": pred, "error": err, "host_probe_op_s": probe})
         summary = summarize([r for r in rows if r["status"] == "done"])
+        run = store.get_run(run_id)
         entry = {"run_id": run_id, "engine": engine.to_dict(), "points": rows, "summary": summary,
+                 # the run's first point measured again at its end (measure/order_check.py): a flagged check
+                 # says the first point's stored times depended on being measured first
+                 "order_check": run["meta"].get("order_check"),
                  "routing": None if routing is None else routing.to_dict(),  # re-predictions read it back
-                 "measured_environment": store.get_run(run_id).get("environment"),  # where the points were measured
+                 "measured_environment": run.get("environment"),  # where the points were measured
                  "not_done": sum(r["status"] != "done" for r in rows),
                  "not_measured_yet": len({point_key(w) for w in workloads} - store.finished_keys(run_id))}
         if args.count_kernels and args.device.startswith("cuda") and session is not None:
@@ -357,6 +362,8 @@ def main(argv: list[str] | None = None) -> dict:
         result["modes"][mode] = entry
         print(table(summary, mode), flush=True)
         print(f"  MoE routing: {'uniform (assumed)' if routing is None else routing.label()}", flush=True)
+        if entry["order_check"]:
+            print(f"  {order_checks.summary(entry['order_check'])}", flush=True)
         if entry["not_done"]:
             print(f"  ({entry['not_done']} points not measured: oom or error, see the run store)")
         if entry["not_measured_yet"]:

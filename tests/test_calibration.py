@@ -431,8 +431,10 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
         for p in entry["points"]:
             assert p["predicted_s"]["ttft"] > 0 and p["measured_s"]["ttft"] > 0
         assert entry["engine"] == EngineSpec.of(mode).to_dict()  # the engine the points ran on, recorded
+        assert entry["order_check"]["stages"]  # the run's first point measured again, carried with the figures
     printed = capsys.readouterr().out
     assert "reference session mode" in printed and "fast session mode" in printed
+    assert printed.count("order check ") == 2  # one line per mode, passed or FAILED
     last = json.loads(printed.strip().splitlines()[-1])
     assert set(last["summary"]) == {"reference", "fast"}
     assert json.loads(out.read_text())["profile"]["label"].startswith("CPU")
