@@ -225,8 +225,9 @@ def main() -> None:
     sections = set(args.sections.split(","))
     if not args.ablation:
         sections.discard("ablation")
-    if args.profile:  # only the profile section, with its options (before 2026-11-27 they were ignored here)
-        sections = {"profile"}
+    if args.profile:  # only the kernel tables, with the profile section's options; --out's file is not written
+        run_profile(ref, page, device, args)
+        return
     t_prompt = page.input_ids.shape[1]
 
     # ------------------------------------------------------------------------------------------ parity
@@ -246,9 +247,7 @@ def main() -> None:
         pages_section(out, spec, cal, fast, device, dtype, args, page_batches, ngram)
         checkpoint(out, args.out)
     if "profile" in sections:
-        profile(ref, page, device, Path(args.out).parent, json.loads(args.engine),
-                batches=tuple(int(b) for b in args.profile_batches.split(",") if b), prefill=args.profile_prefill,
-                text_tokens=args.profile_text_tokens)
+        run_profile(ref, page, device, args)
     if "ablation" in sections:
         out["ablation"] = ablation(ref, page, spec, cal, t_prompt, args.decode_steps, device,
                                    T0 + args.budget_s, [v for v in args.variants.split(",") if v] or None)
@@ -444,11 +443,20 @@ def _kernel_table(prof, steps: int) -> tuple[str, dict]:
     return "\n".join(lines), {"busy_us_per_step": total / steps, "kernels_per_step": n / steps}
 
 
+def run_profile(ref: Session, page, device, args) -> None:
+    """The profile section with the command line's options, into --out's folder."""
+    profile(ref, page, device, Path(args.out).parent, json.loads(args.engine),
+            batches=tuple(int(b) for b in args.profile_batches.split(",") if b), prefill=args.profile_prefill,
+            text_tokens=args.profile_text_tokens)
+
+
 def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches=(1, 64),
             prefill: bool = True, text_tokens: int = 10) -> None:
-    """Kernel tables: prefill (graphs off, so kernels launch one by one) and decode steps at batch 1 and 64
+    """Kernel tables: prefill (graphs off, so kernels launch one by one) and decode steps at each of `batches`
     (compiled, graphs off; plus the graph-replay time of the same step for the launch-gap share); batched steps
-    on pages of `text_tokens` prompt tokens (a longer cache: decode attention at 1-4k cached tokens)."""
+    on pages of `text_tokens` prompt tokens (a longer cache: decode attention at 1-4k cached tokens). Each table
+    is a file of its own and folder/profile_summary.json gains an entry per table (entries of earlier calls into
+    the same folder are kept)."""
     from torch.profiler import ProfilerActivity, profile as tprofile
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -499,7 +507,9 @@ def profile(ref: Session, page, device, folder: Path, engine_opts: dict, batches
             del fs, pre, cache
             gc.collect()
             torch.cuda.empty_cache()
-    (folder / "profile_summary.json").write_text(json.dumps(summary_rows, indent=1))
+    summary_path = folder / "profile_summary.json"
+    earlier = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary_path.write_text(json.dumps({**earlier, **summary_rows}, indent=1))
 
 
 VARIANTS = {  # each switches one optimisation off (or picks the other kernel), all else as in fast mode

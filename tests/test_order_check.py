@@ -53,8 +53,11 @@ def test_a_repeat_beyond_the_spread_is_flagged_and_noise_is_not():
     assert not wide["flagged"] and wide["stages"]["prefill"]["allowed"] == pytest.approx(0.25)
     # but an unsettled first measurement does not excuse itself: repeats over 124 us around a 43.5 us median,
     # against a repeat settled at 14.9 us (an H100 run's first projector), is flagged
-    unsettled = checks.compare({"projector": stats(43.5e-6, 124e-6)}, {"projector": stats(14.9e-6, 0.3e-6)}, {})
+    noisy = {"projector": {"median_s": 43.5e-6, "min_s": 14.9e-6, "max_s": 139e-6}}
+    settled = {"projector": {"median_s": 14.9e-6, "min_s": 14.8e-6, "max_s": 15.1e-6}}
+    unsettled = checks.compare(noisy, settled, {})
     assert unsettled["flagged"] and unsettled["stages_off"] == ["projector"]
+    assert checks.compare(settled, noisy, {})["flagged"]  # the other way round too: a repeat that did not settle
     # stages missing on either side are not compared
     assert set(checks.compare(first, {"sam": stats(10e-3)}, {})["stages"]) == {"sam"}
 
