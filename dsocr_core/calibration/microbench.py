@@ -27,8 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from .ops import (FUSED_ATTN_SLOT_BYTES, GROUP_BYTES_PER_ROW, GROUP_SLOTS, GROUPED_EXPERTS, MOE_EXPERT_BYTES, Settings, input_bytes, kernel_count,
-                  launch_costs, measure_entry)
+from .ops import (FUSED_ATTN_SLOT_BYTES, GROUP_BYTES_PER_ROW, GROUP_SLOTS, GROUPED_EXPERTS, MOE_EXPERT_BYTES,
+                  Settings, input_bytes, kernel_count, launch_costs, measure_entry)
 from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
                       add_tables, build_profile, entry_work, table_kind)
 

@@ -404,28 +404,29 @@ def _mlp(c: Call, moe_rows: str = "torch") -> Plan:
 
 def _row_kernels(c: Call) -> list[Kernel]:
     """fast/moe_rows.py's kernels of one MoE call and the SwiGLU between the grouped GEMMs, each by the bytes it
-    moves (engine work only: their analytic share stays with the row's remainder): the grouping (the zeroed
-    totals and the chunk offsets launched beside the counts pass and the places pass, which each compare every
-    row with every expert and sum or scan the one-hot [rows, experts padded to a power of two] int32 matrix in
-    registers: timed on its own table by that work (calibration/ops.GROUP_BYTES_PER_ROW); a profile without the
-    table prices the work as streamed bytes on the elementwise table, about half what the kernels took on an
-    H200: 55.6 us at 14,088 tokens), the copy into expert order
-    (each token row read once, written to its slots), SwiGLU (gate and up read, the product written), the weighted
-    combine (each slot row, the places and weights, the residual read; the sum written)."""
+    moves (engine work only: their analytic share stays with the row's remainder):
+    * the grouping: a memset, the counts pass, the chunk offsets and the places pass; the two passes compare every
+      row with every expert lane and sum or scan the one-hot [rows, lanes] int32 matrix in registers, timed on
+      their own table by that work (calibration/ops.GROUP_BYTES_PER_ROW); a profile without the table prices it
+      as streamed bytes on the elementwise table, about half what the kernels took on an H200 (55.6 us at 14,088
+      tokens);
+    * the copy into expert order: each token row read once, written to its slots;
+    * SwiGLU: gate and up read, the product written;
+    * the weighted combine: each slot row, the places and weights and the residual read, the sum written."""
     s, dt = c.spec, c.dt
     h, im = s.hidden_size, s.moe_intermediate_size
     t = c.b * c.sq
     slots = s.num_experts_per_tok + s.n_shared_experts  # every token takes its routed and its shared experts' slots
     rows = t * slots
 
-    def moved(table, nbytes, launches=1.0):
+    def streamed(table, nbytes, launches=1.0):
         return Kernel(table, dict(bytes=nbytes), 0.0, 0.0, launches, real_bytes=nbytes)
 
     onehot = 2 * rows * expert_lanes(s.n_routed_experts + s.n_shared_experts) * FP32  # its two passes
-    return [moved(GROUP_ROWS, onehot, 4.0),  # memset, counts, chunk offsets, places
-            moved(GATHER_ROWS, t * h * dt * (1 + slots)),
-            moved("memory.elementwise", rows * 3 * im * dt),
-            moved(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (8 + FP32))]  # int64 places, float32 weights
+    return [streamed(GROUP_ROWS, onehot, 4.0),  # memset, counts, chunk offsets, places
+            streamed(GATHER_ROWS, t * h * dt * (1 + slots)),
+            streamed("memory.elementwise", rows * 3 * im * dt),
+            streamed(GATHER_ROWS, t * h * dt * (slots + 2) + rows * (8 + FP32))]  # int64 places, float32 weights
 
 
 def _routing_bytes(c: Call):

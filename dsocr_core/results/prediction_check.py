@@ -66,8 +66,6 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
     return out
 
 
-
-
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
                     host_speed: bool = True) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
