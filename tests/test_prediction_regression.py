@@ -69,6 +69,10 @@ ACCURACY = {
             "h100_prediction_accuracy_random60_fast_2026-11-27.json", None),
         "H200 random, seed 61, attention kernels add up, held out": (
             "h200_prediction_accuracy_random61_fast_2026-11-27.json", None),
+        "H100 random, seed 62, split-KV table, held out": (
+            "h100_prediction_accuracy_random62_fast_2026-11-27.json", None),
+        "H200 random, seed 63, split-KV table, held out": (
+            "h200_prediction_accuracy_random63_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),

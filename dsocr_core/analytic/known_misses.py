@@ -25,8 +25,9 @@ REFERENCE = ("the reference session mode misses the 15% target in its LM prefill
              "22-37% over), errors of 20-50% are usual; its host-bound stages also vary by up to +-50% between runs "
              "of the same point")
 BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routing (synthetic weights route a batch's "
-           "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +33% to +59% (median); predicted "
-           "with a run's observed routing, 2-10% on the H100 and the H200; reference up to +729%")
+           "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +32% to +58% (median); predicted "
+           "with a run's observed routing, 2-12% on the H100 and the H200 (the latest held-out sets, 2026-11-27: "
+           "TPOT 2.3-2.6% median, max 10%); reference up to +729%")
 BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill measured 10-22% slower on one H100 "
                    "machine than on another (the same code and points, 2026-11-27; SAM, CLIP and decode within 3%), "
                    "so a measured batched prefill can take that much longer than predicted; on the other machines the "

@@ -159,6 +159,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         to_gemm = lambda c: dict(m=c["tokens"], n=c["n"], k=c["k"])  # noqa: E731
         return [(f"grouped_gemm.{dtype}", same), ("grouped_gemm.bfloat16", same), (f"gemm.{dtype}", to_gemm),
                 ("gemm.bfloat16", to_gemm)]
+    if name == "attention.split_kv":  # the fast engine's batched decode attention; else flash at its shape
+        return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
     if name.startswith("attention."):
         impl, causal = name.split(".")[1], name.endswith(".causal")
         # then sdpa; the default backend's causal table first flash, which the fast LM prefill was priced on before
@@ -187,7 +189,7 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa", "attention.sdpa.causal",
                "attention.flash", "attention.flash.causal", "attention.default", "attention.default.causal",
-               "attention.eager", "attention.eager.causal", "attention.sdpa_bias",
+               "attention.eager", "attention.eager.causal", "attention.sdpa_bias", "attention.split_kv",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
                "memory.group_rows",

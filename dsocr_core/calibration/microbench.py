@@ -94,6 +94,11 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
         out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in
                                                    (16, 64, 256, 1024, 4096, 16384)]}
+        # the batched decode attention (Triton split-KV): batch x 10 heads over 16 to 8,192 cached tokens; the flash
+        # table it was priced on before ran 8-11% faster than it at batch 8-16 with 2,193 cached tokens (an H100
+        # trace: docs/results/h100_decode_long_context_2026-11-27/)
+        out["attention.split_kv"] = {"bh": [10, 20, 40, 80, 160, 320, 640], "q": [1],
+                                     "k": [16, 128, 512, 1024, 2048, 4096, 8192], "d": [128]}
         # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
         out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)]}
         # the MoE's grouping kernels over the rows of 16 to 131,072 tokens (its one-hot work, 128 KB to 1 GB)

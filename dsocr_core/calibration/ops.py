@@ -19,7 +19,7 @@ from ..fast.options import expert_lanes
 from ..spec import DTYPE_BYTES
 from .profile import MNK_KINDS, table_kind
 
-ATTN_KERNELS = {"sdpa": 1, "flash": 1, "default": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10}
+ATTN_KERNELS = {"sdpa": 1, "flash": 1, "default": 1, "sdpa_bias": 1, "eager": 6, "eager.causal": 10, "split_kv": 2}
 GROUPED_EXPERTS = 64
 # The fused decode kernels are timed at the LM's widths (hidden 1280, 10 heads of 128): their block sizes are tuned
 # for them, and the table's one axis (bytes read) then moves with the weight rows or the cached tokens.
@@ -161,6 +161,13 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
     if impl == "sdpa_bias":  # SAM: a dense additive mask, default SDPA backends
         return (lambda: (*make(), rnd(1, bh, q, k)),
                 lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3]), nbytes + bh * q * k * 2, 1)
+    if impl == "split_kv":  # the fast engine's batched decode attention (fast/triton_kernels.py: partial + combine),
+        # one query per row over k cached keys, every key before the position (a GPU with Triton only)
+        from ..fast.triton_kernels import decode_attention_splitkv
+
+        pos = torch.tensor([k - 1], device=dev, dtype=torch.long)
+        return ((lambda: (rnd(1, bh, d), rnd(1, bh, k, d), rnd(1, bh, k, d))),
+                lambda x: decode_attention_splitkv(x[0], x[1], x[2], pos), nbytes, ATTN_KERNELS["split_kv"])
     if impl == "default":  # torch's own backend choice, as the fast engine's layers call it (no sdpa_kernel)
         return make, lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal), nbytes, 1
     backends = ([SDPBackend.FLASH_ATTENTION] if impl == "flash" else

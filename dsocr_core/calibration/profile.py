@@ -102,11 +102,13 @@ BIAS_KINDS = ("broadcast", "strided")
 # profiles without it price them on fused_gemv. group_rows: its MoE grouping kernels (fast/moe_rows.py), by the
 # one-hot work of their two passes over the rows (calibration/ops.GROUP_BYTES_PER_ROW a row); profiles without it
 # price that work on elementwise
+# split_kv: the fast engine's batched decode attention (fast/triton_kernels.decode_attention_splitkv, one query a
+# row; a CUDA GPU with Triton only); profiles without it price it on flash
 # sdpa / flash: SDPA limited to the reference LM's backends (flash, memory-efficient, math) / to flash alone;
 # default: SDPA with torch's own choice of backend, what the fast engine's compiled SAM, CLIP and LM prefill layers
 # call (on an H100 with torch 2.11 that is cuDNN's flash kernel, docs/accuracy.md); profiles made before it price
 # those calls on the sdpa (vision) and flash (LM prefill) tables
-ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash", "default")
+ATTENTION_IMPLS = ("sdpa", "sdpa_bias", "eager", "flash", "default", "split_kv")
 
 
 class ProfileError(SpecError):

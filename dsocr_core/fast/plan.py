@@ -49,6 +49,8 @@ MOE_GEMV = "memory.moe_gemv"
 GATHER_ROWS = "memory.gather_rows"
 # the MoE grouping kernels (fast/moe_rows.group_rows), by their one-hot work; profiles without it: elementwise
 GROUP_ROWS = "memory.group_rows"
+# the batched decode attention (Triton split-KV); profiles without it: attention.flash
+SPLIT_KV = "attention.split_kv"
 # the compiled SAM, CLIP and LM prefill layers call SDPA without choosing a backend: torch picks one (on an H100 with
 # torch 2.11 cuDNN's flash kernel, which the trace shows and the reference LM's backend list excludes). SAM, CLIP
 # and the prefill are priced on it; a profile without the table falls back to attention.sdpa (SAM, CLIP) and
@@ -126,6 +128,12 @@ class FastPlan:
                 return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
                             graph_launches=1.0 / self.o.graph_steps)
             if c.phase == "decode":
+                # the greedy choice, the history update and the replay call, outside the graph. The host issues a
+                # step in 0.19-0.26 ms, well ahead of the GPU, and a step in the generation loop takes 0.03-0.04 ms
+                # more than its replay alone, 0.02 ms of it the wait before each replay's first kernel (the H200's
+                # loop trace, batch 2 and 8: docs/accuracy.md). Priced as before as this row's host time beyond its
+                # device time (0.13 ms): without it every set under-predicts batched steps by 5-12%, so part of a
+                # step's device time is still missing from the kernels (not traced to one)
                 return Plan(rest_launches=1.0 + STEP_OPS, host_ops=STEP_OPS, graph_launches=1.0)
             # embedding, image-slot index_copy (with the per-image layout, the rows' concatenation before it)
             return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0,
@@ -229,6 +237,13 @@ class FastPlan:
             attn.real_bytes = 4 * t * h * dt + b * (bucket - sq) * 2 * h * dt
             attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim)
         kv.launches = 2.0  # keys.copy_ / index_copy_ into the static cache
+        if not prefill and self.o.attention == "triton" and not c.fused:
+            # the split-KV kernel and its combine (fast/triton_kernels.py), on their own table: it masks its loads
+            # past the position, so it reads the keys and values before it; the keys reach the cache inside the
+            # RoPE kernel, the values by one copy (the H100's batched traces: 7 kernels a layer)
+            attn.table, attn.launches, kv.launches = SPLIT_KV, 2.0, 1.0
+            attn.real_bytes = 4 * t * h * dt + b * n * 2 * h * dt
+            attn.coords = dict(attn.coords, k=sk)
         qkv = Kernel("gemm", dict(m=t, n=3 * h, k=h), 6 * t * h * h, 3 * (2 * t * h + h * h) * dt, 1.0,
                      real_bytes=(4 * t * h + 3 * h * h) * dt, by_batch=True)  # one matmul over stacked q/k/v
         o = Kernel("gemm", dict(m=t, n=h, k=h), 2 * t * h * h, (2 * t * h + h * h) * dt, 1.0, by_batch=True)
@@ -521,8 +536,9 @@ def _by_expert_mlp(c: Call) -> Plan:
     the weighted combine + residual. No routing data is prepared."""
     if c.kind == "lm.mlp.dense":
         return _mlp(c)
-    if c.kind == "lm.mlp.gate":  # the float32 router GEMM, then softmax, top-k and the shared ids in one kernel
-        return Plan([router(c)], rest_launches=1.0)
+    if c.kind == "lm.mlp.gate":  # the float32 router GEMM (cuBLAS splits K: the GEMM and its reduction), then
+        # softmax, top-k and the shared ids in one kernel: three kernels a layer in the H100's batched traces
+        return Plan([router(c)], rest_launches=2.0)
     s = c.spec
     up_bytes, down_bytes = _by_expert_bytes(c)
     if c.kind == "lm.mlp.experts":
