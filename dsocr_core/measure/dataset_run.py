@@ -327,7 +327,7 @@ def recheck_first_page(session: Session, store: RunStore, run_id: str, samples: 
     first = checks.first_point(store, run_id)
     if first is None:
         return None
-    key, stored = first
+    key, stored, _ = first
     sample = next((s for s in samples if s.key == key), None)
     if sample is None:
         return None

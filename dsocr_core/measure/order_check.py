@@ -14,6 +14,7 @@ import json
 from typing import Any, Mapping
 
 from ..registry import vision_stage_names
+from ..runtime import gpu_state
 
 # every family's (registry); a run compares the stages its model has (the others are missing, so not compared)
 CHECKED_STAGES = (*vision_stage_names(), "prefill", "decode_step")
@@ -63,13 +64,24 @@ def summary(check: Mapping[str, Any] | None) -> str | None:
     parts = [f"{s} {v['relative']:+.1%} (allowed ±{v['allowed']:.1%})" for s, v in check["stages"].items()]
     if failed(check):
         return ("order check FAILED: the first point, measured again at the end, differs beyond its spread in "
-                f"{', '.join(check['stages_off'])}; this run's times depend on measurement order: " + "; ".join(parts))
+                f"{', '.join(check['stages_off'])}; this run's times depend on measurement order: " + "; ".join(parts)
+                + _gpu_states(check))
     return "order check passed: the first point measured again at the end agrees: " + "; ".join(parts)
 
 
-def first_point(store, run_id: str) -> tuple[dict, dict[str, dict]] | None:
-    """(key, {stage: stored statistics}) of the run's first finished point (the lowest point id: points are
-    numbered as they are first stored), or None when fewer than two points are done (nothing ran after it)."""
+def _gpu_states(check: Mapping[str, Any]) -> str:
+    """'; GPU at the first measurement: SM 1,980 MHz, ...; at the repeat: ...' where both were recorded (the
+    state at the end of each measurement's timed repeats): whether the GPU itself ran at other clocks."""
+    first, again = (((check.get(k) or {}).get("after")) for k in ("gpu_state_first", "gpu_state_again"))
+    if not first or not again:
+        return ""
+    return f"; GPU at the first measurement: {gpu_state.describe(first)}; at the repeat: {gpu_state.describe(again)}"
+
+
+def first_point(store, run_id: str) -> tuple[dict, dict[str, dict], dict] | None:
+    """(key, {stage: stored statistics}, the point's extra) of the run's first finished point (the lowest point
+    id: points are numbered as they are first stored), or None when fewer than two points are done (nothing ran
+    after it)."""
     frame = store.points(run_id)
     done = frame[(frame["status"] == "done") & frame["stage"].notna()]
     if done["point_id"].nunique() < 2:
@@ -77,7 +89,8 @@ def first_point(store, run_id: str) -> tuple[dict, dict[str, dict]] | None:
     rows = done[done["point_id"] == done["point_id"].min()]
     stages = {r["stage"]: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"]}
               for _, r in rows.iterrows()}
-    return json.loads(rows["key"].iloc[0]), stages
+    extra = rows["extra"].iloc[0]
+    return json.loads(rows["key"].iloc[0]), stages, (extra if isinstance(extra, dict) else {})
 
 
 def record(store, run_id: str, check: dict) -> dict:

@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..results.store import RunStore, point_key
+from ..runtime import gpu_state
 from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.oom import out_of_memory
@@ -63,6 +64,7 @@ class PointResult:
     resolved: dict
     engine_state: dict
     host_probe_op_s: float | None = None  # the host's speed while the point ran (runtime/host_speed.py)
+    gpu_state: dict | None = None  # {before, after}: the GPU's clocks around the timed repeats (runtime/gpu_state.py)
 
 
 def workload_label(w: Workload) -> str:
@@ -141,10 +143,12 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
             timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
         with collector_paused():
             runs, probes = [], []
+            gpu_before = gpu_state.read(session.device)  # the clocks it starts at (None on a CPU)
             for _ in range(repeats):  # the host's speed probed beside every timed run: it drifts over seconds
                 probes.append(probe_host_op_s(session.device))
                 runs.append(timed_generation(session, inputs, workload.decode_steps + 1, **run))
             probes.append(probe_host_op_s(session.device))
+            gpu_after = gpu_state.read(session.device)
         engine_state = session.engine.point_state(inputs.batch)
         flops = counted_flops(session, inputs, workload.logits) if count_flops else None
     stages = assemble_stages(runs, flops, decode_step_over="repeats")
@@ -152,7 +156,8 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
                 "text_tokens": inputs.text_tokens}
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
-    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes))
+    gpu = {"before": gpu_before, "after": gpu_after} if gpu_before or gpu_after else None
+    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes), gpu)
 
 
 def point_extra(result: PointResult) -> dict:
@@ -160,6 +165,8 @@ def point_extra(result: PointResult) -> dict:
     extra = {"engine_state": result.engine_state}
     if result.host_probe_op_s is not None:
         extra["host_probe_op_s"] = result.host_probe_op_s
+    if result.gpu_state is not None:
+        extra["gpu_state"] = result.gpu_state
     return extra
 
 
@@ -231,7 +238,7 @@ def recheck_first(session: Session, store: RunStore, run_id: str, repeats: int =
     first = checks.first_point(store, run_id)
     if first is None:
         return None
-    key, stored = first
+    key, stored, first_extra = first
     workload = Workload(**key)
     if announce:
         announce(workload)
@@ -243,4 +250,6 @@ def recheck_first(session: Session, store: RunStore, run_id: str, repeats: int =
     check = checks.compare(stored, again.stages, key)
     check["engine_state_again"] = again.engine_state
     check["host_probe_op_s_again"] = again.host_probe_op_s  # a host in a slower spell shows here
+    check["gpu_state_first"] = first_extra.get("gpu_state")  # and a GPU at other clocks here
+    check["gpu_state_again"] = again.gpu_state
     return checks.record(store, run_id, check)

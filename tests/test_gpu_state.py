@@ -1,0 +1,65 @@
+"""runtime/gpu_state.py: the GPU's clocks read beside a measurement, and the order check's use of them."""
+from __future__ import annotations
+
+import subprocess
+
+import torch
+
+from dsocr_core.measure import order_check
+from dsocr_core.runtime import gpu_state
+
+CAPPED = "1620, 2619, 699.31, 58, 0x0000000000000004"
+IDLE = "345, 2619, 71.45, 31, 0x0000000000000001"
+
+
+def test_a_line_parses_into_clocks_power_temperature_and_named_throttle_reasons():
+    state = gpu_state.parse(CAPPED)
+    assert state["sm_clock_mhz"] == 1620 and state["mem_clock_mhz"] == 2619
+    assert state["power_w"] == 699.31 and state["temperature_c"] == 58
+    assert state["throttle_mask"] == 4 and state["throttle"] == ["software power cap"]
+    assert gpu_state.slowdowns(state) == ["software power cap"]
+    assert gpu_state.describe(state) == "SM 1,620 MHz, 699 W, 58 C, slowed by software power cap"
+
+
+def test_idle_is_not_a_slowdown_and_unknown_fields_stay_unknown():
+    idle = gpu_state.parse(IDLE)
+    assert idle["throttle"] == ["idle"] and gpu_state.slowdowns(idle) == []
+    partial = gpu_state.parse("1980, 2619, [N/A], 40, [Not Supported]")
+    assert partial["power_w"] is None and partial["throttle_mask"] is None and partial["throttle"] == []
+    assert gpu_state.describe(partial) == "SM 1,980 MHz, 40 C"
+    assert gpu_state.parse("garbage") is None
+    assert gpu_state.describe(None) == "GPU state unknown"
+
+
+def test_no_state_on_a_cpu_or_without_nvidia_smi(monkeypatch):
+    assert gpu_state.read("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_state, "_smi_target", lambda device: "0")
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert gpu_state.read("cuda:0") is None
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 9, "", "no GPU"))
+    assert gpu_state.read("cuda:0") is None
+    seen = {}
+
+    def answers(cmd, **k):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 0, CAPPED + "\n", "")
+    monkeypatch.setattr(subprocess, "run", answers)
+    assert gpu_state.read("cuda:0")["sm_clock_mhz"] == 1620
+    assert seen["cmd"][:3] == ["nvidia-smi", "-i", "0"] and "--format=csv,noheader,nounits" in seen["cmd"]
+
+
+def test_a_failed_order_check_says_at_which_clocks_each_measurement_ran():
+    check = order_check.compare({"decode_step": {"median_s": 1.745e-3, "min_s": 1.740e-3, "max_s": 1.748e-3}},
+                                {"decode_step": {"median_s": 2.235e-3, "min_s": 2.230e-3, "max_s": 2.240e-3}},
+                                {"batch": 62})
+    line = order_check.summary(check)
+    assert line.startswith("order check FAILED") and "GPU at" not in line  # nothing recorded: nothing said
+    check["gpu_state_first"] = {"before": None, "after": gpu_state.parse("1980, 2619, 420, 41, 0x0")}
+    check["gpu_state_again"] = {"before": None, "after": gpu_state.parse(CAPPED)}
+    line = order_check.summary(check)
+    assert ("GPU at the first measurement: SM 1,980 MHz, 420 W, 41 C; at the repeat: SM 1,620 MHz, 699 W, 58 C, "
+            "slowed by software power cap") in line
