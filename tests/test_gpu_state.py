@@ -63,3 +63,10 @@ def test_a_failed_order_check_says_at_which_clocks_each_measurement_ran():
     line = order_check.summary(check)
     assert ("GPU at the first measurement: SM 1,980 MHz, 420 W, 41 C; at the repeat: SM 1,620 MHz, 699 W, 58 C, "
             "slowed by software power cap") in line
+
+
+def test_a_points_line_gives_the_clock_at_both_ends_of_its_repeats():
+    recorded = {"before": gpu_state.parse("1980, 2619, 131, 41, 0x0"), "after": gpu_state.parse(CAPPED)}
+    assert gpu_state.point_text(recorded) == "SM 1,980 -> 1,620 MHz, 699 W, 58 C, slowed by software power cap"
+    assert gpu_state.point_text({"before": recorded["before"], "after": None}) == "SM 1,980 MHz, 131 W, 41 C"
+    assert gpu_state.point_text(None) is None and gpu_state.point_text({"before": None, "after": None}) is None

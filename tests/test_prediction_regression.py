@@ -73,6 +73,10 @@ ACCURACY = {
             "h100_prediction_accuracy_random62_fast_2026-11-27.json", None),
         "H200 random, seed 63, split-KV table, held out": (
             "h200_prediction_accuracy_random63_fast_2026-11-27.json", None),
+        "H200 random, seed 64, GPU state recorded, held out": (
+            "h200_prediction_accuracy_random64_fast_2026-11-27.json", None),
+        "H100 random, seed 65, GPU state recorded, held out": (
+            "h100_prediction_accuracy_random65_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),

@@ -10,6 +10,7 @@ import pandas as pd
 # run_ceilings: the pages read a run's ceilings from here
 from dsocr_core.hardware import match_device_name, run_ceilings  # noqa: F401
 from dsocr_core.results.engine_state import state_text
+from dsocr_core.runtime.gpu_state import point_text as gpu_text
 from dsocr_core.results.schema import STAGES as STORED_STAGES
 from dsocr_core.spec import Hardware
 
@@ -119,8 +120,9 @@ def point_table(points: pd.DataFrame) -> pd.DataFrame:
                                               zip(lo[s].reindex(out.index), hi[s].reindex(out.index))]
         out["repeats"] = reps.max(axis=1).reindex(out.index)
     out["message"] = base["message"]
-    out["engine state"] = [state_text(json.loads(e).get("engine_state")) if isinstance(e, str) else None
-                           for e in base["extra"]]
+    extras = [json.loads(e) if isinstance(e, str) else {} for e in base["extra"]]
+    out["engine state"] = [state_text(e.get("engine_state")) for e in extras]
+    out["GPU during repeats"] = [gpu_text(e.get("gpu_state")) for e in extras]
     out["updated"] = base["updated_at"]
     return out.reset_index(drop=True)
 

@@ -8,14 +8,13 @@ every measured point keeps this state before its first timed repeat and after it
 keeps it beside its repeat of the first point.
 
 Read with `nvidia-smi --query-gpu` (no Python binding needed; about 20-50 ms, outside every timed region). On a
-CPU, or where nvidia-smi is missing or fails, there is no state: None, and nothing is faked.
+CPU, or where nvidia-smi is missing or fails, there is no state: None, and nothing is faked. torch is imported only
+to read a state: the pages that show recorded states run without it.
 """
 from __future__ import annotations
 
 import subprocess
 from typing import Any, Mapping
-
-import torch
 
 FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active")
 KEYS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c", "throttle_mask")
@@ -43,8 +42,10 @@ def parse(line: str) -> dict[str, Any] | None:
     return state
 
 
-def _smi_target(device: torch.device) -> str:
+def _smi_target(device) -> str:
     """The GPU as nvidia-smi names it: its PCI bus id (CUDA_VISIBLE_DEVICES renumbers torch's indices)."""
+    import torch
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
@@ -52,9 +53,11 @@ def _smi_target(device: torch.device) -> str:
     return str(index)
 
 
-def read(device: torch.device | str) -> dict[str, Any] | None:
-    """The GPU's state now ({sm_clock_mhz, mem_clock_mhz, power_w, temperature_c, throttle_mask, throttle}), or
-    None on a CPU or where nvidia-smi cannot tell."""
+def read(device) -> dict[str, Any] | None:
+    """The GPU's state now ({sm_clock_mhz, mem_clock_mhz, power_w, temperature_c, throttle_mask, throttle}) of
+    `device` (torch.device or str), or None on a CPU or where nvidia-smi cannot tell."""
+    import torch
+
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
@@ -88,3 +91,21 @@ def describe(state: Mapping[str, Any] | None) -> str:
     if slow:
         parts.append("slowed by " + " and ".join(slow))
     return ", ".join(parts) or "GPU state unknown"
+
+
+def point_text(recorded: Mapping[str, Any] | None) -> str | None:
+    """One line of a point's recorded {before, after} states for tables: the SM clock at the start and the end of
+    its timed repeats, then the end's power, temperature and slowdowns, e.g. 'SM 1,980 -> 1,935 MHz, 599 W, 53 C,
+    slowed by software power cap'. None where nothing was recorded (a CPU, or a point measured before)."""
+    if not recorded:
+        return None
+    before, after = recorded.get("before"), recorded.get("after")
+    end = after or before
+    if not end:
+        return None
+    text = describe(end)
+    start_clock = (before or {}).get("sm_clock_mhz")
+    if after and start_clock is not None and after.get("sm_clock_mhz") is not None:
+        text = text.replace(f"SM {after['sm_clock_mhz']:,.0f} MHz",
+                            f"SM {start_clock:,.0f} -> {after['sm_clock_mhz']:,.0f} MHz", 1)
+    return text
