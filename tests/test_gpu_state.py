@@ -70,3 +70,46 @@ def test_a_points_line_gives_the_clock_at_both_ends_of_its_repeats():
     assert gpu_state.point_text(recorded) == "SM 1,980 -> 1,620 MHz, 699 W, 58 C, slowed by software power cap"
     assert gpu_state.point_text({"before": recorded["before"], "after": None}) == "SM 1,980 MHz, 131 W, 41 C"
     assert gpu_state.point_text(None) is None and gpu_state.point_text({"before": None, "after": None}) is None
+
+
+def _clocks_read_as(monkeypatch, states):
+    """gpu_state.read answering from `states` in turn (a CPU test of what a GPU run stores)."""
+    answers = iter(states)
+    monkeypatch.setattr(gpu_state, "read", lambda device: gpu_state.parse(next(answers)))
+
+
+def test_a_sweeps_points_and_its_order_check_keep_the_gpu_state(tmp_path, monkeypatch):
+    from dsocr_core.measure.sweep import run_sweep, sweep_workloads
+    from dsocr_core.results.store import RunStore
+    from dsocr_core.runtime.session import Session
+
+    session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    store = RunStore(tmp_path / "runs.sqlite")
+    cool, capped = "1980, 2619, 300, 40, 0x0", CAPPED
+    _clocks_read_as(monkeypatch, [cool, cool, cool, cool, cool, capped])  # before/after: 2 points, the repeat
+    run_id = run_sweep(session, store, sweep_workloads(["tiny"], [(1, 1)], [10, 30], [1], [2], dtype="float32"),
+                       repeats=1)
+    extras = store.points(run_id).drop_duplicates("point_id")["extra"].tolist()
+    assert [e["gpu_state"]["after"]["sm_clock_mhz"] for e in extras] == [1980, 1980]
+    check = store.get_run(run_id)["meta"]["order_check"]
+    assert check["gpu_state_first"]["after"]["sm_clock_mhz"] == 1980
+    assert check["gpu_state_again"]["after"]["throttle"] == ["software power cap"]
+
+
+def test_a_dataset_page_keeps_the_gpu_state(tmp_path, monkeypatch):
+    import shutil
+
+    from dsocr_core.grounding.samples import sample_pages
+    from dsocr_core.measure.dataset_run import ProfileSettings, measure_page
+    from dsocr_core.measure.datasets import discover, sample
+    from dsocr_core.runtime.session import Session
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    shutil.copy(next(p for p in sample_pages() if p.stem == "card"), pages / "card.png")
+    session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    _clocks_read_as(monkeypatch, ["1980, 2619, 300, 40, 0x0", CAPPED])
+    page = measure_page(session, sample(discover(pages).pages, order="fixed")[0], ProfileSettings(mode="tiny",
+                        max_new_tokens=2))
+    assert page.status == "done"
+    assert gpu_state.point_text(page.extra["gpu_state"]).startswith("SM 1,980 -> 1,620 MHz")

@@ -43,6 +43,7 @@ from statistics import median
 from typing import Callable, Literal, Sequence
 
 from ..results.store import RunStore, point_key
+from ..runtime import gpu_state
 from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
@@ -179,9 +180,11 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
 
     with collector_paused():  # as a sweep's points: no full collection falls into the timed page
         probes = [probe_host_op_s(session.device)]  # the host's speed before and after (runtime/host_speed.py)
+        gpu_before = gpu_state.read(session.device)  # and the GPU's clocks (runtime/gpu_state.py; None on a CPU)
         t1 = time.perf_counter()
         run = timed_generation(session, inputs, settings.max_new_tokens, **gen)
         generation_s = time.perf_counter() - t1
+        gpu_after = gpu_state.read(session.device)
         probes.append(probe_host_op_s(session.device))
     generated = trim_at_eos(run.tokens[0].tolist(), session.spec.eos_token_id)
     try:  # a failing FLOP pass (e.g. out of memory under the counter) must not throw away the timed page
@@ -213,6 +216,8 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     host = probe_median(probes)
     if host is not None:
         extra["host_probe_op_s"] = host
+    if gpu_before or gpu_after:
+        extra["gpu_state"] = {"before": gpu_before, "after": gpu_after}
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 
@@ -327,7 +332,7 @@ def recheck_first_page(session: Session, store: RunStore, run_id: str, samples: 
     first = checks.first_point(store, run_id)
     if first is None:
         return None
-    key, stored, _ = first
+    key, stored, first_extra = first
     sample = next((s for s in samples if s.key == key), None)
     if sample is None:
         return None
@@ -341,4 +346,7 @@ def recheck_first_page(session: Session, store: RunStore, run_id: str, samples: 
         return checks.record(store, run_id, {"workload": key, "skipped": failure(exc)[1]})
     if again.status != "done":
         return checks.record(store, run_id, {"workload": key, "skipped": again.message or again.status})
-    return checks.record(store, run_id, checks.compare(stored, again.stages, key))
+    check = checks.compare(stored, again.stages, key)
+    check["gpu_state_first"] = first_extra.get("gpu_state")  # at which clocks each measurement ran
+    check["gpu_state_again"] = (again.extra or {}).get("gpu_state")
+    return checks.record(store, run_id, check)
