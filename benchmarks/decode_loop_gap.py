@@ -82,7 +82,7 @@ def gap_summary(events: list[tuple[float, float, str]]) -> dict:
     for start, length, name in sorted(events):  # the union of the GPU's activity, and what lies between
         stop = start + length
         if end is None or start >= end:
-            if end is not None:
+            if end is not None and start > end:  # back to back is no gap
                 key = f"{before[:60]} -> {name[:60]}"
                 count, total = gaps.get(key, (0, 0.0))
                 gaps[key] = (count + 1, total + start - end)

@@ -4,7 +4,9 @@ What a failed order check calls for. The run's order check measured its first po
 measures every point of the run in the order the run did, and with --first-after-each the first point again
 after every other one, so a change shows after the point that caused it (or never, when the run's machine or
 process was the cause). Each measurement prints its stage times beside the stored ones and the GPU's state
-(runtime/gpu_state.py). The session is built like the run's: the same synthetic preset, dtype and session mode.
+(runtime/gpu_state.py). The session is the run's session mode and dtype with the default engine options over
+the synthetic preset --synthetic names (the accuracy runs use 'full'); each point is measured as a sweep measures
+it (1 warm-up, inputs of seed 0). A point that fails (out of memory) is reported and the replay goes on.
 
     python benchmarks/order_replay.py --store out/accuracy_random63.sqlite --first-after-each --out out/replay.json
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsocr_core.measure.sweep import measure_with_attn  # noqa: E402
+from dsocr_core.measure.sweep import failure, free_memory, measure_with_attn  # noqa: E402
 from dsocr_core.results.store import RunStore  # noqa: E402
 from dsocr_core.runtime import gpu_state  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="count each point's FLOPs after timing it, as the run did (default on)")
     ap.add_argument("--synthetic", default="full", help="weights preset of the run (default full)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", help="default: the run's")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", help="write every measurement as JSON here")
     args = ap.parse_args(argv)
@@ -67,18 +69,27 @@ def main(argv: list[str] | None = None) -> dict:
     points = stored_points(store, run["id"])
     if len(points) < 2:
         raise SystemExit(f"run {run['id'][:12]} has {len(points)} finished point(s): nothing to replay")
-    base = Session.load(synthetic=args.synthetic, device=args.device, dtype=args.dtype, session_mode="reference")
+    base = Session.load(synthetic=args.synthetic, device=args.device, dtype=args.dtype or run.get("dtype") or
+                        "bfloat16", session_mode="reference")
     mode = run.get("session_mode") or "reference"
     session = base if mode == "reference" else base.with_mode(mode)
     rows = []
     print(f"run {run['id'][:12]} ({run.get('name')}), {len(points)} points, {mode} mode", flush=True)
     for i in order(points, args.first_after_each):
         workload, stored = points[i]
-        result = measure_with_attn(session, workload, args.repeats, 1, 0, count_flops=args.flops)
+        try:
+            result = measure_with_attn(session, workload, args.repeats, 1, 0, count_flops=args.flops)
+        except Exception as exc:  # noqa: BLE001 - one failed point (out of memory) must not end the replay
+            status, message = failure(exc)
+            free_memory(session.device)
+            rows.append({"point": i, "workload": workload.model_dump(), "status": status, "message": message})
+            print(f"point {i} ({workload.mode} b{workload.batch} t{workload.text_tokens}): {status}: {message}",
+                  flush=True)
+            continue
         now = {s: v["median_s"] for s, v in result.stages.items() if s in STAGES and isinstance(v, dict)}
         after = (result.gpu_state or {}).get("after")
-        rows.append({"point": i, "workload": workload.model_dump(), "measured_s": now, "stored_s": stored,
-                     "gpu_state": result.gpu_state})
+        rows.append({"point": i, "workload": workload.model_dump(), "status": "done", "measured_s": now,
+                     "stored_s": stored, "gpu_state": result.gpu_state})
         moved = "; ".join(f"{s} {now[s] * 1e3:.3f} ms ({now[s] / stored[s] - 1:+.1%})" for s in STAGES
                           if s in now and stored.get(s))
         print(f"point {i} ({workload.mode} b{workload.batch} t{workload.text_tokens}): {moved}; "

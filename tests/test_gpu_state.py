@@ -49,6 +49,12 @@ def test_no_state_on_a_cpu_or_without_nvidia_smi(monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, CAPPED + "\n", "")
     monkeypatch.setattr(subprocess, "run", answers)
     assert gpu_state.read("cuda:0")["sm_clock_mhz"] == 1620
+
+    def renamed(cmd, **k):  # a driver that knows only the new name of the throttle reasons
+        ok = "clocks_event_reasons.active" in cmd[3]
+        return subprocess.CompletedProcess(cmd, 0 if ok else 2, CAPPED if ok else "", "" if ok else "bad field")
+    monkeypatch.setattr(subprocess, "run", renamed)
+    assert gpu_state.read("cuda:0")["throttle"] == ["software power cap"]
     assert seen["cmd"][:3] == ["nvidia-smi", "-i", "0"] and "--format=csv,noheader,nounits" in seen["cmd"]
 
 
@@ -113,3 +119,20 @@ def test_a_dataset_page_keeps_the_gpu_state(tmp_path, monkeypatch):
                         max_new_tokens=2))
     assert page.status == "done"
     assert gpu_state.point_text(page.extra["gpu_state"]).startswith("SM 1,980 -> 1,620 MHz")
+
+
+def test_the_measured_point_table_shows_the_engine_and_gpu_state_of_stored_points(tmp_path, monkeypatch):
+    from dsocr_core.measure.sweep import run_sweep, sweep_workloads
+    from dsocr_core.results.store import RunStore
+    from dsocr_core.runtime.session import Session
+    from ui.measured import point_table
+
+    session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    store = RunStore(tmp_path / "runs.sqlite")
+    _clocks_read_as(monkeypatch, ["1980, 2619, 300, 40, 0x0", CAPPED])
+    run_id = run_sweep(session, store, sweep_workloads(["tiny"], [(1, 1)], [10], [1], [2], dtype="float32"),
+                       repeats=1, order_check=False)
+    table = point_table(store.points(run_id))
+    assert table["GPU before -> after repeats"].tolist() == [
+        "SM 1,980 -> 1,620 MHz, 699 W, 58 C, slowed by software power cap"]
+    assert table["engine state"].iloc[0].startswith("reference")

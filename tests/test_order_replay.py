@@ -35,3 +35,22 @@ def test_a_run_of_one_point_has_nothing_to_replay(tmp_path):
         load_benchmark("order_replay").main(["--store", str(tmp_path / "runs.sqlite"), "--device", "cpu"])
     with pytest.raises(SystemExit, match="no sweep run"):
         load_benchmark("order_replay").main(["--store", str(tmp_path / "empty.sqlite"), "--device", "cpu"])
+
+
+def test_a_point_that_fails_is_reported_and_the_replay_goes_on(tmp_path, capsys):
+    session = Session.load(synthetic="tiny", device="cpu", dtype="float32")
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_sweep(session, store, sweep_workloads(["tiny"], [(1, 1)], [10, 20], [1], [2], dtype="float32"),
+              repeats=1, order_check=False)
+    replay = load_benchmark("order_replay")
+    real = replay.measure_with_attn
+
+    def out_of_memory_at_20(s, w, *a, **k):
+        if w.text_tokens == 20:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 49.44 GiB")
+        return real(s, w, *a, **k)
+    replay.measure_with_attn = out_of_memory_at_20
+    out = replay.main(["--store", str(tmp_path / "runs.sqlite"), "--synthetic", "tiny", "--device", "cpu",
+                       "--repeats", "1", "--first-after-each", "--no-flops"])
+    assert [m["status"] for m in out["measurements"]] == ["done", "oom", "done"]
+    assert "point 1 (tiny b1 t20): oom" in capsys.readouterr().out

@@ -69,7 +69,7 @@ ACCURACY = {
             "h100_prediction_accuracy_random60_fast_2026-11-27.json", None),
         "H200 random, seed 61, attention kernels add up, held out": (
             "h200_prediction_accuracy_random61_fast_2026-11-27.json", None),
-        "H100 random, seed 62, split-KV table, held out": (
+        "H100 random, seed 62, split-KV table": (
             "h100_prediction_accuracy_random62_fast_2026-11-27.json", None),
         "H200 random, seed 63, split-KV table, held out": (
             "h200_prediction_accuracy_random63_fast_2026-11-27.json", None),

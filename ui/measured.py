@@ -95,7 +95,8 @@ def stages_as_columns(summary: pd.DataFrame) -> pd.DataFrame:
 
 def point_table(points: pd.DataFrame) -> pd.DataFrame:
     """One row per point: its workload, status (done / oom / error) and message, each stage's median in ms, the
-    p10-p90 spread of the main stages and the number of timed repeats."""
+    p10-p90 spread of the main stages, the number of timed repeats, the engine state it ran with and the GPU's
+    state read just before its first and just after its last timed repeat (None where not recorded)."""
     if points.empty:
         return pd.DataFrame(columns=["status", "mode", "grid", "text_tokens", "batch", "decode_steps", "sequence",
                                      "message"])
@@ -120,9 +121,10 @@ def point_table(points: pd.DataFrame) -> pd.DataFrame:
                                               zip(lo[s].reindex(out.index), hi[s].reindex(out.index))]
         out["repeats"] = reps.max(axis=1).reindex(out.index)
     out["message"] = base["message"]
-    extras = [json.loads(e) if isinstance(e, str) else {} for e in base["extra"]]
+    # RunStore.points() gives each point's extra as a dict; a frame read back from a file may hold its JSON
+    extras = [e if isinstance(e, dict) else json.loads(e) if isinstance(e, str) else {} for e in base["extra"]]
     out["engine state"] = [state_text(e.get("engine_state")) for e in extras]
-    out["GPU during repeats"] = [gpu_text(e.get("gpu_state")) for e in extras]
+    out["GPU before -> after repeats"] = [gpu_text(e.get("gpu_state")) for e in extras]
     out["updated"] = base["updated_at"]
     return out.reset_index(drop=True)
 

@@ -129,11 +129,11 @@ class FastPlan:
                             graph_launches=1.0 / self.o.graph_steps)
             if c.phase == "decode":
                 # the greedy choice, the history update and the replay call, outside the graph. The host issues a
-                # step in 0.19-0.26 ms, well ahead of the GPU, and a step in the generation loop takes 0.03-0.04 ms
-                # more than its replay alone, 0.02 ms of it the wait before each replay's first kernel (the H200's
-                # loop trace, batch 2 and 8: docs/accuracy.md). Priced as before as this row's host time beyond its
-                # device time (0.13 ms): without it every set under-predicts batched steps by 5-12%, so part of a
-                # step's device time is still missing from the kernels (not traced to one)
+                # step in 0.16-0.32 ms, well ahead of the GPU, and a step in the generation loop takes 0.02-0.04 ms
+                # more than its replay alone (benchmarks/decode_loop_gap.py, an H100 and an H200 at batch 2 and 8:
+                # docs/accuracy.md). Priced as before as this row's host time beyond its device time (0.13 ms):
+                # without it every set under-predicts batched steps by 5-12%, so part of a step's device time is
+                # still missing from the kernels (not traced to one)
                 return Plan(rest_launches=1.0 + STEP_OPS, host_ops=STEP_OPS, graph_launches=1.0)
             # embedding, image-slot index_copy (with the per-image layout, the rows' concatenation before it)
             return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0,

@@ -161,7 +161,8 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
 
 
 def point_extra(result: PointResult) -> dict:
-    """What a stored point keeps beside its stage times: the engine's state and the host's speed."""
+    """What a stored point keeps beside its stage times: the engine's state, the host's speed and the GPU's
+    state just before and after its timed repeats."""
     extra = {"engine_state": result.engine_state}
     if result.host_probe_op_s is not None:
         extra["host_probe_op_s"] = result.host_probe_op_s

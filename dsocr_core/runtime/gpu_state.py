@@ -17,6 +17,8 @@ import subprocess
 from typing import Any, Mapping
 
 FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active")
+# newer drivers name the reasons clocks_event_reasons (the old name still answers on 580); asked when it does not
+RENAMED = {"clocks_throttle_reasons.active": "clocks_event_reasons.active"}
 KEYS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c", "throttle_mask")
 # nvidia-smi's clocks event (throttle) reasons, by bit; idle is the GPU waiting for work, not a slowdown
 THROTTLE_REASONS = {0x1: "idle", 0x2: "application clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
@@ -61,14 +63,17 @@ def read(device) -> dict[str, Any] | None:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    try:
-        done = subprocess.run(["nvidia-smi", "-i", _smi_target(device), f"--query-gpu={','.join(FIELDS)}",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0 or not done.stdout.strip():
-        return None
-    return parse(done.stdout.strip().splitlines()[0])
+    target = _smi_target(device)
+    for fields in (FIELDS, tuple(RENAMED.get(f, f) for f in FIELDS)):
+        try:
+            done = subprocess.run(["nvidia-smi", "-i", target, f"--query-gpu={','.join(fields)}",
+                                   "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                                  timeout=TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode == 0 and done.stdout.strip():
+            return parse(done.stdout.strip().splitlines()[0])
+    return None
 
 
 def slowdowns(state: Mapping[str, Any] | None) -> list[str]:
