@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from moe_decode import step_ms  # noqa: E402
 from session_speed import fast_generate_times, med, page_inputs, sync  # noqa: E402
 
 from dsocr_core.runtime.generate import Greedy  # noqa: E402
@@ -42,19 +43,6 @@ def host_issue_s(fast: Session, inputs, steps: int) -> float:
     spent = time.perf_counter() - t0
     sync(fast.device)
     return spent / max(n, 1)
-
-
-def replay_s(fast: Session, inputs, repeats: int = 30) -> float:
-    """Median CUDA-event time of the step's graph replayed back to back."""
-    pre = fast.prefill(inputs, room=64)
-    token, cache = pre.logits[:, -1].argmax(-1), pre.cache
-    for _ in range(3):
-        fast.engine.decode_step(token, cache)
-    timer = StageTimer(fast.device)
-    for _ in range(repeats):
-        with timer.stage("step"):
-            fast.engine.decode_step(token, cache)
-    return med([s for _, s in timer.finish()])
 
 
 def gpu_gaps(fast: Session, inputs, steps: int) -> dict:
@@ -111,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = page_inputs((2, 2), b, 100 + b, fast.device, torch.bfloat16)
         fast_generate_times(fast, inputs, args.steps, 0)  # warm-up: compiles and captures
         loop = fast_generate_times(fast, inputs, args.steps, 0)
-        row = {"loop_step_us": med(loop["step_s"][1:]) * 1e6, "replay_us": replay_s(fast, inputs) * 1e6,
+        row = {"loop_step_us": med(loop["step_s"][1:]) * 1e6, "replay_us": step_ms(fast, inputs, 30) * 1e3,
                "host_issue_us": host_issue_s(fast, inputs, args.steps) * 1e6,
                **gpu_gaps(fast, inputs, min(args.steps, 24))}
         result["batches"][str(b)] = row
