@@ -4,9 +4,10 @@ What a failed order check calls for. The run's order check measured its first po
 measures every point of the run in the order the run did, and with --first-after-each the first point again
 after every other one, so a change shows after the point that caused it (or never, when the run's machine or
 process was the cause). Each measurement prints its stage times beside the stored ones and the GPU's state
-(runtime/gpu_state.py). The session is the run's session mode and dtype with the default engine options over
-the synthetic preset --synthetic names (the accuracy runs use 'full'); each point is measured as a sweep measures
-it (1 warm-up, inputs of seed 0). A point that fails (out of memory) is reported and the replay goes on.
+(runtime/gpu_state.py). The session runs the engine the run recorded (its kind and options; engines.run_engine)
+in the run's dtype over the synthetic preset --synthetic names (the accuracy runs use 'full'); each point is
+measured as a sweep measures it (1 warm-up, inputs of seed 0). A point that fails (out of memory) is reported and
+the replay goes on.
 
     python benchmarks/order_replay.py --store out/accuracy_random63.sqlite --first-after-each --out out/replay.json
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsocr_core.engines import run_engine  # noqa: E402
 from dsocr_core.measure.sweep import failure, free_memory, measure_with_attn  # noqa: E402
 from dsocr_core.results.store import RunStore  # noqa: E402
 from dsocr_core.runtime import gpu_state  # noqa: E402
@@ -71,10 +73,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"run {run['id'][:12]} has {len(points)} finished point(s): nothing to replay")
     base = Session.load(synthetic=args.synthetic, device=args.device, dtype=args.dtype or run.get("dtype") or
                         "bfloat16", session_mode="reference")
-    mode = run.get("session_mode") or "reference"
-    session = base if mode == "reference" else base.with_mode(mode)
+    engine = run_engine(run)[0]  # the engine the run's points ran on, options and all
+    mode = engine.kind
+    session = base.with_mode(mode, **engine.non_default())
     rows = []
-    print(f"run {run['id'][:12]} ({run.get('name')}), {len(points)} points, {mode} mode", flush=True)
+    print(f"run {run['id'][:12]} ({run.get('name')}), {len(points)} points, engine {engine.label()}", flush=True)
     for i in order(points, args.first_after_each):
         workload, stored = points[i]
         try:
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
                           if s in now and stored.get(s))
         print(f"point {i} ({workload.mode} b{workload.batch} t{workload.text_tokens}): {moved}; "
               f"{gpu_state.describe(after)}", flush=True)
-    out = {"store": args.store, "run": run["id"], "mode": mode, "measurements": rows}
+    out = {"store": args.store, "run": run["id"], "mode": mode, "engine": engine.to_dict(), "measurements": rows}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))

@@ -139,14 +139,17 @@ def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
 
 
 def measured(store, run_id: str) -> list[dict]:
-    """[{workload, status, stages: {stage: median seconds}, host_probe_op_s}] of a stored run."""
+    """[{workload, status, stages: {stage: median seconds}, host_probe_op_s, gpu_state}] of a stored run
+    (gpu_state: the GPU's state before and after the point's timed repeats, None where not recorded)."""
     from dsocr_core.results.analytic_join import point_host_probe, point_workload
 
     pts = store.points(run_id)
     out = {}
     for _, r in pts.iterrows():
+        extra = r["extra"] if isinstance(r["extra"], dict) else {}
         rec = out.setdefault(r["point_id"], {"workload": point_workload(r), "status": r["status"], "stages": {},
-                                             "host_probe_op_s": point_host_probe(r)})
+                                             "host_probe_op_s": point_host_probe(r),
+                                             "gpu_state": extra.get("gpu_state")})
         if r["stage"] is not None and not (isinstance(r["stage"], float) and np.isnan(r["stage"])):
             rec["stages"][r["stage"]] = float(r["median_s"])
     for rec in out.values():
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
             meas = rec["stages"]
             err = relative_errors(pred, meas)
             rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
-                         "predicted_s": pred, "error": err, "host_probe_op_s": probe})
+                         "predicted_s": pred, "error": err, "host_probe_op_s": probe, "gpu_state": rec["gpu_state"]})
         summary = summarize([r for r in rows if r["status"] == "done"])
         run = store.get_run(run_id)
         entry = {"run_id": run_id, "engine": engine.to_dict(), "points": rows, "summary": summary,

@@ -430,6 +430,7 @@ def test_prediction_accuracy_quick_cpu(quick_profile_path, tmp_path, capsys):
             assert math.isfinite(s["max_abs"])
         for p in entry["points"]:
             assert p["predicted_s"]["ttft"] > 0 and p["measured_s"]["ttft"] > 0
+            assert "gpu_state" in p and p["gpu_state"] is None  # carried with each point; none on a CPU
         assert entry["engine"] == EngineSpec.of(mode).to_dict()  # the engine the points ran on, recorded
         assert entry["order_check"]["stages"]  # the run's first point measured again, carried with the figures
     printed = capsys.readouterr().out
