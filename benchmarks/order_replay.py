@@ -21,13 +21,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.engines import run_engine  # noqa: E402
+from dsocr_core.measure.order_check import CHECKED_STAGES  # noqa: E402
 from dsocr_core.measure.sweep import failure, free_memory, measure_with_attn  # noqa: E402
 from dsocr_core.results.store import RunStore  # noqa: E402
 from dsocr_core.runtime import gpu_state  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 from dsocr_core.spec import Workload  # noqa: E402
 
-STAGES = ("sam", "clip", "projector", "prefill", "decode_step")
+STAGES = CHECKED_STAGES  # the stages the order check compares, every family's (registry)
 
 
 def stored_points(store: RunStore, run_id: str) -> list[tuple[Workload, dict[str, float]]]:
