@@ -32,7 +32,8 @@ STAGES = CHECKED_STAGES  # the stages the order check compares, every family's (
 
 
 def stored_points(store: RunStore, run_id: str) -> list[tuple[Workload, dict[str, float]]]:
-    """(workload, {stage: stored median s}) of the run's finished points, in the order they were measured."""
+    """(workload, {stage: stored median s}) of the run's finished points, in the order they were measured; each
+    workload from its stored key, exactly as measured (a page size and crop range, not only the grid it chose)."""
     frame = store.points(run_id)
     done = frame[(frame["status"] == "done") & frame["stage"].notna()]
     out = []

@@ -227,32 +227,36 @@ class FastPlan:
         h, heads = s.hidden_size, s.num_attention_heads
         b, sq, n = c.b, c.sq, c.n
         t, sk = b * sq, n + sq
-        prefill = c.phase == "prefill"
-        # SDPA with torch's own backend choice in the prefill; the engine's decode kernel in a step (flash table)
-        attn = lm_attention(c, "default" if prefill else "flash")
         kv = kv_write(c)
-        attn.real_bytes = 4 * t * h * dt + b * n * 2 * h * dt  # the engine's attention never writes scores
-        if not prefill:  # decode attends over the static cache up to the end of the current bucket
-            bucket = np.ceil(sk / self.o.bucket) * self.o.bucket
-            attn.real_bytes = 4 * t * h * dt + b * (bucket - sq) * 2 * h * dt
-            attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim)
         kv.launches = 2.0  # keys.copy_ / index_copy_ into the static cache
-        if not prefill and self.o.attention == "triton" and not c.fused:
+        io = 4 * t * h * dt  # the query read and the output written: the engine's attention never writes scores
+        bucket = np.ceil(sk / self.o.bucket) * self.o.bucket  # a decode step's static cache ends at its bucket
+        if c.phase == "prefill":  # SDPA with torch's own backend choice
+            attn = lm_attention(c, "default")
+            attn.real_bytes = io + b * n * 2 * h * dt
+        elif c.fused:  # flash-decoding in the fused step reads the slots up to the position, not the whole bucket
+            attn = lm_attention(c, "flash")
+            cached = b * sk * 2 * h * dt
+            attn.table, attn.real_bytes = FUSED_ATTENTION, io + cached
+            # bh, q, k (the bucket), d kept for the fallback to attention.flash
+            attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim, bytes=cached)
+        elif self.o.attention == "triton":
             # the split-KV kernel and its combine (fast/triton_kernels.py), on their own table: it masks its loads
-            # past the position, so it reads the keys and values before it; the keys reach the cache inside the
+            # past the position, so it reads the keys and values up to it; the keys reach the cache inside the
             # RoPE kernel, the values by one copy (the H100's batched traces: 7 kernels a layer)
+            attn = lm_attention(c, "flash")  # coords at the position
             attn.table, attn.launches, kv.launches = SPLIT_KV, 2.0, 1.0
-            attn.real_bytes = 4 * t * h * dt + b * n * 2 * h * dt
-            attn.coords = dict(attn.coords, k=sk)
+            attn.real_bytes = io + b * sk * 2 * h * dt
+        else:  # SDPA attends over the static cache up to the end of the current bucket (flash table)
+            attn = lm_attention(c, "flash")
+            attn.real_bytes = io + b * (bucket - sq) * 2 * h * dt
+            attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim)
         qkv = Kernel("gemm", dict(m=t, n=3 * h, k=h), 6 * t * h * h, 3 * (2 * t * h + h * h) * dt, 1.0,
                      real_bytes=(4 * t * h + 3 * h * h) * dt, by_batch=True)  # one matmul over stacked q/k/v
         o = Kernel("gemm", dict(m=t, n=h, k=h), 2 * t * h * h, (2 * t * h + h * h) * dt, 1.0, by_batch=True)
         kv.by_batch = True  # the static cache: this step's entry only
         if c.fused:  # norm + q/k/v GEMV + RoPE + cache write; attention; o_proj + residual: 3 kernels
             qkv.table = o.table = kv.table = FUSED_GEMV
-            cached = b * sk * 2 * h * dt  # flash-decoding reads the slots up to the position, not the whole bucket
-            attn.table, attn.real_bytes = FUSED_ATTENTION, 4 * t * h * dt + cached
-            attn.coords = dict(attn.coords, bytes=cached)  # bh, q, k, d kept for the fallback to attention.flash
             qkv.coords, o.coords = dict(bytes=qkv.real_bytes), dict(bytes=o.nbytes)
             kv.coords, kv.launches = dict(bytes=qkv.real_bytes), 0.0
             return Plan([qkv, attn, o, kv], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,

@@ -216,8 +216,9 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     host = probe_median(probes)
     if host is not None:
         extra["host_probe_op_s"] = host
-    if gpu_before or gpu_after:
-        extra["gpu_state"] = {"before": gpu_before, "after": gpu_after}
+    gpu = gpu_state.span(gpu_before, gpu_after)
+    if gpu is not None:
+        extra["gpu_state"] = gpu
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 
@@ -346,7 +347,6 @@ def recheck_first_page(session: Session, store: RunStore, run_id: str, samples: 
         return checks.record(store, run_id, {"workload": key, "skipped": failure(exc)[1]})
     if again.status != "done":
         return checks.record(store, run_id, {"workload": key, "skipped": again.message or again.status})
-    check = checks.compare(stored, again.stages, key)
-    check["gpu_state_first"] = first_extra.get("gpu_state")  # at which clocks each measurement ran
-    check["gpu_state_again"] = (again.extra or {}).get("gpu_state")
+    check = checks.with_gpu_states(checks.compare(stored, again.stages, key), first_extra,
+                                   (again.extra or {}).get("gpu_state"))
     return checks.record(store, run_id, check)

@@ -78,6 +78,14 @@ def _gpu_states(check: Mapping[str, Any]) -> str:
     return f"; GPU at the first measurement: {gpu_state.describe(first)}; at the repeat: {gpu_state.describe(again)}"
 
 
+def with_gpu_states(check: dict, first_extra: Mapping[str, Any], again_gpu: Mapping | None) -> dict:
+    """The check with the GPU's state of both measurements (the first point's as stored, the repeat's): whether
+    the GPU itself ran at other clocks. Returns the check."""
+    check["gpu_state_first"] = first_extra.get("gpu_state")
+    check["gpu_state_again"] = again_gpu
+    return check
+
+
 def first_point(store, run_id: str) -> tuple[dict, dict[str, dict], dict] | None:
     """(key, {stage: stored statistics}, the point's extra) of the run's first finished point (the lowest point
     id: points are numbered as they are first stored), or None when fewer than two points are done (nothing ran

@@ -156,8 +156,8 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
                 "text_tokens": inputs.text_tokens}
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
-    gpu = {"before": gpu_before, "after": gpu_after} if gpu_before or gpu_after else None
-    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes), gpu)
+    return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes),
+                       gpu_state.span(gpu_before, gpu_after))
 
 
 def point_extra(result: PointResult) -> dict:
@@ -251,6 +251,4 @@ def recheck_first(session: Session, store: RunStore, run_id: str, repeats: int =
     check = checks.compare(stored, again.stages, key)
     check["engine_state_again"] = again.engine_state
     check["host_probe_op_s_again"] = again.host_probe_op_s  # a host in a slower spell shows here
-    check["gpu_state_first"] = first_extra.get("gpu_state")  # and a GPU at other clocks here
-    check["gpu_state_again"] = again.gpu_state
-    return checks.record(store, run_id, check)
+    return checks.record(store, run_id, checks.with_gpu_states(check, first_extra, again.gpu_state))

@@ -76,6 +76,11 @@ def read(device) -> dict[str, Any] | None:
     return None
 
 
+def span(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict | None:
+    """What a measurement stores: {before, after} (its first and last reading), or None where neither was read."""
+    return {"before": before, "after": after} if before or after else None
+
+
 def slowdowns(state: Mapping[str, Any] | None) -> list[str]:
     """The throttle reasons of a state that slow the GPU down (not idle, not a clock setting)."""
     return [r for r in (state or {}).get("throttle", []) if r in SLOWDOWNS]
