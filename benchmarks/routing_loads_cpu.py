@@ -53,7 +53,7 @@ def prefill_loads(session: Session, workload: Workload, seed: int = 0) -> list[t
     inputs = synthetic_for_workload(workload, seed=seed).to(session.device, session.torch_dtype)
     with record_routing(session.model) as calls, torch.inference_mode():
         session.prefill(inputs)
-    return list(calls)
+    return [(c.tokens, c.distinct, c.loads) for c in calls]
 
 
 def with_loads(recorded, calls):

@@ -61,7 +61,7 @@ def measure(args) -> dict:
         with record_routing(session.model) as calls, torch.inference_mode():
             for _ in gen:  # the first yield is the prefill's token: every later gate call is a decode step's
                 prefill_calls = len(calls) if prefill_calls is None else prefill_calls
-        seen = [c[1] for c in calls[prefill_calls or 0:]]
+        seen = [c.distinct for c in calls[prefill_calls or 0:]]
         measured = float(np.mean(seen)) if seen else float("nan")
         uniform = float(expected_experts(spec.n_routed_experts, spec.num_experts_per_tok, b))
         rows.append({"batch": b, "measured_distinct_experts": measured, "uniform_expectation": uniform,

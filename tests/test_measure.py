@@ -200,3 +200,41 @@ def test_the_garbage_collector_is_paused_while_a_point_is_timed_and_restored_aft
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+def test_a_flop_pass_that_runs_out_of_memory_is_counted_over_parts_of_the_batch_with_the_same_result(
+        session, monkeypatch):
+    # the reference model's dense SAM bias outgrows the GPU at large batches (54 Large pages ask 49.44 GiB at once)
+    # where the fast engine ran: the pass is split in halves until each part fits, and adds up to the same counts
+    from dsocr_core.measure.stage_stats import counted_flops
+    from dsocr_core.runtime.inputs import synthetic_for_workload
+    from dsocr_core.spec import Workload
+
+    w = Workload(mode="gundam", crops=(2, 1), text_tokens=12, batch=5, decode_steps=2, dtype="float32")
+    inputs = synthetic_for_workload(w, seed=4)
+    whole = counted_flops(session, inputs, "last")
+    real, seen = session.count_stage_flops, []
+
+    def fits_two_rows(inp, **kw):
+        seen.append(inp.batch)
+        if inp.batch > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 49.44 GiB.")
+        return real(inp, **kw)
+
+    monkeypatch.setattr(session, "count_stage_flops", fits_two_rows)
+    parts = counted_flops(session, inputs, "last")
+    assert seen == [5, 3, 2, 1, 2]  # 5 -> 3 + 2, 3 -> 2 + 1
+    assert {k: v for k, v in parts.items() if k != "routing"} == {k: v for k, v in whole.items() if k != "routing"}
+    for phase in ("prefill", "decode"):
+        got, want = parts["routing"][phase], whole["routing"][phase]
+        assert (got["tokens"], got["distinct"], got["loads"]) == (want["tokens"], want["distinct"], want["loads"])
+        assert "in 3 parts of the batch" in got["source"] and "parts" not in want["source"]
+
+    def never_fits(inp, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(session, "count_stage_flops", never_fits)
+    with pytest.raises(torch.OutOfMemoryError):  # one row that does not fit is the point's OOM, as before
+        counted_flops(session, inputs.rows(0, 1), "last")
+    with pytest.raises(ValueError, match="not within the batch"):
+        inputs.rows(3, 7)

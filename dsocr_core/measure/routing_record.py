@@ -10,6 +10,7 @@ point (the `routing` entry of the prefill and decode_step stage results) and rea
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 
@@ -18,18 +19,32 @@ from ..model.decoder import MoEGate
 SOURCE = "FLOP-counting pass (the reference model, the point's inputs)"
 
 
+class GateCall(NamedTuple):
+    """One MoE gate call: the tokens routed, how many distinct experts they reached, the rows each touched expert
+    got (largest first: a grouped GEMM's time follows them, not only their count; fast/plan.py prices each group
+    in whole tiles) and the rows of every expert by id (what merges calls over parts of a batch)."""
+
+    tokens: int
+    distinct: int
+    loads: list[int]
+    by_expert: tuple[int, ...]
+
+
+def gate_call(by_expert) -> GateCall:
+    """The call whose experts got `by_expert` rows each (by id); tokens = rows / k is left to the caller."""
+    loads = sorted((int(c) for c in by_expert if c), reverse=True)
+    return GateCall(0, len(loads), loads, tuple(int(c) for c in by_expert))
+
+
 @contextmanager
 def record_routing(model: torch.nn.Module):
-    """Yields a list that receives (tokens, distinct experts, loads) for every MoE gate call, in call order;
-    loads: the rows each touched expert got, largest first (a grouped GEMM's time follows them, not only their
-    count: fast/plan.py prices each group in whole tiles)."""
-    calls: list[tuple[int, int, list[int]]] = []
+    """Yields a list that receives a GateCall for every MoE gate call, in call order."""
+    calls: list[GateCall] = []
 
-    def hook(_module, _inputs, output):
+    def hook(module, _inputs, output):
         ids = output[1]  # [tokens, k] expert ids
-        counts = torch.bincount(ids.reshape(-1))
-        loads = sorted((int(c) for c in counts.tolist() if c), reverse=True)
-        calls.append((int(ids.shape[0]), len(loads), loads))
+        counts = torch.bincount(ids.reshape(-1), minlength=module.weight.shape[0])
+        calls.append(gate_call(counts.tolist())._replace(tokens=int(ids.shape[0])))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MoEGate)]
     try:
@@ -39,18 +54,33 @@ def record_routing(model: torch.nn.Module):
             h.remove()
 
 
-def routing_records(calls: list[tuple[int, int, list[int]]], moe_layers: int) -> dict[str, dict] | None:
+def merge_parts(parts: list[list[GateCall]]) -> list[GateCall]:
+    """The calls of one pass over a whole batch, from passes over its parts (the same forwards over other rows):
+    each call's tokens and each expert's rows summed over the parts. Rows route independently of each other, so
+    this is what the whole batch routes (up to rounding where a part's kernels round differently)."""
+    if len({len(p) for p in parts}) > 1:
+        raise ValueError(f"the parts made different numbers of gate calls: {[len(p) for p in parts]}")
+    merged = []
+    for calls in zip(*parts):
+        by_expert = [sum(c) for c in zip(*(call.by_expert for call in calls))]
+        merged.append(gate_call(by_expert)._replace(tokens=sum(call.tokens for call in calls)))
+    return merged
+
+
+def routing_records(calls: list[GateCall], moe_layers: int, parts: int = 1) -> dict[str, dict] | None:
     """The calls of one prefill and the decode steps after it, as the stored records: {"prefill": {"tokens",
     "distinct": [per layer], "loads": [[rows per touched expert, largest first] per layer]}, "decode": {"tokens",
-    "distinct": [[per layer] per step], "loads": [[[...] per layer] per step]}}; None without MoE layers
-    or when the calls are not whole forwards (a model with other gates)."""
+    "distinct": [[per layer] per step], "loads": [[[...] per layer] per step]}}, each with its "source" (saying
+    in how many parts of the batch it was recorded, when more than one); None without MoE layers or when the
+    calls are not whole forwards (a model with other gates)."""
     if not moe_layers or not calls or len(calls) % moe_layers:
         return None
     forwards = [calls[i:i + moe_layers] for i in range(0, len(calls), moe_layers)]
     prefill, steps = forwards[0], forwards[1:]
-    out = {"prefill": {"tokens": prefill[0][0], "distinct": [c[1] for c in prefill],
-                       "loads": [c[2] for c in prefill], "source": SOURCE}}
+    source = SOURCE if parts == 1 else f"{SOURCE}, in {parts} parts of the batch, each expert's rows summed"
+    out = {"prefill": {"tokens": prefill[0].tokens, "distinct": [c.distinct for c in prefill],
+                       "loads": [c.loads for c in prefill], "source": source}}
     if steps:
-        out["decode"] = {"tokens": steps[0][0][0], "distinct": [[c[1] for c in s] for s in steps],
-                         "loads": [[c[2] for c in s] for s in steps], "source": SOURCE}
+        out["decode"] = {"tokens": steps[0][0].tokens, "distinct": [[c.distinct for c in s] for s in steps],
+                         "loads": [[c.loads for c in s] for s in steps], "source": source}
     return out

@@ -12,7 +12,7 @@ from ..results.store import stage_stats
 from ..runtime.flops import VISION_STAGES, decode_flops_total
 from ..runtime.generate import Greedy, MemoryTracking
 from ..runtime.timing import StageTimer
-from .routing_record import record_routing, routing_records
+from .routing_record import merge_parts, record_routing, routing_records
 
 
 @dataclass
@@ -53,12 +53,36 @@ def counted_flops(session, inputs, logits: str) -> dict[str, int]:
     """{vision stages (sam, clip or encoder, projector), prefill, decode_first, decode_second}: the model's FLOPs in
     a separate counting pass (two decode steps; longer decodes follow exactly from them, see
     flops.decode_flops_total), and "routing": the experts each MoE layer touched in that pass (routing_record.py;
-    None without MoE layers)."""
-    with record_routing(session.model) as calls:  # the experts each layer touches, recorded on the way
-        out = session.count_stage_flops(inputs, logits=logits, decode_steps=2)
-    first, second = (int(x) for x in out["decode"]["per_step"])
-    return {**{s: int(out[s]["flops"]) for s in (*session.vision_stages, "prefill")}, "decode_first": first,
-            "decode_second": second, "routing": routing_records(calls, len(session.spec.moe_layers))}
+    None without MoE layers).
+
+    The pass runs the reference model, whose SAM writes a dense [views, heads, n, n] bias: at large batches that
+    alone outgrows the GPU (54 Large pages ask for 49.44 GiB at once) where the fast engine just measured ran. So a
+    pass that runs out of memory is run again over the two halves of the batch, and so on: each row's work and
+    routing are its own, so the FLOPs add up exactly and the routing merges expert by expert."""
+    parts = _passes_that_fit(session, inputs, logits)
+    flops = {k: sum(p[0][k] for p in parts) for k in parts[0][0]}
+    calls = merge_parts([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    return {**flops, "routing": routing_records(calls, len(session.spec.moe_layers), parts=len(parts))}
+
+
+def _passes_that_fit(session, inputs, logits: str) -> list[tuple[dict[str, int], list]]:
+    """[(FLOPs, gate calls)] of one counting pass over all rows, or, where that runs out of GPU memory, of passes
+    over the halves (recursively; one row that does not fit is an error)."""
+    try:
+        with record_routing(session.model) as calls:  # the experts each layer touches, recorded on the way
+            out = session.count_stage_flops(inputs, logits=logits, decode_steps=2)
+        first, second = (int(x) for x in out["decode"]["per_step"])
+        flops = {**{s: int(out[s]["flops"]) for s in (*session.vision_stages, "prefill")}, "decode_first": first,
+                 "decode_second": second}
+        return [(flops, list(calls))]
+    except torch.OutOfMemoryError:
+        if inputs.batch == 1:
+            raise
+    # out of the except block, so the failed pass's tensors (held by its traceback) are free again
+    torch.cuda.empty_cache()
+    half = (inputs.batch + 1) // 2
+    return (_passes_that_fit(session, inputs.rows(0, half), logits)
+            + _passes_that_fit(session, inputs.rows(half, inputs.batch), logits))
 
 
 def assemble_stages(runs: list[TimedRun], flops: dict[str, int] | None,

@@ -262,6 +262,15 @@ class PreparedInputs:
                               self.images_seq_mask.to(device), self.images_spatial_crop.to(device), self.mode,
                               list(self.counts), list(self.image_sizes), list(self.prompts), self.synthetic)
 
+    def rows(self, start: int, stop: int) -> "PreparedInputs":
+        """Batch rows start..stop-1 (their padded width kept: each row's work is what it is in the whole batch)."""
+        if not 0 <= start < stop <= self.batch:
+            raise ValueError(f"rows {start}..{stop - 1} are not within the batch of {self.batch}")
+        picked = slice(start, stop)
+        return PreparedInputs(self.input_ids[picked], self.images[picked] if self.images else [],
+                              self.images_seq_mask[picked], self.images_spatial_crop[picked], self.mode,
+                              self.counts[picked], self.image_sizes[picked], self.prompts[picked], self.synthetic)
+
     def summary(self) -> dict:
         """JSON-friendly description (no tensors)."""
         c = self.token_counts
