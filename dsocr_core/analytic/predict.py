@@ -192,7 +192,7 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa",
                "attention.eager", "attention.eager.causal", "attention.sdpa_bias", "attention.split_kv",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.transposed_cat", "memory.gather_rows",
-               "memory.group_rows",
+               "memory.group_rows", "memory.cast",
                "memory.permuted_copy", "memory.permuted_add",
                "bias.broadcast", "bias.strided")
 

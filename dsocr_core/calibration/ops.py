@@ -109,6 +109,9 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             n = nbytes // 4  # bf16 elements: read + write = bytes
             return (lambda: (rnd(n), torch.empty(n, device=dev, dtype=torch.bfloat16)),
                     lambda x: x[1].copy_(x[0]), 2 * n * 2, 1)
+        if what == "cast":  # bf16 -> float32 (the lm_head's logits): read two bytes, write four
+            n = max(nbytes // 6, 1)
+            return lambda: rnd(n), lambda x: x.float(), 6 * n, 1
         if what == "elementwise":
             n = max(nbytes // 6, 1)  # two reads and a write
             return lambda: (rnd(n), rnd(n)), lambda x: torch.add(x[0], x[1]), 2 * n * 2, 1

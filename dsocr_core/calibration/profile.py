@@ -83,7 +83,9 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
-                "gather_rows", "permuted_copy", "permuted_add", "group_rows")
+                "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast")
+# cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles
+# made before it price it on the elementwise table
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
 # of the second strided by rows); profiles made before it price it on the elementwise table. gather_rows: whole
 # rows gathered by an index (index_select), the fast projector's layout; profiles made before it use elementwise

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write, layout,
-                                lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention, sam_mlp,
-                                swiglu, touched_experts, whole)
+                                lm_attention, lm_head, lm_head_and_cast, patch_embed, routed_experts, router,
+                                sam_attention, sam_mlp, swiglu, touched_experts, whole)
 from ..analytic.vision import clip_tokens, sam_patches
 from ..registry import family_of, fast_engine_models
 from ..spec import SpecError
@@ -71,8 +71,11 @@ class FastPlan:
     # its own, none into a GEMM or the attention (docs/accuracy.md, "SAM planned kernel by kernel"). The LM's
     # attention row too: its q/k/v GEMM, RoPE, head split, cache write, SDPA and o_proj run one after another (an
     # H200 trace of prefills of 14,088-53,560 tokens: the kernels took 503-2,006 us per layer, their own rooflines
-    # 507-1,691 us, the row with the credit 312-957 us; docs/accuracy.md, "The LM attention's kernels add up")
-    separate_rows = frozenset({"clip.mlp", "lm.self_attn"})
+    # 507-1,691 us, the row with the credit 312-957 us; docs/accuracy.md, "The LM attention's kernels add up").
+    # The lm_head also: its GEMM, then the cast of its logits to float32 (lm_prefill's .float()), a second kernel
+    # that can start only when the GEMM is done. With every position's logits the cast moves three times the GEMM's
+    # output (54 Large pages: 28 GB after a 12 TFLOP GEMM) and the credit hid it under the GEMM's compute
+    separate_rows = frozenset({"clip.mlp", "lm.self_attn", "lm.lm_head"})
     sam_rows = frozenset(f"sam.{part}.{tag}" for part in ("norm1", "attn", "norm2", "mlp")
                          for tag in ("windowed", "global"))
 
@@ -139,11 +142,11 @@ class FastPlan:
             return Plan(rest_launches=2.0 + (self.o.projector_layout == "per_image"), graph_launches=1.0,
                         graph_starts=1.0)
         if k == "lm.lm_head":
-            head = lm_head(c)
             if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice
+                head = lm_head(c)
                 head.table, head.coords, head.launches = FUSED_GEMV, dict(bytes=head.nbytes), 2.0
                 return Plan([head], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
-            return Plan([head], rest_launches=1.0)  # .float()
+            return lm_head_and_cast(c)
         raise KeyError(k)
 
     # ---------------------------------------------------------------------------------------------- vision

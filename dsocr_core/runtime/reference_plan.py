@@ -19,8 +19,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ..analytic.kernels import (EVERY_ROW, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write,
-                                layout, lm_attention, lm_head, patch_embed, routed_experts, router, sam_attention,
-                                sam_mlp, swiglu, whole)
+                                layout, lm_attention, lm_head_and_cast, patch_embed, routed_experts, router,
+                                sam_attention, sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
 
 # RoPE tables (model/decoder.py rope_cos_sin, once per LM call): positions and frequency aranges, /dim, theta **,
@@ -80,7 +80,7 @@ class ReferencePlan:
             scatter = np.where(np.asarray(c.img) > 0, 1.0, 0.0)
             return Plan(rest_launches=1 + scatter * (2 * c.b + 1) + PREFILL_OPS, syncs=scatter * c.b)
         if k == "lm.lm_head":
-            return Plan([lm_head(c)], rest_launches=1.0)  # .float()
+            return lm_head_and_cast(c)
         raise KeyError(k)
 
 
