@@ -145,6 +145,39 @@ def test_one_row_by_hand():
     assert out["predicted_host_s"] == pytest.approx(2.0 - (roof + kernel + 4e-6), rel=1e-9)
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_the_lm_heads_cast_to_float32_is_a_kernel_of_its_own_timed_on_the_cast_table(engine):
+    """Both engines run the lm_head's GEMM, then .float() of its logits: a second kernel (two bytes read, four
+    written per logit) after the GEMM, priced on memory.cast and added to the GEMM's time, not hidden under its
+    compute; a profile without the table prices it on memory.elementwise and says so."""
+    spec = ModelSpec()
+    pts = Points.from_workload(Workload(mode="large", text_tokens=256, batch=54, logits="all"))
+    (row,) = [r for r in prefill_rows(spec, pts) if r.kind == "lm.lm_head"]
+    rows = 54 * (256 + 421)  # every prompt position's logits
+    cells = rows * spec.vocab_size
+
+    def predicted(cast_eff, drop_cast=False):
+        d = _profile(kind="cuda").to_dict()
+        d["tables"]["memory.cast"]["efficiency"] = [cast_eff]
+        if drop_cast:
+            del d["tables"]["memory.cast"]
+        pred = Predictor(Prediction(profile_from_dict(d), EngineSpec.of(engine)))
+        plan = pred.plan.plan(Call(row.kind, row.cost, row.ctx[0], "", None))
+        return float(np.asarray(pred.row(row)["predicted_s"]).reshape(-1)[0]), plan, pred.prediction.notes
+
+    at_one, plan, notes = predicted(1.0)
+    assert [k.table for k in plan.kernels] == ["gemm", "memory.cast"] and not any("memory.cast" in n for n in notes)
+    assert np.asarray(plan.kernels[1].nbytes).item() == cells * 6 and np.asarray(plan.rest_launches).item() == 0.0
+    gemm_s = max(2 * rows * spec.hidden_size * spec.vocab_size / H200.peak_flops,
+                 (rows * spec.hidden_size + spec.vocab_size * spec.hidden_size + cells) * 2 / H200.bandwidth)
+    # at efficiency 1 the kernels' own times add up: the GEMM's compute, then the cast's traffic
+    assert at_one == pytest.approx(gemm_s + cells * 6 / H200.bandwidth, rel=1e-9)
+    assert predicted(0.5)[0] == pytest.approx(at_one + cells * 6 / H200.bandwidth, rel=1e-9)
+    fallback, _, notes = predicted(0.5, drop_cast=True)
+    assert fallback == pytest.approx(at_one, rel=1e-9)  # the uniform profile's elementwise table, efficiency 1
+    assert "memory.cast (bfloat16) timed with table memory.elementwise: the profile has no memory.cast" in notes
+
+
 def test_eager_ops_are_priced_at_their_kinds_host_cost():
     """A profile measuring the host cost per kind of eager op (GEMM, attention, other launching ops, views) prices
     each op at its kind's cost; a kind it did not measure costs the mix's mean (host_op_s), so a profile made
