@@ -77,6 +77,8 @@ ACCURACY = {
             "h200_prediction_accuracy_random64_fast_2026-11-27.json", None),
         "H100 random, seed 65, GPU state recorded, held out": (
             "h100_prediction_accuracy_random65_fast_2026-11-27.json", None),
+        "H100 random, seed 66, no order check, held out": (
+            "h100_prediction_accuracy_random66_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
