@@ -38,7 +38,8 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "(batch 1-33) is within 5.2% (median, max 8.7%)")
 PROJECTOR = ("the projector (0.015-0.3 ms) is predicted within 2-12% (median) on the H100 sets of 2026-11-27 since "
              "the graph's start is charged (3.3-11.7% on the held-out sets, up to -40% on single points; one host "
-             "stall made a point 9x slower), "
+             "stall made a point 9x slower), except on machines where the stage runs 10-23 us longer (the latest "
+             "H100 set: 20% under; Large at batch 3 took 53 us there, 30-32 us on four other H100s, predicted 30), "
              "10% under (median, up to 45%) on the H200 since its profile has that cost and a table for the "
              "projector's transposed concatenation (about 50% under before); at larger batches the stage can run tens of us longer inside its CUDA "
              "graph than its kernels do outside it")
