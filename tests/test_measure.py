@@ -238,3 +238,26 @@ def test_a_flop_pass_that_runs_out_of_memory_is_counted_over_parts_of_the_batch_
         counted_flops(session, inputs.rows(0, 1), "last")
     with pytest.raises(ValueError, match="not within the batch"):
         inputs.rows(3, 7)
+
+
+def test_a_sweep_point_whose_flop_pass_does_not_fit_is_stored_done_with_its_routing_counted_in_parts(
+        session, tmp_path, monkeypatch):
+    # end to end: the timed repeats ran, the counting pass runs out of memory over the whole batch; the point is
+    # kept (not recorded as oom) with the same FLOPs, and its routing records say they were counted in parts
+    store = RunStore(tmp_path / "runs.sqlite")
+    w = sweep_workloads(["base"], [(1, 1)], [12], [4], [2], dtype="float32")
+    whole = store.points(run_sweep(session, store, w, repeats=1, order_check=False))
+    real = session.count_stage_flops
+
+    def fits_one_row(inp, **kw):
+        if inp.batch > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 49.44 GiB.")
+        return real(inp, **kw)
+
+    monkeypatch.setattr(session, "count_stage_flops", fits_one_row)
+    run_id = run_sweep(session, store, w, repeats=1, order_check=False)
+    assert store.get_run(run_id)["n_done"] == 1
+    parts = store.points(run_id)
+    assert parts.set_index("stage").flops.to_dict() == whole.set_index("stage").flops.to_dict()
+    routing = parts.set_index("stage").loc["prefill", "stage_extra"]["routing"]
+    assert routing["tokens"] == 4 * whole.iloc[0]["sequence"] and "in 4 parts of the batch" in routing["source"]
