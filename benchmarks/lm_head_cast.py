@@ -61,11 +61,8 @@ def predicted(profile_path: str, rows: int) -> dict[str, float]:
     spec = ModelSpec()
     pred = Predictor(Prediction(load_profile(profile_path), EngineSpec.of("fast")))
     plan = lm_head_and_cast(Call("lm.lm_head", None, {"spec": spec, "dt": 2, "logit_rows": rows}, "", None))
-    out = {}
-    for name, k in zip(("gemm_s", "cast_s"), plan.kernels):
-        own = max(float(k.flops) / pred.P, float(k.nbytes) / pred.W)
-        out[name] = own + float(pred._excess(k, "bfloat16")) + pred.per_launch
-    out["tables"] = [pred._table(k.table, "bfloat16")[0].name for k in plan.kernels]
+    out = {name: float(pred.kernel_s(k, "bfloat16")) for name, k in zip(("gemm_s", "cast_s"), plan.kernels)}
+    out["tables"] = [pred.table_name(k.table, "bfloat16") for k in plan.kernels]
     return out
 
 

@@ -230,6 +230,21 @@ def test_a_flop_pass_that_runs_out_of_memory_is_counted_over_parts_of_the_batch_
         assert (got["tokens"], got["distinct"], got["loads"]) == (want["tokens"], want["distinct"], want["loads"])
         assert "in 3 parts of the batch" in got["source"] and "parts" not in want["source"]
 
+    def wrapped(inp, **kw):  # what a compiler or a CUDA error hands on: still an out-of-memory (runtime/oom.py)
+        if inp.batch > 2:
+            raise RuntimeError("CUDA error: out of memory")
+        return real(inp, **kw)
+
+    monkeypatch.setattr(session, "count_stage_flops", wrapped)
+    assert counted_flops(session, inputs, "last") == parts
+
+    def other_error(inp, **kw):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(session, "count_stage_flops", other_error)
+    with pytest.raises(RuntimeError, match="kernel exploded"):  # any other error is the point's error, unsplit
+        counted_flops(session, inputs, "last")
+
     def never_fits(inp, **kw):
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
@@ -261,3 +276,14 @@ def test_a_sweep_point_whose_flop_pass_does_not_fit_is_stored_done_with_its_rout
     assert parts.set_index("stage").flops.to_dict() == whole.set_index("stage").flops.to_dict()
     routing = parts.set_index("stage").loc["prefill", "stage_extra"]["routing"]
     assert routing["tokens"] == 4 * whole.iloc[0]["sequence"] and "in 4 parts of the batch" in routing["source"]
+
+
+def test_routing_parts_that_made_different_calls_are_refused():
+    from dsocr_core.measure.routing_record import gate_call, merge_parts
+
+    a = [gate_call([2, 0, 1])._replace(tokens=3)]
+    merged = merge_parts([a, [gate_call([0, 1, 1])._replace(tokens=2)]])
+    assert merged[0].by_expert == (2, 1, 2) and merged[0].tokens == 5 and merged[0].distinct == 3
+    assert merged[0].loads == [2, 2, 1]
+    with pytest.raises(ValueError, match="different numbers of gate calls"):
+        merge_parts([a, a + a])

@@ -178,6 +178,18 @@ def test_the_lm_heads_cast_to_float32_is_a_kernel_of_its_own_timed_on_the_cast_t
     assert "memory.cast (bfloat16) timed with table memory.elementwise: the profile has no memory.cast" in notes
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_float32_logits_need_no_cast_and_leave_no_remainder(engine):
+    """.float() of float32 logits is the tensor itself: no kernel planned and no bytes counted for it."""
+    spec = ModelSpec()
+    pts = Points.from_workload(Workload(mode="base", text_tokens=30, batch=2, logits="all", dtype="float32"))
+    (row,) = [r for r in prefill_rows(spec, pts) if r.kind == "lm.lm_head"]
+    pred = Predictor(Prediction(_profile(kind="cuda"), EngineSpec.of(engine)))
+    plan = pred.plan.plan(Call(row.kind, row.cost, row.ctx[0], "", None))
+    assert [k.table for k in plan.kernels] == ["gemm"] and np.asarray(plan.rest_launches).item() == 0.0
+    assert np.asarray(row.cost.bytes).item() == pytest.approx(np.asarray(plan.kernels[0].nbytes).item())
+
+
 def test_eager_ops_are_priced_at_their_kinds_host_cost():
     """A profile measuring the host cost per kind of eager op (GEMM, attention, other launching ops, views) prices
     each op at its kind's cost; a kind it did not measure costs the mix's mean (host_op_s), so a profile made

@@ -171,11 +171,12 @@ def lm_rows(spec: ModelSpec, b, sq, n, img, logit_rows, attn: str, dt: int, para
     rows.append((stage, "lm.norm", ("model.norm",), rms_norm(t, h, dt)))
     v = s.vocab_size
     head = 2 * logit_rows * h * v  # lm_head on the positions that get logits
+    cast = dt < FP32  # .float() copies the logits to float32; on float32 logits it is the tensor itself
     rows.append((stage, "lm.lm_head", ("lm_head",), Cost(
         tensor_flops=head, tensor_flops_causal=head,
         weight_bytes=v * h * dt,
-        act_read=logit_rows * h * dt + logit_rows * v * dt,  # hidden states; dt logits read by .float()
-        act_write=logit_rows * v * (dt + FP32),  # dt logits, fp32 logits
-        peak_activation=logit_rows * (h * dt + v * (dt + FP32)),  # input, dt and fp32 logits
+        act_read=logit_rows * h * dt + cast * logit_rows * v * dt,  # hidden states; dt logits read by .float()
+        act_write=logit_rows * v * (dt + cast * FP32),  # dt logits, fp32 logits
+        peak_activation=logit_rows * (h * dt + v * (dt + cast * FP32)),  # input, dt and fp32 logits
         weight_memory=v * h * dt)))
     return rows

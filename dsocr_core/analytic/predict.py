@@ -274,6 +274,16 @@ class Predictor:
                                       "roofline)")
         return np.minimum(eff, 1.0)
 
+    def kernel_s(self, k: Kernel, dtype: str):
+        """One planned kernel's device time on its own: its roofline at its table's efficiency plus its launches
+        (what a benchmark timing that kernel alone compares with)."""
+        own = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)
+        return own + self._excess(k, dtype) + np.asarray(k.launches, dtype=float) * self.per_launch
+
+    def table_name(self, name: str, dtype: str) -> str:
+        """The profile's table that times kernel kind `name` (itself, or the fallback the prediction notes)."""
+        return self._table(name, dtype)[0].name
+
     def _excess(self, k: Kernel, dtype: str):
         share = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)
         if self.engine_work:

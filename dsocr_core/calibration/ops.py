@@ -111,7 +111,7 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
                     lambda x: x[1].copy_(x[0]), 2 * n * 2, 1)
         if what == "cast":  # bf16 -> float32 (the lm_head's logits): read two bytes, write four
             n = max(nbytes // 6, 1)
-            return lambda: rnd(n), lambda x: x.float(), 6 * n, 1
+            return lambda: rnd(n), lambda x: x.float(), 2 * n, 1  # an input set: one bf16 tensor
         if what == "elementwise":
             n = max(nbytes // 6, 1)  # two reads and a write
             return lambda: (rnd(n), rnd(n)), lambda x: torch.add(x[0], x[1]), 2 * n * 2, 1

@@ -11,6 +11,7 @@ import torch
 from ..results.store import stage_stats
 from ..runtime.flops import VISION_STAGES, decode_flops_total
 from ..runtime.generate import Greedy, MemoryTracking
+from ..runtime.oom import out_of_memory
 from ..runtime.timing import StageTimer
 from .routing_record import merge_parts, record_routing, routing_records
 
@@ -75,11 +76,12 @@ def _passes_that_fit(session, inputs, logits: str) -> list[tuple[dict[str, int],
         flops = {**{s: int(out[s]["flops"]) for s in (*session.vision_stages, "prefill")}, "decode_first": first,
                  "decode_second": second}
         return [(flops, list(calls))]
-    except torch.OutOfMemoryError:
-        if inputs.batch == 1:
+    except Exception as exc:  # noqa: BLE001 - torch's error, or one that wraps it or says so (runtime/oom.py)
+        if inputs.batch == 1 or not out_of_memory(exc):
             raise
-    # out of the except block, so the failed pass's tensors (held by its traceback) are free again
-    torch.cuda.empty_cache()
+    from .sweep import free_memory  # (the sweep imports this module)
+
+    free_memory(session.device)  # out of the except block: the traceback has let go of the failed pass's tensors
     half = (inputs.batch + 1) // 2
     return (_passes_that_fit(session, inputs.rows(0, half), logits)
             + _passes_that_fit(session, inputs.rows(half, inputs.batch), logits))
