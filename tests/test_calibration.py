@@ -522,3 +522,21 @@ def test_dense_bias_ops_run_what_sam_runs_and_are_calibrated():
     assert {"bias.broadcast", "bias.strided"} <= set(prof.tables)
     for t in (prof.table("bias.broadcast"), prof.table("bias.strided")):
         assert t.axes == ("bh", "side") and t.measured.all() and np.all(t.efficiency > 0)
+
+
+def test_the_time_limit_keeps_room_for_the_order_checks_repeat_of_the_first_point(monkeypatch):
+    mod = load_benchmark("prediction_accuracy")
+    now = [100.0]
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: now[0])
+    limit = mod.TimeLimit(60.0, t0=100.0)
+    limit.new_sweep()
+    now[0] = 120.0
+    limit.progress(1, 8, None, "done")  # the first point took 20 s
+    now[0] = 139.0
+    assert not limit()  # 21 s left: room for the repeat
+    now[0] = 141.0
+    assert limit()  # 19 s left: no new point, no order check
+    limit.new_sweep()  # the next mode's sweep: its own first point
+    assert not limit() and limit.first_s == 0.0
+    limit.progress(1, 8, None, "skipped")  # a resumed point took no time
+    assert limit.first_s == 0.0

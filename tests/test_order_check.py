@@ -142,6 +142,9 @@ def test_the_check_is_skippable_and_a_stopped_or_one_point_run_has_none(session,
     assert "order_check" not in store.get_run(one)["meta"]  # nothing ran after the first point
     stopped = run_sweep(session, store, two_points(), repeats=1, should_stop=iter([False, True]).__next__)
     assert "order_check" not in store.get_run(stopped)["meta"]
+    # a stop that comes after the last point (a time limit with no room for the repeat) also skips the check
+    late = run_sweep(session, store, two_points(), repeats=1, should_stop=iter([False, False, True]).__next__)
+    assert store.get_run(late)["n_done"] == 2 and "order_check" not in store.get_run(late)["meta"]
     code = main(["measure", "--synthetic", "tiny", "--device", "cpu", "--dtype", "float32", "--modes", "tiny",
                  "--text-tokens", "10,30", "--decode-steps", "2", "--repeats", "1", "--no-order-check",
                  "--store", str(tmp_path / "cli.sqlite")])

@@ -187,9 +187,10 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
               meta: dict | None = None, kind: str = "sweep", order_check: bool = True) -> str:
     """Measure every workload not yet finished in `run_id` (a new run when None). Returns the run id.
 
-    `should_stop` is polled between points (the app's stop button); an interrupt leaves every finished point
-    in the store. `order_check`: once every point is measured, the run's first point is measured again and the
-    comparison stored in the run's meta["order_check"] (see recheck_first; progress reports status "recheck").
+    `should_stop` is polled between points (the app's stop button, a time limit) and once more before the order
+    check; an interrupt leaves every finished point in the store. `order_check`: once every point is measured, the
+    run's first point is measured again and the comparison stored in the run's meta["order_check"] (see
+    recheck_first; progress reports status "recheck"); a stopped run has none.
     A caller measuring point by point (the dashboard) passes order_check=False and calls recheck_first at the end."""
     from .environment import capture_environment
 
@@ -225,6 +226,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
                 store.put_point(run_id, workload, status, message)
             if progress:
                 progress(i, total, workload, status)
+        stopped = stopped or (should_stop is not None and should_stop())  # e.g. no time left for the repeat
         if order_check and not stopped:
             announce = (lambda w: progress(total, total, w, "recheck")) if progress else None
             recheck_first(session, store, run_id, repeats, warmup, seed, announce)
