@@ -339,3 +339,22 @@ def test_every_pixel_limit_refusal_is_worded_the_same():
     assert "9 megapixels is over the 1-megapixel limit" in str(ours.excinfo.value)
     assert re.fullmatch(pattern, str(pillow.value)), str(pillow.value)
     assert "100 megapixels is over the 89-megapixel limit" in str(pillow.value)
+
+
+def test_rows_of_a_batch_keep_every_field_of_those_rows():
+    # a counting pass that does not fit runs over parts of the batch (measure/stage_stats.counted_flops)
+    from dsocr_core.runtime.inputs import prepare_inputs
+
+    pages = [Image.new("RGB", (1024, 768), c) for c in ("white", "gray", "black")]
+    full = prepare_inputs(pages, "<image>\nFree OCR.", mode="gundam")
+    part = full.rows(1, 3)
+    assert part.batch == 2 and part.seq_len == full.seq_len and part.mode == full.mode
+    assert torch.equal(part.input_ids, full.input_ids[1:3])
+    assert torch.equal(part.images_seq_mask, full.images_seq_mask[1:3])
+    assert torch.equal(part.images_spatial_crop, full.images_spatial_crop[1:3])
+    assert all(torch.equal(a, b) and torch.equal(c, d)
+               for (a, c), (b, d) in zip(part.images, full.images[1:3]))
+    assert part.counts == full.counts[1:3] and part.image_sizes == full.image_sizes[1:3]
+    assert part.prompts == full.prompts[1:3] and part.synthetic == full.synthetic
+    with pytest.raises(ValueError, match="not within the batch"):
+        full.rows(2, 2)
