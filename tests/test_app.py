@@ -256,6 +256,9 @@ def test_analytic_tables_capacity_and_downloads(no_reference):
     open_tab(at, "an_tab", "Capacity")
     labels = {m.label for m in at.metric}
     assert {"TTFT", "TPOT", "Pages / day"} <= labels
+    # the memory is the model's as written, not the fast engine's: the page says so
+    assert any("Memory and fits: the weights" in c.value and "fast engine's footprint differs" in c.value
+               for c in at.caption)
     assert len(at.dataframe) == 1  # what a GPU needs for the targets
     downloads += len(open_tab(at, "an_tab", "Download").get("download_button"))
     assert downloads >= 3

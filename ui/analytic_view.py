@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dsocr_core.analytic.capacity import MEMORY_SCOPE
 from dsocr_core.spec import SpecError
 
 from . import analytic as an
@@ -219,7 +220,8 @@ def _capacity(v: View) -> None:
             m[2].metric("Predicted request", f"{cap['predicted_request_s']:,.2f} s")
             m[3].metric("Predicted pages / day", f"{cap['predicted_pages_per_day']:,.0f}")
     st.caption("TTFT, TPOT, request and pages/day above: roofline bounds on each configuration's hardware."
-               + (" Predicted: the time model of the chosen profile, for the profile's device." if v.pkey else ""))
+               + (" Predicted: the time model of the chosen profile, for the profile's device." if v.pkey else "")
+               + f" {MEMORY_SCOPE[0].upper()}{MEMORY_SCOPE[1:]}.")
     st.caption(v.pred_note)
     if ttft_target > 0 or tpot_target > 0:
         st.markdown("**What a GPU needs to meet the targets**")

@@ -8,6 +8,8 @@ Definitions (batch B rows, N = decode steps = output tokens per page):
   request_s     ttft_s + N * tpot_s: one batch of B pages from pixels to the last token
   pages_per_s   B / request_s per GPU, batches back to back (no overlap of prefill and decode)
   memory_bytes  all weights + final KV cache + the peak activation set; fits = memory_bytes <= GPU memory
+
+The memory is the model's as written, whatever the session mode (MEMORY_SCOPE says so wherever it is shown).
 """
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ from .points import Points
 from .stages import aggregate, decode_step_rows, evaluate
 
 SECONDS_PER_DAY = 86_400
+# what memory_bytes and fits describe, in words for the pages and the CLI: the analytic memory is the reference
+# model's (its dense SAM bias: 53.6 GiB of SAM activations at 54 Large pages), not the fast engine's, whose footprint
+# was measured at 36 GiB in all for that batch on an H100 (docs/accuracy.md)
+MEMORY_SCOPE = ("memory and fits: the weights, the final KV cache and the largest activation set of the model as "
+                "written (the reference session mode: SAM's dense attention bias included); the fast engine's "
+                "footprint differs (no dense bias, a static cache with room for 1,024 more tokens, its CUDA graphs' "
+                "pools): its measured peaks per stage are on the Measured sweep page")
 
 
 def _tpot_parts(spec: ModelSpec, pts: Points, stages: dict, hw: Hardware | None, key: str = "time_s"):

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 from pydantic import ValidationError
 
+from ..analytic.capacity import MEMORY_SCOPE
 from ..engines import ENGINES, EngineSpec, options_help, parse_options
 from ..registry import DEFAULT_MODEL, FAMILIES, get_family
 from ..spec import DecoderSpec, SpecError, Workload
@@ -175,7 +176,7 @@ def _print_tables(result: dict, per_module: bool) -> None:
     if cap:
         print(f"TTFT {cap['ttft_s'] * 1e3:,.3f} ms, TPOT {cap['tpot_s'] * 1e3:,.4f} ms, "
               f"{cap['pages_per_s']:,.2f} pages/s = {cap['pages_per_day']:,.0f} pages/day per GPU, "
-              f"memory {cap['memory_bytes'] / 1e9:,.2f} GB ({'fits' if cap['fits'] else 'does NOT fit'})")
+              f"memory {cap['memory_bytes'] / 1e9:,.2f} GB ({'fits' if cap['fits'] else 'does NOT fit'}; {MEMORY_SCOPE})")
     if pred:
         print(f"predicted ({pred['engine_label']} mode, {pred['label']}, routing {pred['routing']}): TTFT "
               f"{cap['predicted_ttft_s'] * 1e3:,.3f} ms, TPOT {cap['predicted_tpot_s'] * 1e3:,.4f} ms, "
