@@ -293,3 +293,49 @@ def test_a_stage_that_stops_being_predicted_is_a_breach():
     assert exceeded(ok, {"sam": (0.05, 0.1)}, MARGIN) == []
     assert "median error 6.5%" in exceeded({"sam": {"median_abs": 0.065, "max_abs": 0.1}}, {"sam": (0.05, 0.1)},
                                            MARGIN)[0]
+
+
+# ------------------------------------------------------------------------- profiles derived from the other GPU's
+DERIVED_TITLE = "**Profiles derived for a GPU they were not measured on"
+DERIVED_STAGES = {"TTFT": "ttft", "TPOT": "tpot", "decode": "decode", "LM prefill": "prefill", "SAM": "sam",
+                  "CLIP": "clip", "vision": "vision", "projector": "projector"}
+
+
+def derived_ranges() -> dict[str, dict[str, float]]:
+    """{"H100" | "H200": {stage: the largest set median the docs state now}} from the derived profiles' table: its
+    cells read "before / now", each a range over the sets."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(DERIVED_TITLE))
+    rows = [line for line in lines[start:start + 40] if line.startswith("| ") and line.split("|")[1].strip()
+            in DERIVED_STAGES]
+    out: dict[str, dict[str, float]] = {"H100": {}, "H200": {}}
+    for row in rows:
+        stage, *cells = [c.strip() for c in row.strip("|").split("|")]
+        for gpu, cell in zip(("H100", "H200"), cells):
+            now = cell.split(" / ")[1]
+            out[gpu][DERIVED_STAGES[stage]] = float(re.search(r"[\d.]+-([\d.]+)%", now).group(1)) / 100
+    return out
+
+
+def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_ranges():
+    """Each GPU's random sets predicted with the profile derived from the other GPU's (the shipped
+    h100_from_h200.json; an H200 profile derived from h100.json here): no set's median may grow past the largest
+    one the docs state (plus the margin)."""
+    from dsocr_core.calibration.derive import derive_profile
+
+    profiles = {"H100": load_profile(ROOT / "data" / "profiles" / "h100_from_h200.json"),
+                "H200": derive_profile(load_profile(ROOT / "data" / "profiles" / "h100.json"), "h200")}
+    stated_now = derived_ranges()
+    breaches = []
+    for gpu, prof in profiles.items():
+        assert prof.derived
+        sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
+                if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
+        assert len(sets) == {"H100": 14, "H200": 6}[gpu]  # the table's header
+        for column, file, keep in sets:
+            summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
+            for stage, limit in stated_now[gpu].items():
+                got = summary[stage]["median_abs"]
+                if got > limit + MARGIN:
+                    breaches.append(f"{gpu} {column}: {stage} median {got:.1%} > stated {limit:.1%} + 1 point")
+    assert not breaches, "\n".join(breaches)
