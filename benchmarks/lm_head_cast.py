@@ -1,6 +1,6 @@
 """The lm_head of a prefill, kernel by kernel: its GEMM [rows, 1280] x [1280, 129,280] and the cast of its logits to
-float32 (`.float()`, what both engines run after it), timed with CUDA events (median of 7 after 2 warm-ups), beside
-the time model's price of each kernel under a calibration profile.
+float32 (`.float()`, what both engines run after it), timed with CUDA events (median of 7 after 3 warm-ups:
+grouped_gemm_steps.median_s), beside the time model's price of each kernel under a calibration profile.
 
 Why: with every prompt position's logits (the measure command's and the vendor's default) the fast LM prefill was
 under-predicted by 12-20%; the plan hid the cast under the GEMM's compute and priced it as an elementwise add. On an
@@ -14,39 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from grouped_gemm_steps import median_s  # noqa: E402
 
 HIDDEN, VOCAB = 1280, 129280  # DeepSeek-OCR's LM (spec.ModelSpec)
 DEFAULT_ROWS = "54,703,5000,14088,36558"  # a batch's last positions; one page's prompt; up to 54 Large pages
-
-
-def timed(fn, device: torch.device, repeats: int = 7) -> float:
-    """Median seconds of fn() over `repeats` after two warm-ups (CUDA events on a GPU)."""
-    for _ in range(2):
-        fn()
-    out = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize(device)
-            out.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+REPEATS = 7
 
 
 def predicted(profile_path: str, rows: int) -> dict[str, float]:
@@ -82,8 +62,9 @@ def main(argv: list[str] | None = None) -> dict:
     for m in (int(r) for r in args.rows.split(",") if r.strip()):
         x = torch.randn(m, HIDDEN, device=device, dtype=dtype)
         y = F.linear(x, w)
-        row = {"rows": m, "gemm_s": timed(lambda: F.linear(x, w), device), "cast_s": timed(lambda: y.float(), device),
-               "both_s": timed(lambda: F.linear(x, w).float(), device)}
+        row = {"rows": m, "gemm_s": median_s(lambda: F.linear(x, w), REPEATS, device),
+               "cast_s": median_s(lambda: y.float(), REPEATS, device),
+               "both_s": median_s(lambda: F.linear(x, w).float(), REPEATS, device)}
         row["cast_tb_s"] = m * VOCAB * 6 / row["cast_s"] / 1e12
         if args.profile:
             row["predicted"] = predicted(args.profile, m)

@@ -281,8 +281,8 @@ def test_a_sweep_point_whose_flop_pass_does_not_fit_is_stored_done_with_its_rout
 def test_routing_parts_that_made_different_calls_are_refused():
     from dsocr_core.measure.routing_record import gate_call, merge_parts
 
-    a = [gate_call([2, 0, 1])._replace(tokens=3)]
-    merged = merge_parts([a, [gate_call([0, 1, 1])._replace(tokens=2)]])
+    a = [gate_call(3, [2, 0, 1])]
+    merged = merge_parts([a, [gate_call(2, [0, 1, 1])]])
     assert merged[0].by_expert == (2, 1, 2) and merged[0].tokens == 5 and merged[0].distinct == 3
     assert merged[0].loads == [2, 2, 1]
     with pytest.raises(ValueError, match="different numbers of gate calls"):

@@ -30,10 +30,10 @@ class GateCall(NamedTuple):
     by_expert: tuple[int, ...]
 
 
-def gate_call(by_expert) -> GateCall:
-    """The call whose experts got `by_expert` rows each (by id); tokens = rows / k is left to the caller."""
+def gate_call(tokens: int, by_expert) -> GateCall:
+    """The call of `tokens` tokens whose experts got `by_expert` rows each (by id)."""
     loads = sorted((int(c) for c in by_expert if c), reverse=True)
-    return GateCall(0, len(loads), loads, tuple(int(c) for c in by_expert))
+    return GateCall(int(tokens), len(loads), loads, tuple(int(c) for c in by_expert))
 
 
 @contextmanager
@@ -44,7 +44,7 @@ def record_routing(model: torch.nn.Module):
     def hook(module, _inputs, output):
         ids = output[1]  # [tokens, k] expert ids
         counts = torch.bincount(ids.reshape(-1), minlength=module.weight.shape[0])
-        calls.append(gate_call(counts.tolist())._replace(tokens=int(ids.shape[0])))
+        calls.append(gate_call(ids.shape[0], counts.tolist()))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MoEGate)]
     try:
@@ -63,7 +63,7 @@ def merge_parts(parts: list[list[GateCall]]) -> list[GateCall]:
     merged = []
     for calls in zip(*parts):
         by_expert = [sum(c) for c in zip(*(call.by_expert for call in calls))]
-        merged.append(gate_call(by_expert)._replace(tokens=sum(call.tokens for call in calls)))
+        merged.append(gate_call(sum(call.tokens for call in calls), by_expert))
     return merged
 
 

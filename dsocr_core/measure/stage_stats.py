@@ -62,7 +62,7 @@ def counted_flops(session, inputs, logits: str) -> dict[str, int]:
     routing are its own, so the FLOPs add up exactly and the routing merges expert by expert."""
     parts = _passes_that_fit(session, inputs, logits)
     flops = {k: sum(p[0][k] for p in parts) for k in parts[0][0]}
-    calls = merge_parts([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    calls = merge_parts([p[1] for p in parts])  # one part: its calls as they are
     return {**flops, "routing": routing_records(calls, len(session.spec.moe_layers), parts=len(parts))}
 
 

@@ -86,13 +86,15 @@ def slowdowns(state: Mapping[str, Any] | None) -> list[str]:
     return [r for r in (state or {}).get("throttle", []) if r in SLOWDOWNS]
 
 
-def describe(state: Mapping[str, Any] | None) -> str:
-    """'SM 1,980 MHz, 412 W, 41 C' (+ ', slowed by software power cap'), or 'GPU state unknown'."""
+def describe(state: Mapping[str, Any] | None, start_clock_mhz: float | None = None) -> str:
+    """'SM 1,980 MHz, 412 W, 41 C' (+ ', slowed by software power cap'), or 'GPU state unknown'; with the SM clock
+    an earlier reading had, 'SM 1,980 -> 1,935 MHz, ...'."""
     if not state:
         return "GPU state unknown"
     parts = []
     if state.get("sm_clock_mhz") is not None:
-        parts.append(f"SM {state['sm_clock_mhz']:,.0f} MHz")
+        start = f"{start_clock_mhz:,.0f} -> " if start_clock_mhz is not None else ""
+        parts.append(f"SM {start}{state['sm_clock_mhz']:,.0f} MHz")
     if state.get("power_w") is not None:
         parts.append(f"{state['power_w']:.0f} W")
     if state.get("temperature_c") is not None:
@@ -113,9 +115,4 @@ def point_text(recorded: Mapping[str, Any] | None) -> str | None:
     end = after or before
     if not end:
         return None
-    text = describe(end)
-    start_clock = (before or {}).get("sm_clock_mhz")
-    if after and start_clock is not None and after.get("sm_clock_mhz") is not None:
-        text = text.replace(f"SM {after['sm_clock_mhz']:,.0f} MHz",
-                            f"SM {start_clock:,.0f} -> {after['sm_clock_mhz']:,.0f} MHz", 1)
-    return text
+    return describe(end, (before or {}).get("sm_clock_mhz") if after else None)
