@@ -59,3 +59,32 @@ def test_the_host_cost_of_the_models_own_ops_is_measured_per_stage():
     costs = host_costs_by_stage("cuda", spec=tiny_spec(), repeats=2, mode="tiny", grid=(1, 1))
     assert set(costs) == set(HOST_COST_STAGES)
     assert all(1e-6 < v < 1e-3 for v in costs.values()), costs
+
+
+def test_the_fused_steps_lm_head_table_is_measured_with_the_engines_kernel():
+    """memory.fused_lm_head times the fused batch-1 step's own lm_head kernel (fast/decode_kernels.py) by the bytes
+    the plan counts; every entry of its grid is measured (1 MB to 512 MB of weight) and none runs faster than the
+    bandwidth allows."""
+    from dsocr_core.calibration.microbench import run_microbench
+    from dsocr_core.calibration.ops import FUSED_WIDTH, kernel_op
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    make, run, nbytes, kernels = kernel_op("memory.fused_lm_head", {"bytes": 129280 * FUSED_WIDTH * 2}, "cuda", 64)
+    run(make())
+    torch.cuda.synchronize()
+    assert kernels == 1 and nbytes == (129280 * FUSED_WIDTH + 2 * FUSED_WIDTH + 129280) * 2
+    prof = run_microbench("cuda", quick=False, budget_s=60, tables=["memory.fused_lm_head"],
+                          add_to=_shipped_profile())
+    t = prof.table("memory.fused_lm_head")
+    assert t is not None and t.measured.all()
+    assert ((t.efficiency > 0) & (t.efficiency <= 1.0)).all(), t.efficiency
+
+
+def _shipped_profile():
+    from pathlib import Path
+
+    from dsocr_core.calibration.profile import load_profile
+
+    name = "h200.json" if "H200" in torch.cuda.get_device_name() else "h100.json"
+    return load_profile(Path(__file__).resolve().parents[1] / "data" / "profiles" / name)

@@ -7,7 +7,8 @@ from dsocr_core.cli import main
 from dsocr_core.results.analytic_join import compare_run, summarize, summary_markdown
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads, vendor_grids
 from dsocr_core.runtime.session import Session
-from dsocr_core.results.store import RunStore
+from dsocr_core.results.store import RunStore, point_key
+from dsocr_core.tiling import sequence_length
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +66,20 @@ def test_oom_and_error_are_recorded_and_the_sweep_goes_on(session, tmp_path, mon
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
         if w is workloads[1]:
             raise RuntimeError("kernel exploded")
+        if w is workloads[2]:  # exactly the all-position float32 logits (the H200's Gundam 9x1 at batch 63)
+            logits = w.batch * sequence_length(w) * s.spec.vocab_size * 4
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {logits / 2**20:.2f} MiB.")
         return real(s, w, *a, **k)
 
     monkeypatch.setattr(measure, "measure_point", flaky)
     run_id = run_sweep(session, store, workloads, repeats=1)
     run = store.get_run(run_id)
-    assert (run["n_oom"], run["n_error"], run["n_done"]) == (1, 1, 2)
-    df = store.points(run_id)
-    assert "out of memory" in df[df.status == "oom"].message.iloc[0]
+    assert (run["n_oom"], run["n_error"], run["n_done"]) == (2, 1, 1)
+    df = store.points(run_id).drop_duplicates("key").set_index("key")
+    first, third = (df.loc[point_key(workloads[i])].message for i in (0, 2))
+    assert "out of memory" in first and "logits" not in first  # 40 GiB is not this point's logits: no reason named
+    assert third.startswith("the all-position float32 logits alone are") and "--logits last" in third
+    assert "out of memory" in third  # the error itself stays
     assert "kernel exploded" in df[df.status == "error"].message.iloc[0]
 
 

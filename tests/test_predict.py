@@ -190,6 +190,35 @@ def test_float32_logits_need_no_cast_and_leave_no_remainder(engine):
     assert np.asarray(row.cost.bytes).item() == pytest.approx(np.asarray(plan.kernels[0].nbytes).item())
 
 
+def test_the_fused_steps_lm_head_is_timed_on_its_own_kernels_table():
+    """The fused batch-1 step's lm_head kernel (norm, logits, each block's best token, then the greedy choice) is
+    priced on memory.fused_lm_head, the table of that kernel; a profile made before it prices the kernel on
+    memory.fused_gemv (the step's other weight kernels) and says so."""
+    spec = ModelSpec()
+    pts = Points.from_workload(Workload(mode="base", batch=1))
+    (row,) = [r for r in decode_step_rows(spec, pts, np.array(300.0)) if r.kind == "lm.lm_head"]
+
+    def predicted(head_eff, drop=False):
+        d = _profile(kind="cuda").to_dict()
+        d["tables"]["memory.fused_lm_head"]["efficiency"] = [head_eff]
+        if drop:
+            del d["tables"]["memory.fused_lm_head"]
+        pred = Predictor(Prediction(profile_from_dict(d), EngineSpec.of("fast")))
+        plan = pred.plan.plan(Call(row.kind, row.cost, row.ctx[0], "fused", None))
+        return float(np.asarray(pred.row(row)["predicted_s"]).reshape(-1)[0]), plan, pred.prediction.notes
+
+    at_one, plan, notes = predicted(1.0)
+    (head,) = plan.kernels
+    assert head.table == "memory.fused_lm_head" and head.launches == 2.0  # the lm_head, then the choice
+    weights = spec.vocab_size * spec.hidden_size * 2
+    assert weights < np.asarray(head.nbytes).item() < weights * 1.01
+    assert predicted(0.5)[0] == pytest.approx(2 * at_one, rel=1e-6)  # all of the row is that kernel's traffic
+    fallback, _, notes = predicted(0.5, drop=True)
+    assert fallback == pytest.approx(at_one, rel=1e-9)  # the uniform profile's fused_gemv table, efficiency 1
+    assert ("memory.fused_lm_head (bfloat16) timed with table memory.fused_gemv: the profile has no "
+            "memory.fused_lm_head") in notes
+
+
 def test_eager_ops_are_priced_at_their_kinds_host_cost():
     """A profile measuring the host cost per kind of eager op (GEMM, attention, other launching ops, views) prices
     each op at its kind's cost; a kind it did not measure costs the mix's mean (host_op_s), so a profile made

@@ -79,6 +79,10 @@ ACCURACY = {
             "h100_prediction_accuracy_random65_fast_2026-11-27.json", None),
         "H100 random, seed 66, no order check, held out": (
             "h100_prediction_accuracy_random66_fast_2026-11-27.json", None),
+        "H200 random, seed 67, cast table, held out": (
+            "h200_prediction_accuracy_random67_fast_2026-11-27.json", None),
+        "H100 random, seed 68, cast table, held out": (
+            "h100_prediction_accuracy_random68_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -331,7 +335,7 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
         assert prof.derived
         sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
                 if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
-        assert len(sets) == {"H100": 14, "H200": 6}[gpu]  # the table's header
+        assert len(sets) == {"H100": 15, "H200": 7}[gpu]  # the table's header
         for column, file, keep in sets:
             summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
             for stage, limit in stated_now[gpu].items():

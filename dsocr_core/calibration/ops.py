@@ -213,11 +213,12 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
     """The fast engine's fused batch-1 decode kernels, launched as the engine launches them (programmatic
     dependent launch on sm90+, so a graph of them overlaps each launch with the previous kernel's run):
     fused_gemv is the o_proj GEMV + residual kernel over a [rows, 1280] weight (every weight-reading kernel of the
-    step is this GEMV with its neighbours' elementwise work folded in); fused_attention the flash-decoding kernel
-    over `nbytes` of cached keys and values."""
+    step but the lm_head is this GEMV with its neighbours' elementwise work folded in); fused_lm_head the lm_head
+    kernel over a [vocabulary, 1280] weight (the final norm, float32 logits, each block's best token past the
+    n-gram ban's stamps); fused_attention the flash-decoding kernel over `nbytes` of cached keys and values."""
     import torch
 
-    from ..fast.decode_kernels import BLOCKS, _attention, _oproj_residual
+    from ..fast.decode_kernels import BLOCKS, _attention, _lm_head, _oproj_residual
     from ..fast.triton_kernels import next_pow2, triton
 
     if not dev.startswith("cuda"):
@@ -233,6 +234,21 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
             _oproj_residual[(rows // bn,)](x[0], x[1], x[2], H=FUSED_WIDTH, BN=bn,
                                            BK=min(bk, next_pow2(FUSED_WIDTH)), num_warps=warps, **launch)
         return make, gemv, (rows * FUSED_WIDTH + FUSED_WIDTH + 2 * rows) * 2, 1
+    if what == "fused_lm_head":
+        bn, bk, warps = BLOCKS["lm_head"]
+        vocab = max(nbytes // (2 * FUSED_WIDTH), bn)
+        blocks = triton.cdiv(vocab, bn)
+        stamp, serial = torch.full((vocab,), -1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long,
+                                                                                            device=dev)
+        pmax, parg = (torch.empty(blocks, dtype=dt, device=dev) for dt in (torch.float32, torch.int32))
+        logits = torch.empty(vocab, dtype=torch.float32, device=dev)
+        make = lambda: (rnd(FUSED_WIDTH), rnd(FUSED_WIDTH), rnd(vocab, FUSED_WIDTH))  # noqa: E731
+
+        def head(x):
+            _lm_head[(blocks,)](x[0], x[1], x[2], logits, stamp, serial, pmax, parg, 1e-6, vocab, H=FUSED_WIDTH,
+                                BN=bn, BK=min(bk, next_pow2(FUSED_WIDTH)), num_warps=warps, **launch)
+        # the bytes the plan counts for the lm_head: its weight, the hidden row and norm, the logits at two bytes
+        return make, head, (vocab * FUSED_WIDTH + 2 * FUSED_WIDTH + vocab) * 2, 1
     if what != "fused_attention":
         raise ValueError(f"unknown fused kernel {what!r}")
     chunk, _, warps = BLOCKS["attention"]

@@ -83,7 +83,7 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
-                "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast")
+                "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast", "fused_lm_head")
 # cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles
 # made before it price it on the elementwise table
 # transposed_cat: DeepSeek-OCR's projector input, a cat of [rows, 1024] with the transpose of [1024, rows] (reads
@@ -100,6 +100,9 @@ MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_atte
 BIAS_KINDS = ("broadcast", "strided")
 # fused_gemv / fused_attention: the fast engine's own batch-1 decode kernels (fast/decode_kernels.py), by bytes
 # read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so).
+# fused_lm_head: that step's lm_head kernel (the final norm, the logits and each block's best token), whose blocks
+# stream faster than the o_proj kernel fused_gemv times on some GPUs (an H200: 3.5 against 2.9 TB/s at 331 MB);
+# profiles made before it price it on fused_gemv.
 # moe_gemv: its by-expert MoE kernels of batched decode (fast/triton_kernels.py), by weight bytes read, the same way;
 # profiles without it price them on fused_gemv. group_rows: its MoE grouping kernels (fast/moe_rows.py), by the
 # one-hot work of their two passes over the rows (calibration/ops.GROUP_BYTES_PER_ROW a row); profiles without it

@@ -41,6 +41,8 @@ ROUTING_LAUNCHES = 12.0
 # the fused step's own kernels have their own tables; a profile without them (a CPU, or one measured before they
 # existed) falls back to memory.gemv / attention.flash (analytic.predict._candidates)
 FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
+# its lm_head kernel, by bytes; a profile without the table falls back to memory.fused_gemv
+FUSED_LM_HEAD = "memory.fused_lm_head"
 # the by-expert Triton experts of batched decode (triton_kernels.moe_gemv), by the bytes a launch streams; a profile
 # without the table falls back to memory.fused_gemv
 MOE_GEMV = "memory.moe_gemv"
@@ -144,7 +146,7 @@ class FastPlan:
         if k == "lm.lm_head":
             if c.fused:  # final norm + lm_head + per-block best token; then the greedy choice
                 head = lm_head(c)
-                head.table, head.coords, head.launches = FUSED_GEMV, dict(bytes=head.nbytes), 2.0
+                head.table, head.coords, head.launches = FUSED_LM_HEAD, dict(bytes=head.nbytes), 2.0
                 return Plan([head], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
             return lm_head_and_cast(c)
         raise KeyError(k)

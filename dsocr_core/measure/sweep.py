@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import re
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from ..runtime.inputs import synthetic_for_workload
 from ..runtime.oom import out_of_memory
 from ..runtime.session import Session
 from ..spec import Workload
-from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info
+from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info, sequence_length
 from . import order_check as checks
 from .stage_stats import assemble_stages, counted_flops, timed_generation
 
@@ -82,6 +83,25 @@ def failure(exc: BaseException) -> tuple[str, str]:
         where = frames[-1]
         message += f" | at {where.filename.rsplit('/', 1)[-1]}:{where.lineno} in {where.name}"
     return status, message
+
+
+_ASKED = re.compile(r"Tried to allocate ([0-9.]+) (GiB|MiB)")
+
+
+def oom_hint(message: str, workload: Workload, vocab_size: int) -> str:
+    """`message` of an out-of-memory point, with the reason named where it is the all-position logits: a float32
+    row of the vocabulary at every prompt position of every page (what logits="all", the vendor's HF default, asks
+    for) outgrows a GPU long before the model does, and logits="last" needs one row per page."""
+    asked = _ASKED.search(message)
+    if workload.logits != "all" or asked is None:
+        return message
+    logits = workload.batch * sequence_length(workload) * vocab_size * 4
+    gib = float(asked.group(1)) / (1 if asked.group(2) == "GiB" else 1024)
+    if abs(gib * 2**30 - logits) > 0.02 * logits:
+        return message
+    return (f"the all-position float32 logits alone are {logits / 2**30:.1f} GiB ({workload.batch} x "
+            f"{sequence_length(workload):,} prompt tokens x {vocab_size:,} x 4 bytes): measure with last-position "
+            f"logits (--logits last) | {message}")
 
 
 @contextmanager
@@ -220,6 +240,8 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
                                 point_extra(result))
             except Exception as exc:  # one bad point must not end the sweep
                 status, message = failure(exc)
+                if status == "oom":
+                    message = oom_hint(message, workload, session.spec.vocab_size)
             if status != "done":
                 # outside the except block: the traceback (and the failed point's tensors) is gone by now
                 free_memory(session.device)
