@@ -83,6 +83,11 @@ ACCURACY = {
             "h200_prediction_accuracy_random67_fast_2026-11-27.json", None),
         "H100 random, seed 68, cast table, held out": (
             "h100_prediction_accuracy_random68_fast_2026-11-27.json", None),
+        "H200 native and text lengths, batch 1": ("h200_prediction_accuracy_native_text_2026-11-27.json", None),
+        "H100 random, seed 69, lm_head table, held out": (
+            "h100_prediction_accuracy_random69_fast_2026-11-27.json", None),
+        "H200 random, seed 70, lm_head table, held out": (
+            "h200_prediction_accuracy_random70_fast_2026-11-27.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -335,7 +340,7 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
         assert prof.derived
         sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
                 if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
-        assert len(sets) == {"H100": 15, "H200": 7}[gpu]  # the table's header
+        assert len(sets) == {"H100": 16, "H200": 8}[gpu]  # the table's header
         for column, file, keep in sets:
             summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
             for stage, limit in stated_now[gpu].items():
