@@ -89,6 +89,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", required=True, help="NAME[=PATH][@JSON] or NAME=JSON")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=256, help="greedy tokens per timed run")
+    ap.add_argument("--text-tokens", type=int, default=10,
+                    help="prompt text tokens of the page (default 10: about 700 cached tokens; 2000: about 2,700)")
     ap.add_argument("--out", default="out/decode_b1_variants.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -106,7 +108,7 @@ def main() -> None:
     ref = Session(model, spec, load_tokenizer(None), device, "bfloat16",
                   {"source": "synthetic", "detail": "seed 0 (random weights)", "synthetic": True})
     fast = ref.with_mode("fast")
-    page = page_inputs((2, 2), 1, 1, device, dtype)
+    page = page_inputs((2, 2), 1, 1, device, dtype, args.text_tokens)
     t = page.input_ids.shape[1]
     floor = decode_floor(spec, 1, list(range(t + 1, t + args.steps)), cal)["memory_floor_s"]
     times: dict[str, list[float]] = {v["name"]: [] for v in variants}

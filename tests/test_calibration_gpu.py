@@ -61,19 +61,19 @@ def test_the_host_cost_of_the_models_own_ops_is_measured_per_stage():
     assert all(1e-6 < v < 1e-3 for v in costs.values()), costs
 
 
-def test_the_fused_steps_lm_head_table_is_measured_with_the_engines_kernel():
+def test_the_fused_lm_head_table_is_measured_with_the_engines_kernel():
     """memory.fused_lm_head times the fused batch-1 step's own lm_head kernel (fast/decode_kernels.py) by the bytes
     the plan counts; every entry of its grid is measured (1 MB to 512 MB of weight) and none runs faster than the
     bandwidth allows."""
     from dsocr_core.calibration.microbench import run_microbench
     from dsocr_core.calibration.ops import FUSED_WIDTH, kernel_op
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    if not torch.cuda.is_available() or not any(g in torch.cuda.get_device_name() for g in ("H100", "H200")):
+        pytest.skip("needs an H100 or an H200 (the shipped profiles' GPUs, whose ceilings the table is measured on)")
     make, run, nbytes, kernels = kernel_op("memory.fused_lm_head", {"bytes": 129280 * FUSED_WIDTH * 2}, "cuda", 64)
     run(make())
     torch.cuda.synchronize()
-    assert kernels == 1 and nbytes == (129280 * FUSED_WIDTH + 2 * FUSED_WIDTH + 129280) * 2
+    assert kernels == 1 and nbytes == (129280 * FUSED_WIDTH + 2 * FUSED_WIDTH) * 2  # one input set's bytes
     prof = run_microbench("cuda", quick=False, budget_s=60, tables=["memory.fused_lm_head"],
                           add_to=_shipped_profile())
     t = prof.table("memory.fused_lm_head")

@@ -294,3 +294,38 @@ def test_routing_parts_that_made_different_calls_are_refused():
     assert merged[0].loads == [2, 2, 1]
     with pytest.raises(ValueError, match="different numbers of gate calls"):
         merge_parts([a, a + a])
+
+
+def test_an_oom_names_the_all_position_logits_in_either_dtype_and_nothing_else():
+    """The lm_head writes the logits in bf16, then .float() copies them: either allocation can fail; a request of
+    another size, a message without one, or last-position logits get no reason."""
+    from dsocr_core.measure.sweep import oom_hint
+    from dsocr_core.spec import Workload
+
+    w = Workload(mode="gundam", crops=(9, 1), text_tokens=2437, batch=63)
+    cells = 63 * sequence_length(w) * 129280
+    for size in (2, 4):
+        msg = f"CUDA out of memory. Tried to allocate {cells * size / 2**30:.2f} GiB."
+        assert oom_hint(msg, w, 129280).startswith("the all-position float32 logits alone are 109.8 GiB")
+    other = "CUDA out of memory. Tried to allocate 6.09 GiB."
+    assert oom_hint(other, w, 129280) == other
+    assert oom_hint("CUDA error: out of memory", w, 129280) == "CUDA error: out of memory"
+    last = f"CUDA out of memory. Tried to allocate {cells * 4 / 2**30:.2f} GiB."
+    assert oom_hint(last, w.model_copy(update={"logits": "last"}), 129280) == last
+
+
+def test_the_flop_count_runs_after_the_timed_engine_let_go_of_its_state(monkeypatch):
+    """The counting pass over the reference model gets the memory the timed fast engine held (its static cache,
+    buffers and graphs are released first): a point that fits the engine is not lost to the count."""
+    fast = Session.load(synthetic="tiny", device="cpu", dtype="float32").with_mode("fast")
+    held = []
+    real = measure.counted_flops
+
+    def counting(session, *a, **k):
+        held.append(len(session.engine._states))
+        return real(session, *a, **k)
+
+    monkeypatch.setattr(measure, "counted_flops", counting)
+    w = sweep_workloads(["tiny"], [(1, 1)], [10], [2], [2], dtype="float32")[0]
+    result = measure.measure_point(fast, w, repeats=1, warmup=0)
+    assert held == [0] and result.stages["prefill"]["flops"] > 0

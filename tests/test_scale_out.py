@@ -19,6 +19,7 @@ from dsocr_core.cli import main
 from dsocr_core.measure.scale_out import ScaleOutError, check_address, check_same_gpus, check_workers
 from dsocr_core.measure.sweep import run_sweep, sweep_workloads
 from dsocr_core.results.store import RunStore
+from dsocr_core.tiling import sequence_length
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'ray>=2.40'); the scale-out "
@@ -93,15 +94,21 @@ def test_a_worker_records_oom_and_errors_as_statuses(monkeypatch):
     worker = Worker(0)
     calls = []
     worker.session = types.SimpleNamespace(attn_impl="sdpa", device=torch.device("cpu"),
-                                           model=types.SimpleNamespace(set_attn_impl=calls.append))
+                                           model=types.SimpleNamespace(set_attn_impl=calls.append),
+                                           spec=types.SimpleNamespace(vocab_size=129280))
     w = workloads()[0]
+    logits = w.batch * sequence_length(w) * 129280 * 4  # the point's all-position float32 logits
     for exc, status in ((torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "oom"),
+                        (torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {logits / 2**20:.2f} MiB"),
+                         "oom"),
                         (RuntimeError("bad shape"), "error")):
         monkeypatch.setattr(sweep_mod, "measure_point", lambda *a, _e=exc, **k: (_ for _ in ()).throw(_e))
         out = worker.measure(WorkItem("point", "k", w, SWEEP))
         assert out["status"] == status and out["stages"] is None and out["worker_s"] >= 0
         assert str(exc) in out["message"]
-    assert calls == ["sdpa", "sdpa"]  # the session's attention is restored after every point
+        # as in one process: the reason is named where the request is the logits, and only there
+        assert out["message"].startswith("the all-position float32 logits") == (f"{logits / 2**20:.2f}" in str(exc))
+    assert calls == ["sdpa", "sdpa", "sdpa"]  # the session's attention is restored after every point
 
 
 @needs_ray

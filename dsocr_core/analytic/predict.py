@@ -174,12 +174,10 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(name, same), ("attention.flash", same), ("attention.sdpa", same)]
     if name == "memory.fused_gemv":
         return [(name, same), ("memory.gemv", same), ("memory.elementwise", same), ("memory.copy", same)]
-    if name == "memory.fused_lm_head":  # the fused step's lm_head kernel; else the step's other weight kernels'
-        return [(name, same), ("memory.fused_gemv", same), ("memory.gemv", same), ("memory.elementwise", same),
-                ("memory.copy", same)]
-    if name == "memory.moe_gemv":  # the by-expert Triton experts; else the fused step's weight-streaming kernels
-        return [(name, same), ("memory.fused_gemv", same), ("memory.gemv", same), ("memory.elementwise", same),
-                ("memory.copy", same)]
+    # the fused step's lm_head kernel and the by-expert Triton experts of batched decode: else the fused step's
+    # weight-streaming kernels' table, and what that falls back to
+    if name in ("memory.fused_lm_head", "memory.moe_gemv"):
+        return [(name, same), *_candidates("memory.fused_gemv", dtype)]
     if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
     if name in ("memory.permuted_copy", "memory.permuted_add"):  # profiles made before them: reads across a stride
@@ -194,10 +192,9 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa",
                "attention.flash", "attention.flash.causal", "attention.default", "attention.default.causal",
                "attention.eager", "attention.eager.causal", "attention.sdpa_bias", "attention.split_kv",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
-               "memory.moe_gemv", "memory.fused_attention", "memory.fused_lm_head", "memory.transposed_cat", "memory.gather_rows",
-               "memory.group_rows", "memory.cast",
-               "memory.permuted_copy", "memory.permuted_add",
-               "bias.broadcast", "bias.strided")
+               "memory.moe_gemv", "memory.fused_attention", "memory.fused_lm_head", "memory.transposed_cat",
+               "memory.gather_rows", "memory.group_rows", "memory.cast", "memory.permuted_copy",
+               "memory.permuted_add", "bias.broadcast", "bias.strided")
 
 
 def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:

@@ -247,8 +247,9 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
         def head(x):
             _lm_head[(blocks,)](x[0], x[1], x[2], logits, stamp, serial, pmax, parg, 1e-6, vocab, H=FUSED_WIDTH,
                                 BN=bn, BK=min(bk, next_pow2(FUSED_WIDTH)), num_warps=warps, **launch)
-        # the bytes the plan counts for the lm_head: its weight, the hidden row and norm, the logits at two bytes
-        return make, head, (vocab * FUSED_WIDTH + 2 * FUSED_WIDTH + vocab) * 2, 1
+        # what one input set holds (the rotation's size): the hidden row, the norm's weight and the lm_head's
+        # weight; the table's bytes are the grid's, the plan's lm_head bytes at batch 1 (its weight, about)
+        return make, head, (vocab * FUSED_WIDTH + 2 * FUSED_WIDTH) * 2, 1
     if what != "fused_attention":
         raise ValueError(f"unknown fused kernel {what!r}")
     chunk, _, warps = BLOCKS["attention"]

@@ -101,7 +101,8 @@ BIAS_KINDS = ("broadcast", "strided")
 # fused_gemv / fused_attention: the fast engine's own batch-1 decode kernels (fast/decode_kernels.py), by bytes
 # read; measured on a CUDA GPU with Triton only (elsewhere predictions fall back to gemv / attention, and say so).
 # fused_lm_head: that step's lm_head kernel (the final norm, the logits and each block's best token), whose blocks
-# stream faster than the o_proj kernel fused_gemv times on some GPUs (an H200: 3.5 against 2.9 TB/s at 331 MB);
+# stream faster than the o_proj kernel fused_gemv times on some GPUs (an H200's step: 3.48 TB/s at 331 MB, traced,
+# against fused_gemv's 2.9);
 # profiles made before it price it on fused_gemv.
 # moe_gemv: its by-expert MoE kernels of batched decode (fast/triton_kernels.py), by weight bytes read, the same way;
 # profiles without it price them on fused_gemv. group_rows: its MoE grouping kernels (fast/moe_rows.py), by the

@@ -158,7 +158,7 @@ class Worker:
             out.update(stages=result.stages, kv_bytes=result.kv_bytes, resolved=result.resolved,
                        extra=point_extra(result))
         except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
-            out["status"], out["message"] = failure(exc)
+            out["status"], out["message"] = failure(exc, workload, session.spec.vocab_size)
         if out["status"] != "done":
             free_memory(session.device)
         return out

@@ -74,10 +74,13 @@ def workload_label(w: Workload) -> str:
     return f"{w.mode}{crops} T{w.text_tokens} B{w.batch} K{w.decode_steps}"
 
 
-def failure(exc: BaseException) -> tuple[str, str]:
-    """(status, one-line message) of a point that raised: 'oom' for out-of-memory, else 'error' with where."""
+def failure(exc: BaseException, workload: Workload | None = None, vocab_size: int | None = None) -> tuple[str, str]:
+    """(status, one-line message) of a point that raised: 'oom' for out-of-memory (with its reason where it is the
+    all-position logits of `workload`), else 'error' with where."""
     status = "oom" if out_of_memory(exc) else "error"
     message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    if status == "oom" and workload is not None and vocab_size is not None:
+        message = oom_hint(message, workload, vocab_size)
     frames = traceback.extract_tb(exc.__traceback__)
     if status == "error" and frames:
         where = frames[-1]
@@ -89,17 +92,18 @@ _ASKED = re.compile(r"Tried to allocate ([0-9.]+) (GiB|MiB)")
 
 
 def oom_hint(message: str, workload: Workload, vocab_size: int) -> str:
-    """`message` of an out-of-memory point, with the reason named where it is the all-position logits: a float32
-    row of the vocabulary at every prompt position of every page (what logits="all", the vendor's HF default, asks
-    for) outgrows a GPU long before the model does, and logits="last" needs one row per page."""
+    """`message` of an out-of-memory point, with the reason named where it is the all-position logits: a row of the
+    vocabulary at every prompt position of every page (what logits="all", the vendor's HF default, asks for;
+    the lm_head writes it in the model's 16-bit dtype, then `.float()` copies it to float32, and either allocation
+    can be the one that fails) outgrows a GPU long before the model does; logits="last" needs one row per page."""
     asked = _ASKED.search(message)
     if workload.logits != "all" or asked is None:
         return message
-    logits = workload.batch * sequence_length(workload) * vocab_size * 4
-    gib = float(asked.group(1)) / (1 if asked.group(2) == "GiB" else 1024)
-    if abs(gib * 2**30 - logits) > 0.02 * logits:
+    cells = workload.batch * sequence_length(workload) * vocab_size
+    asked_bytes = float(asked.group(1)) * 2**30 / (1 if asked.group(2) == "GiB" else 1024)
+    if not any(abs(asked_bytes - cells * size) <= 0.02 * cells * size for size in (2, 4)):
         return message
-    return (f"the all-position float32 logits alone are {logits / 2**30:.1f} GiB ({workload.batch} x "
+    return (f"the all-position float32 logits alone are {cells * 4 / 2**30:.1f} GiB ({workload.batch} x "
             f"{sequence_length(workload):,} prompt tokens x {vocab_size:,} x 4 bytes): measure with last-position "
             f"logits (--logits last) | {message}")
 
@@ -170,6 +174,9 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
             probes.append(probe_host_op_s(session.device))
             gpu_after = gpu_state.read(session.device)
         engine_state = session.engine.point_state(inputs.batch)
+        # the timed engine's cache, buffers and graphs go before the counting pass over the reference model, which
+        # then has the whole GPU (the next point starts from a released engine anyway)
+        session.engine.release()
         flops = counted_flops(session, inputs, workload.logits) if count_flops else None
     stages = assemble_stages(runs, flops, decode_step_over="repeats")
     resolved = {"image_slots": inputs.image_slots, "sequence": inputs.seq_len, "batch": inputs.batch,
@@ -239,9 +246,7 @@ def run_sweep(session: Session, store: RunStore, workloads: list[Workload], run_
                 store.put_point(run_id, workload, "done", "", result.stages, result.kv_bytes, result.resolved,
                                 point_extra(result))
             except Exception as exc:  # one bad point must not end the sweep
-                status, message = failure(exc)
-                if status == "oom":
-                    message = oom_hint(message, workload, session.spec.vocab_size)
+                status, message = failure(exc, workload, session.spec.vocab_size)
             if status != "done":
                 # outside the except block: the traceback (and the failed point's tensors) is gone by now
                 free_memory(session.device)
