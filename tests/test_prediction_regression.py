@@ -348,3 +348,71 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
                 if got > limit + MARGIN:
                     breaches.append(f"{gpu} {column}: {stage} median {got:.1%} > stated {limit:.1%} + 1 point")
     assert not breaches, "\n".join(breaches)
+
+
+# ------------------------------------------------------------------------- the summary at the top of the docs
+SUMMARY_TITLE = "## Where the prediction stands"
+# the latest held-out sets of each GPU and session mode: (table, columns); the summary states, per stage, the range
+# of the sets' median errors and the largest single-point error among them
+SUMMARY_SETS = {
+    "fast, H100": ("Fast session mode", ("H100 random, seed 65, GPU state recorded, held out",
+                                         "H100 random, seed 66, no order check, held out",
+                                         "H100 random, seed 68, cast table, held out",
+                                         "H100 random, seed 69, lm_head table, held out")),
+    "fast, H200": ("Fast session mode", ("H200 random, seed 63, split-KV table, held out",
+                                         "H200 random, seed 64, GPU state recorded, held out",
+                                         "H200 random, seed 67, cast table, held out",
+                                         "H200 random, seed 70, lm_head table, held out")),
+    "reference, H100": ("Reference session mode", ("H100 random, seed 48, own host costs",
+                                                   "H100 random, seed 49, own profile",
+                                                   "H100 random, seed 50, own host speed")),
+    "reference, H200": ("Reference session mode", ("H200 random, seed 53, own host costs",)),
+}
+SUMMARY_STAGES = {"TTFT": "ttft", "TPOT": "tpot", "SAM": "sam", "CLIP": "clip", "projector": "projector",
+                  "vision": "vision", "LM prefill": "prefill", "decode step": "decode"}
+
+
+def summary_figures() -> dict[str, dict[str, tuple[float, float, float]]]:
+    """{group: {stage: (lowest set median, highest set median, largest point error)}} from the shipped results."""
+    out = {}
+    for group, (title, columns) in SUMMARY_SETS.items():
+        mode = MODE_OF_TABLE[title]
+        sums = [accuracy_summary(ACCURACY[title][c][0], mode, ACCURACY[title][c][1])[0] for c in columns]
+        out[group] = {st: (min(x[st]["median_abs"] for x in sums), max(x[st]["median_abs"] for x in sums),
+                           max(x[st]["max_abs"] for x in sums)) for st in SUMMARY_STAGES.values()}
+    return out
+
+
+def summary_rows() -> list[str]:
+    """The summary table's lines as the docs print them (tools/regeneration; the test reads the docs' own)."""
+    figs = summary_figures()
+    cell = lambda f: (f"{f[1] * 100:.1f}%" if round(f[0], 3) == round(f[1], 3)  # noqa: E731
+                      else f"{f[0] * 100:.1f}-{f[1] * 100:.1f}%") + f" / {f[2] * 100:.1f}%"
+    lines = ["| stage | " + " | ".join(SUMMARY_SETS) + " |", "|---|" + "---:|" * len(SUMMARY_SETS)]
+    for name, st in SUMMARY_STAGES.items():
+        lines.append(f"| {name} | " + " | ".join(cell(figs[g][st]) for g in SUMMARY_SETS) + " |")
+    return lines
+
+
+def test_the_summary_at_the_top_of_the_docs_holds():
+    """Every cell of docs/accuracy.md's summary (the sets' median range / the largest point error) is what the
+    shipped results give now, within the margin: a change that makes the latest sets worse must change it."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(SUMMARY_TITLE))
+    table = [line for line in lines[start:start + 40] if line.startswith("| ")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header == ["stage", *SUMMARY_SETS], header
+    figs = summary_figures()
+    stale = []
+    for row in table[1:]:
+        stage, *cells = [c.strip() for c in row.strip("|").split("|")]
+        if stage not in SUMMARY_STAGES:
+            continue
+        for group, text in zip(SUMMARY_SETS, cells):
+            nums = [float(v) / 100 for v in re.findall(r"[\d.]+", text)]
+            low, high, worst = (nums[0], nums[0], nums[1]) if len(nums) == 2 else nums
+            got = figs[group][SUMMARY_STAGES[stage]]
+            if abs(got[0] - low) > MARGIN or abs(got[1] - high) > MARGIN or abs(got[2] - worst) > MARGIN:
+                stale.append(f"{stage}, {group}: docs {text}, results {got}")
+    assert len([r for r in table[1:] if r.split("|")[1].strip() in SUMMARY_STAGES]) == len(SUMMARY_STAGES)
+    assert not stale, "\n".join(stale)
