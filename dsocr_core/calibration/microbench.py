@@ -93,7 +93,9 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
     if device.startswith("cuda"):  # the fused batch-1 decode kernels (Triton; a GPU only): weight GEMVs from
         # 0.3 MB (a router) to 335 MB (the lm_head), attention over 16 to 16,384 cached tokens
         out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
-        out["memory.fused_lm_head"] = {"bytes": [float(4 ** i) for i in range(10, 15)] + [float(1 << 29)]}
+        # the lm_head kernel: 1 MB to 512 MB, and DeepSeek-OCR's own lm_head (129,280 x 1,280 bf16, 331 MB) exactly
+        out["memory.fused_lm_head"] = {"bytes": [float(4 ** i) for i in range(10, 15)] + [float(129280 * 1280 * 2),
+                                                                                           float(1 << 29)]}
         out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in
                                                    (16, 64, 256, 1024, 4096, 16384)]}
         # the batched decode attention (Triton split-KV): batch x 10 heads over 16 to 8,192 cached tokens; the flash
