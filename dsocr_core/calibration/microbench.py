@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..spec import ModelSpec
 from .ops import (FUSED_ATTN_SLOT_BYTES, GROUP_BYTES_PER_ROW, GROUP_SLOTS, GROUPED_EXPERTS, MOE_EXPERT_BYTES,
                   Settings, input_bytes, kernel_count, launch_costs, measure_entry)
 from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
@@ -91,11 +92,12 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
             # SAM's patch embedding conv (3 -> 768 channels, 16 x 16 patches): one view's 1,024 to 6,400 positions up
             "conv.bfloat16": {"m": [256, 1024, 4096, 16384, 65536, 262144], "n": [768], "k": [768]}}
     if device.startswith("cuda"):  # the fused batch-1 decode kernels (Triton; a GPU only): weight GEMVs from
-        # 0.3 MB (a router) to 335 MB (the lm_head), attention over 16 to 16,384 cached tokens
+        # 0.3 MB (a router) to 331 MB (the lm_head), attention over 16 to 16,384 cached tokens
         out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
-        # the lm_head kernel: 1 MB to 512 MB, and DeepSeek-OCR's own lm_head (129,280 x 1,280 bf16, 331 MB) exactly
-        out["memory.fused_lm_head"] = {"bytes": [float(4 ** i) for i in range(10, 15)] + [float(129280 * 1280 * 2),
-                                                                                           float(1 << 29)]}
+        # the lm_head kernel: 1 MB to 512 MB, and DeepSeek-OCR's own lm_head (vocabulary x hidden, bf16: 331 MB)
+        spec = ModelSpec()
+        head = float(spec.vocab_size * spec.hidden_size * 2)
+        out["memory.fused_lm_head"] = {"bytes": sorted([float(4 ** i) for i in range(10, 15)] + [head, float(1 << 29)])}
         out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in
                                                    (16, 64, 256, 1024, 4096, 16384)]}
         # the batched decode attention (Triton split-KV): batch x 10 heads over 16 to 8,192 cached tokens; the flash
