@@ -24,7 +24,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from grouped_gemm_steps import median_s  # noqa: E402
 
-HIDDEN, VOCAB = 1280, 129280  # DeepSeek-OCR's LM (spec.ModelSpec)
+from dsocr_core.spec import ModelSpec  # noqa: E402
+
+HIDDEN, VOCAB = ModelSpec().hidden_size, ModelSpec().vocab_size  # DeepSeek-OCR's LM
 DEFAULT_ROWS = "54,703,5000,14088,36558"  # a batch's last positions; one page's prompt; up to 54 Large pages
 REPEATS = 7
 
@@ -36,8 +38,6 @@ def predicted(profile_path: str, rows: int) -> dict[str, float]:
     from dsocr_core.analytic.predict import Prediction, Predictor
     from dsocr_core.calibration.profile import load_profile
     from dsocr_core.engines import EngineSpec
-    from dsocr_core.spec import ModelSpec
-
     spec = ModelSpec()
     pred = Predictor(Prediction(load_profile(profile_path), EngineSpec.of("fast")))
     plan = lm_head_and_cast(Call("lm.lm_head", None, {"spec": spec, "dt": 2, "logit_rows": rows}, "", None))

@@ -11,7 +11,7 @@ import torch
 from ..results.store import stage_stats
 from ..runtime.flops import VISION_STAGES, decode_flops_total
 from ..runtime.generate import Greedy, MemoryTracking
-from ..runtime.oom import out_of_memory
+from ..runtime.oom import free_memory, out_of_memory
 from ..runtime.timing import StageTimer
 from .routing_record import merge_parts, record_routing, routing_records
 
@@ -79,8 +79,6 @@ def _passes_that_fit(session, inputs, logits: str) -> list[tuple[dict[str, int],
     except Exception as exc:  # noqa: BLE001 - torch's error, or one that wraps it or says so (runtime/oom.py)
         if inputs.batch == 1 or not out_of_memory(exc):
             raise
-    from .sweep import free_memory  # (the sweep imports this module)
-
     free_memory(session.device)  # out of the except block: the traceback has let go of the failed pass's tensors
     half = (inputs.batch + 1) // 2
     return (_passes_that_fit(session, inputs.rows(0, half), logits)

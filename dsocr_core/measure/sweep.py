@@ -26,7 +26,7 @@ from ..results.store import RunStore, point_key
 from ..runtime import gpu_state
 from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.inputs import synthetic_for_workload
-from ..runtime.oom import out_of_memory
+from ..runtime.oom import free_memory, out_of_memory
 from ..runtime.session import Session
 from ..spec import Workload
 from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info, sequence_length
@@ -142,13 +142,6 @@ def older_objects_frozen():
         yield
     finally:
         gc.unfreeze()
-
-
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
 
 
 def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup: int = 1,

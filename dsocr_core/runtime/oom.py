@@ -1,8 +1,21 @@
 """One answer to "did this run out of GPU memory?", for the engines (an out-of-memory error fails the call, it is
-not a reason to fall back for good) and the sweeps (such a point is recorded as `oom`, not `error`)."""
+not a reason to fall back for good) and the sweeps (such a point is recorded as `oom`, not `error`), and the one way
+to hand the memory back afterwards."""
 from __future__ import annotations
 
+import gc
+
 import torch
+
+
+def free_memory(device: torch.device) -> None:
+    """Garbage collected, the device's work finished and the allocator's cached blocks returned: what a failed or
+    finished point held is free for the next one (call it outside the except block, once the traceback has let go
+    of the tensors)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 def out_of_memory(exc: BaseException | None) -> bool:
