@@ -494,6 +494,18 @@ BLOCKS = {
     "lm_head": (128, 128, 4),
     "ban": (256, 0, 4),  # windows per program
 }
+# The attention's blocks by the cache length its graph is captured for (the bucket's end): BLOCKS["attention"] up to
+# 1,024 slots, then more slots and warps a program, so that a long cache has about as many programs as a short one,
+# each with more loads in flight. On an H200 (benchmarks/decode_b1_variants.py --text-tokens 2000, 2026-11-27) 32
+# slots on one warp streamed a 2,700-slot cache at 0.77 TB/s, and 128 slots on 4 warps ran the step 17% faster; at
+# 800 slots those were 3% slower. The step between 1,024 and 2,048 slots (64 on 2 warps: 16% faster at 2,700) is a
+# guess between the two measured ends.
+ATTENTION_BY_LENGTH = ((1024, BLOCKS["attention"]), (2048, (64, 0, 2)), (None, (128, 0, 4)))
+
+
+def attention_blocks(length: int) -> tuple[int, int, int]:
+    """(cache slots per program, unused, warps) of the fused attention over a cache of `length` slots."""
+    return next(blocks for upto, blocks in ATTENTION_BY_LENGTH if upto is None or length <= upto)
 
 
 class FusedDecode:
@@ -508,6 +520,8 @@ class FusedDecode:
         self.w, self.cfg, self.vocab = weights, cfg, vocab
         self.pdl = bool(pdl)  # programmatic dependent launch (sm90+): see _after_predecessor
         self.blocks = {**BLOCKS, **(blocks or {})}
+        # the attention's blocks follow the cache length (attention_blocks) unless `blocks` fixes them
+        self.fixed_attention = tuple((blocks or {})["attention"]) if "attention" in (blocks or {}) else None
         hd = cfg.hidden
         self.x = torch.empty(1, hd, dtype=dtype, device=device)
         self.q = torch.empty(1, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
@@ -597,7 +611,7 @@ class FusedDecode:
         import torch
 
         d = self.cfg.head_dim
-        chunk, _, warps = self.blocks["attention"]
+        chunk, _, warps = self.fixed_attention or attention_blocks(length)
         splits = triton.cdiv(length, chunk)
         if splits not in self._attn_scratch:
             n = self.cfg.heads * splits
