@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 from triton_interpreter import interpreted_result
 
-from dsocr_core.fast.decode_kernels import ATTENTION_BY_LENGTH, BLOCKS, attention_blocks
+from dsocr_core.fast.decode_kernels import ATTENTION_BY_LENGTH, BLOCKS, attention_blocks, attention_table_slots
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="Triton is not installed: the fused kernels exist only as Triton code")
@@ -20,6 +20,15 @@ def test_the_blocks_grow_with_the_cache_and_start_from_the_short_caches_blocks()
     for length in (1025, 2048, 2049, 4096):
         assert -(-length // attention_blocks(length)[0]) <= 2 * short
     assert ATTENTION_BY_LENGTH[-1][0] is None  # every length has blocks
+
+
+def test_the_attention_table_has_lengths_on_both_sides_of_every_change_of_blocks():
+    """The time model interpolates memory.fused_attention between its measured lengths: no span between two
+    neighbours may hold a change of blocks, or a length inside it would be priced on a mix of two kernels."""
+    slots = attention_table_slots()
+    assert slots == sorted(set(slots)) and slots[0] <= 16 and slots[-1] >= 16384
+    for lo, hi in zip(slots, slots[1:]):
+        assert attention_blocks(lo + 1) == attention_blocks(hi), (lo, hi)
 
 
 SCRIPT = r"""
