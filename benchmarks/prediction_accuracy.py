@@ -70,9 +70,15 @@ class TimeLimit:
         return time.perf_counter() - self.t0 > self.limit_s - self.first_s
 
 
-def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, model: str = DEFAULT_MODEL):
+RANDOM_BATCHES = (1, 64)  # the workload space the targets name
+RANDOM_TEXT = (10, 3300)
+
+
+def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, model: str = DEFAULT_MODEL,
+                     batches: tuple[int, int] = RANDOM_BATCHES, text: tuple[int, int] = RANDOM_TEXT):
     """`n` distinct points drawn from the workload space the targets name: the family's modes (a tiling mode with
-    any vendor grid or the untiled page), batch 1-64 and text 10-3,300 tokens, both log-uniform."""
+    any vendor grid or the untiled page), batch 1-64 and text 10-3,300 tokens, both log-uniform, or from the
+    narrower `batches` and `text` ranges (inclusive; a seed draws the same points as before with the defaults)."""
     from dsocr_core.measure.sweep import vendor_grids
     from dsocr_core.results.store import point_key
     from dsocr_core.spec import Workload
@@ -90,9 +96,9 @@ def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, mod
         info = fam.modes[mode]
         grids = [(1, 1)] + vendor_grids(*info.crop_range) if info.crop_mode else [None]
         crops = grids[rng.integers(len(grids))]
-        batch = int(round(float(np.exp(rng.uniform(0.0, np.log(64.0))))))
-        text = int(round(float(np.exp(rng.uniform(np.log(10.0), np.log(3300.0))))))
-        w = Workload(mode=mode, crops=crops, batch=batch, text_tokens=text, decode_steps=steps, dtype=dtype,
+        batch = int(round(float(np.exp(rng.uniform(np.log(batches[0]), np.log(batches[1]))))))
+        tokens = int(round(float(np.exp(rng.uniform(np.log(text[0]), np.log(text[1]))))))
+        w = Workload(mode=mode, crops=crops, batch=batch, text_tokens=tokens, decode_steps=steps, dtype=dtype,
                      logits=logits)
         if point_key(w) not in seen:
             seen.add(point_key(w))
@@ -102,8 +108,21 @@ def random_workloads(n: int, seed: int, steps: int, dtype: str, logits: str, mod
     return out
 
 
+def int_range(text: str) -> tuple[int, int]:
+    """'LO-HI' (or one number) -> (LO, HI), 1 <= LO <= HI: an argparse type."""
+    lo, _, hi = text.partition("-")
+    try:
+        pair = (int(lo), int(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI, e.g. 1-64, got {text!r}") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return pair
+
+
 def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups: tuple[str, ...] = DEFAULT_GROUPS,
-                       model: str = DEFAULT_MODEL, random_points: int = 12, seed: int = 0):
+                       model: str = DEFAULT_MODEL, random_points: int = 12, seed: int = 0,
+                       random_batches: tuple[int, int] = RANDOM_BATCHES, random_text: tuple[int, int] = RANDOM_TEXT):
     from dsocr_core.measure.sweep import sweep_workloads, vendor_grids
     from dsocr_core.results.store import point_key
 
@@ -137,7 +156,7 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
         }
         chosen = [g for name in groups if name != "random" for g in every[name]]
     if "random" in groups and not quick:
-        chosen.append(random_workloads(random_points, seed, steps, dtype, logits, model))
+        chosen.append(random_workloads(random_points, seed, steps, dtype, logits, model, random_batches, random_text))
     out, seen = [], set()
     for w in (w for g in chosen for w in g):
         if point_key(w) not in seen:
@@ -245,6 +264,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "with --seed from the whole workload space)")
     ap.add_argument("--random-points", type=int, default=12, help="points of the random group (default 12)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random group's points (default 0)")
+    ap.add_argument("--random-batch", type=int_range, default=RANDOM_BATCHES, metavar="LO-HI",
+                    help="batch range of the random group (default 1-64; e.g. 1-1 for batch 1 only)")
+    ap.add_argument("--random-text", type=int_range, default=RANDOM_TEXT, metavar="LO-HI",
+                    help="text-token range of the random group (default 10-3300; e.g. 1500-3300 for long texts)")
     ap.add_argument("--model", choices=list(FAMILIES), default=DEFAULT_MODEL, help="model family (default %(default)s)")
     ap.add_argument("--synthetic", help="weights preset: full (default) or tiny (default with --quick)")
     ap.add_argument("--dtype", help="bfloat16 (default) or float32 (default with --quick on a CPU)")
@@ -303,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "random" in groups and (quick or args.random_points < 1):
         ap.error("--groups random draws full-size points (not with --quick) and needs --random-points >= 1")
     workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model, args.random_points,
-                                   args.seed)
+                                   args.seed, args.random_batch, args.random_text)
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")
     if args.predict_only and not (args.store and Path(args.store).exists()):
         ap.error("--predict-only needs --store with the measured runs")
@@ -320,7 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
                            "repeats": repeats, "logits": args.logits, "work": args.work, "overlap": args.overlap,
                            "routing": args.routing,
                            "device": args.device,
-                           "points": len(workloads), "store": store_path},
+                           "points": len(workloads), "store": store_path,
+                           "random": {"batch": list(args.random_batch), "text": list(args.random_text)}},
               "modes": {}}
     limit = TimeLimit(args.time_limit_s, t0) if args.time_limit_s else None
     for mode in modes:

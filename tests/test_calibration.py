@@ -2,6 +2,7 @@
 profiles and their labels, the calibrate command, and benchmarks/prediction_accuracy.py end to end on a CPU."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -493,6 +494,24 @@ def test_the_random_group_draws_distinct_points_across_the_workload_space(model)
         mod.random_workloads(0, 7, 32, "bfloat16", "last", model)
     with pytest.raises(SystemExit):
         mod.main(["--quick", "--device", "cpu", "--groups", "random"])
+
+
+def test_the_random_group_can_be_narrowed_to_batches_and_text_lengths():
+    """--random-batch 1-1 --random-text 1500-3300: a held-out set of long texts at batch 1 (what the fused batch-1
+    step's attention sees); the ranges' defaults draw the points the seeds always drew."""
+    mod = load_benchmark("prediction_accuracy")
+    from dsocr_core.results.store import point_key
+
+    long_b1 = mod.random_workloads(12, 7, 32, "bfloat16", "last", batches=(1, 1), text=(1500, 3300))
+    assert len({point_key(w) for w in long_b1}) == 12
+    assert all(w.batch == 1 and 1500 <= w.text_tokens <= 3300 for w in long_b1)
+    assert ([point_key(w) for w in mod.random_workloads(6, 7, 32, "bfloat16", "last", batches=(1, 64),
+                                                         text=(10, 3300))]
+            == [point_key(w) for w in mod.random_workloads(6, 7, 32, "bfloat16", "last")])
+    assert mod.int_range("1-64") == (1, 64) and mod.int_range("8") == (8, 8)
+    for bad in ("64-1", "0-4", "a-b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            mod.int_range(bad)
 
 
 def test_dense_bias_ops_run_what_sam_runs_and_are_calibrated():

@@ -91,6 +91,9 @@ FUSED = {  # the fused batch-1 kernels as FusedDecode launches them for DeepSeek
                     "skh": "i32", "skl": "i32", "svh": "i32", "svl": "i32", "scale": "fp32"},
                    {"D": 128, "CHUNK": 32, "BS": 32}),
 }
+# the attention's blocks for longer caches (decode_kernels.attention_blocks): 64 and 128 slots a program
+for _chunk, _splits in ((64, 32), (128, 32)):
+    FUSED[f"{_chunk}-slot _attention"] = (FUSED["_attention"][0], {"D": 128, "CHUNK": _chunk, "BS": _splits})
 
 
 def _loads_around_the_wait(kernel) -> tuple[list[int], int, bool]:

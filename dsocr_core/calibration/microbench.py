@@ -98,8 +98,9 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         spec = ModelSpec()
         head = float(spec.vocab_size * spec.hidden_size * 2)
         out["memory.fused_lm_head"] = {"bytes": sorted([float(4 ** i) for i in range(10, 15)] + [head, float(1 << 29)])}
-        out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in
-                                                   (16, 64, 256, 1024, 4096, 16384)]}
+        from ..fast.decode_kernels import attention_table_slots  # the engine's blocks change with the length
+
+        out["memory.fused_attention"] = {"bytes": [float(FUSED_ATTN_SLOT_BYTES * s) for s in attention_table_slots()]}
         # the batched decode attention (Triton split-KV): batch x 10 heads over 16 to 8,192 cached tokens; the flash
         # table it was priced on before ran 8-11% faster than it at batch 8-16 with 2,193 cached tokens (an H100
         # trace: docs/results/h100_decode_long_context_2026-11-27/)

@@ -218,7 +218,7 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
     n-gram ban's stamps); fused_attention the flash-decoding kernel over `nbytes` of cached keys and values."""
     import torch
 
-    from ..fast.decode_kernels import BLOCKS, _attention, _lm_head, _oproj_residual
+    from ..fast.decode_kernels import BLOCKS, _attention, _lm_head, _oproj_residual, attention_blocks
     from ..fast.triton_kernels import next_pow2, triton
 
     if not dev.startswith("cuda"):
@@ -252,8 +252,8 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
         return make, head, (vocab * FUSED_WIDTH + 2 * FUSED_WIDTH) * 2, 1
     if what != "fused_attention":
         raise ValueError(f"unknown fused kernel {what!r}")
-    chunk, _, warps = BLOCKS["attention"]
     length = max(nbytes // FUSED_ATTN_SLOT_BYTES, 1)
+    chunk, _, warps = attention_blocks(length)  # the engine's blocks for a cache of this length
     splits = triton.cdiv(length, chunk)
     h, d = FUSED_HEADS, FUSED_HEAD_DIM
 

@@ -494,6 +494,28 @@ BLOCKS = {
     "lm_head": (128, 128, 4),
     "ban": (256, 0, 4),  # windows per program
 }
+# The attention's blocks by the cache length its graph is captured for (the bucket's end): BLOCKS["attention"] up to
+# 1,024 slots, then more slots and warps a program, so that a long cache has about as many programs as a short one,
+# each with more loads in flight. On an H200 (benchmarks/decode_b1_variants.py --text-tokens 2000, 2026-11-27) 32
+# slots on one warp streamed a 2,700-slot cache at 0.77 TB/s, and 128 slots on 4 warps ran the step 17% faster; at
+# 800 slots those were 3% slower. Measured again at four lengths in between (2026-11-28, H200, 256 steps from 943,
+# 1,393, 1,893 and 2,393 cached slots; docs/fast-mode.md): each length's fastest blocks are the ones this rule picks,
+# or within 1% of them.
+ATTENTION_BY_LENGTH = ((1024, BLOCKS["attention"]), (2048, (64, 0, 2)), (None, (128, 0, 4)))
+
+
+def attention_blocks(length: int) -> tuple[int, int, int]:
+    """(cache slots per program, unused, warps) of the fused attention over a cache of `length` slots."""
+    return next(blocks for upto, blocks in ATTENTION_BY_LENGTH if upto is None or length <= upto)
+
+
+def attention_table_slots() -> list[int]:
+    """The cache lengths `memory.fused_attention` is measured at: 16 to 16,384 slots by fours, plus each block
+    change's last length on the shorter blocks and a quarter past it on the longer ones, so that the time model
+    never interpolates across a change of blocks (the step between 1,024 and 2,048 slots was 3-9% faster than its
+    neighbours' blocks on an H200)."""
+    edges = [n for upto, _ in ATTENTION_BY_LENGTH if upto for n in (upto, upto * 5 // 4)]
+    return sorted({4 ** i for i in range(2, 8)} | set(edges))
 
 
 class FusedDecode:
@@ -508,6 +530,8 @@ class FusedDecode:
         self.w, self.cfg, self.vocab = weights, cfg, vocab
         self.pdl = bool(pdl)  # programmatic dependent launch (sm90+): see _after_predecessor
         self.blocks = {**BLOCKS, **(blocks or {})}
+        # the attention's blocks follow the cache length (attention_blocks) unless `blocks` fixes them
+        self.fixed_attention = tuple((blocks or {})["attention"]) if "attention" in (blocks or {}) else None
         hd = cfg.hidden
         self.x = torch.empty(1, hd, dtype=dtype, device=device)
         self.q = torch.empty(1, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
@@ -597,7 +621,7 @@ class FusedDecode:
         import torch
 
         d = self.cfg.head_dim
-        chunk, _, warps = self.blocks["attention"]
+        chunk, _, warps = self.fixed_attention or attention_blocks(length)
         splits = triton.cdiv(length, chunk)
         if splits not in self._attn_scratch:
             n = self.cfg.heads * splits
