@@ -514,6 +514,26 @@ def test_the_random_group_can_be_narrowed_to_batches_and_text_lengths():
             mod.int_range(bad)
 
 
+def test_the_projector_input_op_is_the_models_own_cat_with_sams_map_channels_last():
+    """memory.transposed_cat times DeepseekOCRModel.projector_input on SAM's map as its neck leaves it
+    (channels-last: the flattened map reads whole rows), over the rows its bytes name."""
+    import torch
+
+    from dsocr_core.calibration.ops import _projector_input_op
+    from dsocr_core.model.deepseek_ocr import DeepseekOCRModel
+
+    rnd = lambda *shape: torch.randn(*shape, dtype=torch.bfloat16)  # noqa: E731
+    for rows in (100, 256, 3000):
+        make, op, set_bytes, _ = _projector_input_op(rows * 8 * 1024, rnd)
+        clip, sam = make()
+        out = op((clip, sam))
+        assert out.shape[-1] == 2048 and abs(out.shape[0] * out.shape[1] - rows) < out.shape[0]
+        assert set_bytes == 4 * out.shape[0] * out.shape[1] * 1024
+        assert sam.flatten(2).transpose(1, 2).is_contiguous()
+        assert clip.shape[0] == 1 or not clip[:, 1:].is_contiguous()  # a row skipped per view
+        torch.testing.assert_close(out, DeepseekOCRModel.projector_input(clip, sam.contiguous()), rtol=0, atol=0)
+
+
 def test_dense_bias_ops_run_what_sam_runs_and_are_calibrated():
     """bias.broadcast and bias.strided time SAM's dense relative-position bias as model/sam.py builds it: the
     broadcast sum of two permuted einsum outputs (not contiguous), then its reshape, which has to copy; the bytes

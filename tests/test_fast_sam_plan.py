@@ -75,7 +75,7 @@ def test_a_part_without_views_costs_nothing():
 
 def test_the_block_rows_are_separate_only_with_the_folded_attention():
     assert {"sam.attn.windowed", "sam.mlp.global", "sam.norm2.windowed", "clip.mlp"} <= FOLD.separate_rows
-    assert DENSE.separate_rows == {"clip.mlp", "lm.self_attn", "lm.lm_head"}
+    assert DENSE.separate_rows == {"clip.mlp", "lm.self_attn", "lm.lm_head", "projector"}
     # the dense option keeps the analytic rows' norms and MLP (one memory.norm kernel, the MLP's GEMMs)
     rows = _rows()
     assert [k.table for k in _plan(DENSE, rows["sam.norm2.global"]).kernels] == ["memory.norm"]

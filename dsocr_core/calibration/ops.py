@@ -115,11 +115,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         if what == "elementwise":
             n = max(nbytes // 6, 1)  # two reads and a write
             return lambda: (rnd(n), rnd(n)), lambda x: torch.add(x[0], x[1]), 2 * n * 2, 1
-        if what == "transposed_cat":  # [rows, 1024] beside [1024, rows].T -> [rows, 2048]: read both, write both
-            width = 1024
-            rows = max(nbytes // (8 * width), 1)
-            return (lambda: (rnd(rows, width), rnd(width, rows)),
-                    lambda x: torch.cat([x[0], x[1].t()], dim=-1), 4 * rows * width, 1)
+        if what == "transposed_cat":  # the projector's input, as the model builds it: read both halves, write both
+            return _projector_input_op(nbytes, rnd)
         if what in ("permuted_copy", "permuted_add"):  # SAM's residual stream (calibration/profile.py)
             passes = 2 if what == "permuted_copy" else 3  # read, write / read both, write
             n, p = _stream_shape(nbytes // (passes * 2))
@@ -207,6 +204,30 @@ def _dense_bias_op(what: str, bh: int, side: int, rnd):
     if what == "broadcast":  # (make, run, bytes an input set holds, kernels per call)
         return rel, summed, 4 * bh * side ** 3, 1
     return (lambda: (summed(rel()),), lambda x: x[0].reshape(bh, side * side, side * side), 2 * bh * side ** 4, 1)
+
+
+def _projector_input_op(nbytes: int, rnd):
+    """DeepSeek-OCR's projector input (`DeepseekOCRModel.projector_input`) over `nbytes // 8192` feature rows: each
+    view's CLIP features without the CLS row, beside SAM's map flattened. SAM's neck runs on a channels-last view
+    (model/sam.py: neck(x.permute(0, 3, 1, 2))), so its convs leave the map channels-last and the flattened map
+    reads as whole rows; only the CLIP half skips a row per view. Views of up to 256 positions (a 1,024-pixel view's
+    16 x 16), as many as the rows need, each map one row of positions (the same layout in memory)."""
+    import torch
+
+    from ..model.deepseek_ocr import DeepseekOCRModel
+
+    width = 1024
+    rows = max(nbytes // (8 * width), 1)
+    views = -(-rows // 256)
+    positions = rows // views
+    rows = views * positions
+
+    def make():
+        clip = rnd(views, positions + 1, width)
+        sam = rnd(views, width, 1, positions).contiguous(memory_format=torch.channels_last)
+        return clip, sam
+
+    return make, lambda x: DeepseekOCRModel.projector_input(x[0], x[1]), 4 * rows * width, 1
 
 
 def _fused_op(what: str, nbytes: int, dev: str, rnd):

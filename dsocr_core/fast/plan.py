@@ -76,8 +76,12 @@ class FastPlan:
     # 507-1,691 us, the row with the credit 312-957 us; docs/accuracy.md, "The LM attention's kernels add up").
     # The lm_head also: its GEMM, then the cast of its logits to float32 (lm_prefill's .float()), a second kernel
     # that can start only when the GEMM is done. With every position's logits the cast moves three times the GEMM's
-    # output (54 Large pages: 28 GB after a 12 TFLOP GEMM) and the credit hid it under the GEMM's compute
-    separate_rows = frozenset({"clip.mlp", "lm.self_attn", "lm.lm_head"})
+    # output (54 Large pages: 28 GB after a 12 TFLOP GEMM) and the credit hid it under the GEMM's compute.
+    # The projector also (fast/vision.run_projector): per view group the concatenation of CLIP's and SAM's features
+    # (model.projector_input, one CatArrayBatchedCopy kernel), then the addmm that reads it: the GEMM cannot start
+    # before the copy ends. With the credit the concatenation's roofline (8 KiB moved per feature row: a third (H200)
+    # to a half (H100) of the GEMM's compute time per row) was hidden wherever the GEMM bounds the row
+    separate_rows = frozenset({"clip.mlp", "lm.self_attn", "lm.lm_head", "projector"})
     sam_rows = frozenset(f"sam.{part}.{tag}" for part in ("norm1", "attn", "norm2", "mlp")
                          for tag in ("windowed", "global"))
 
