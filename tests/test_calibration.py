@@ -340,6 +340,34 @@ def test_a_derived_memory_entry_moves_with_the_bandwidth_only_where_it_streams()
     assert "streams" in der.derivation["method"]
 
 
+def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_says_so(tmp_path):
+    """calibrate --derive-from H200 --tables memory.transposed_cat --add-to H100: the H100 profile keeps every other
+    table, and that one takes the time derive_profile gives it (against the H100 profile's measured ceilings);
+    its label and notes say DERIVED and from which GPU's tables of which day; a derived base is refused."""
+    from dsocr_core.calibration.derive import add_derived_tables
+
+    h200, h100 = load_profile("data/profiles/h200.json"), load_profile("data/profiles/h100.json")
+    name = "memory.transposed_cat"
+    both = add_derived_tables(h100, h200, [name])
+    der = derive_profile(h200, "h100-sxm")
+    nbytes = der.table(name).grid[0]
+    took = lambda p: nbytes / p.bandwidth / p.table(name).efficiency  # noqa: E731
+    np.testing.assert_allclose(took(both), took(der), rtol=1e-9)
+    assert all(np.array_equal(both.table(t).efficiency, h100.table(t).efficiency) for t in h100.tables if t != name)
+    assert both.table(name).meta["derived_from"] == h200.device_name
+    assert f"(+ {name} DERIVED from {h200.device_name}'s tables of 20" in both.label()
+    assert both.raw["calibration"]["notes"][-1].startswith(f"{name} DERIVED on ")
+    assert not both.derived and load_profile(both.save(tmp_path / "p.json")).label() == both.label()
+    with pytest.raises(ProfileError, match="not to a derived one"):
+        add_derived_tables(der, h200, [name])
+    with pytest.raises(ProfileError, match="no memory.nothing"):
+        add_derived_tables(h100, h200, ["memory.nothing"])
+    out = tmp_path / "cli.json"
+    args = ["calibrate", "--derive-from", "data/profiles/h200.json", "--add-to", "data/profiles/h100.json", "--out"]
+    assert main(args + [str(out), "--tables", name]) == 0 and "DERIVED" in load_profile(out).label()
+    assert main(args + [str(out), "--tables", name, "--target", "h100-sxm"]) == 2
+
+
 def test_derived_label_travels_into_predictions_and_exports(tmp_path):
     from dsocr_core.analytic import Points, analyze, sweep_columns
     from dsocr_core.analytic.predict import with_profile

@@ -34,7 +34,8 @@ import numpy as np
 
 from ..hardware import get_hardware, match_device_name
 from ..spec import Hardware
-from .profile import KIND_AXES, MNK_KINDS, Profile, ProfileError, build_profile, entry_work, table_kind
+from .profile import (KIND_AXES, MNK_KINDS, Profile, ProfileError, build_profile, entry_work, profile_from_dict,
+                      table_kind)
 
 TILE = 128  # output rows/columns per thread block assumed for the occupancy estimate
 
@@ -157,3 +158,47 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
                        f"time x per-SM rate ratio at min(blocks, SMs) ({TILE}x{TILE} tiles), or the peak ratio "
                        "without SM counts; launch and host costs kept as measured on the source"),
         })
+
+
+def add_derived_tables(base: Profile, source: Profile, names: list[str],
+                       source_hardware: Hardware | str | None = None) -> Profile:
+    """`base` (a measured profile) with the tables `names` derived from `source`, another GPU's measured profile,
+    by derive_profile's rule, each entry keeping the time it is derived to take against base's own ceilings. For a
+    table whose kernel changed after base was measured, until it is measured on base's GPU: the label says which
+    tables are derived and from where, and each table's meta names its source."""
+    if base.derived:
+        raise ProfileError("add derived tables to a measured profile, not to a derived one")
+    target = match_device_name(base.device_name)
+    if target is None:
+        raise ProfileError(f"the profile's device {base.device_name!r} has no datasheet preset to derive for")
+    derived = derive_profile(source, target, source_hardware)
+    missing = [n for n in names if derived.table(n) is None]
+    if missing:
+        raise ProfileError(f"{source.device_name}'s profile has no {', '.join(missing)} to derive from")
+    data = base.to_dict()
+    for name in names:
+        t = derived.table(name)
+        mesh = dict(zip(t.axes, np.meshgrid(*t.grid, indexing="ij")))
+        flops, nbytes = entry_work(name, mesh, t.meta)
+        seconds = np.maximum(flops / derived.peak_flops, nbytes / derived.bandwidth) / t.efficiency
+        eff = np.maximum(flops / base.peak_flops, nbytes / base.bandwidth) / seconds
+        table = derived.to_dict()["tables"][name]
+        table["efficiency"] = np.clip(eff, 1e-9, 1e3).tolist()
+        table["meta"] = {**table["meta"], "derived_from_created": _measured_on(source, name)}
+        data["tables"][name] = table
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    measured = max(_measured_on(source, name) for name in names)
+    data["calibration"].setdefault("added", []).append(
+        {"tables": sorted(names), "created": now, "device": base.device_name, "quick": False,
+         "derived_from": source.device_name, "source_created": measured})
+    data["calibration"].setdefault("notes", []).append(
+        f"{', '.join(sorted(names))} DERIVED on {now[:10]} from {source.device_name}'s tables measured "
+        f"{measured[:10]} (not measured on this GPU; {derived.derivation['method']})")
+    return profile_from_dict(data)
+
+
+def _measured_on(profile: Profile, name: str) -> str:
+    """When `profile`'s table `name` was measured: its last addition, else the profile's own calibration."""
+    added = [str(a.get("created")) for a in profile.raw["calibration"].get("added") or []
+             if isinstance(a, dict) and name in (a.get("tables") or []) and not a.get("derived_from")]
+    return added[-1] if added else profile.created

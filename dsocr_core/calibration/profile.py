@@ -353,9 +353,11 @@ class Profile:
         created = self.created[:10]
         if not self.derived:
             quick = " quick" if self.quick else ""
-            added = "".join(f" (+ {', '.join(map(str, a.get('tables', [])))} measured"
-                            f"{' quick' if a.get('quick') else ''} {str(a.get('created', '?'))[:10]})"
-                            for a in self.raw["calibration"].get("added") or [] if isinstance(a, dict))
+            added = "".join(f" (+ {', '.join(map(str, a.get('tables', [])))} "
+                            + (f"DERIVED from {a['derived_from']}'s tables of {str(a.get('source_created', '?'))[:10]}, "
+                               "not measured" if a.get("derived_from") else
+                               f"measured{' quick' if a.get('quick') else ''} {str(a.get('created', '?'))[:10]}")
+                            + ")" for a in self.raw["calibration"].get("added") or [] if isinstance(a, dict))
             return f"{self.device_name} profile, measured{quick} {created}{added}"
         d = self.derivation or {}
         src = d.get("source", {}).get("device", "?")

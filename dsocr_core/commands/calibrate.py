@@ -4,6 +4,8 @@
     python -m dsocr_core calibrate --device cpu --quick --out /tmp/cpu.json         # tiny shapes, seconds
     python -m dsocr_core calibrate --derive-from h200.json --target h100-sxm --out h100_derived.json
     python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
+    python -m dsocr_core calibrate --derive-from data/profiles/h200.json --tables memory.transposed_cat \
+        --add-to data/profiles/h100.json --out data/profiles/h100.json   # one table derived, labelled so
     python -m dsocr_core calibrate --tables memory.transposed_cat --add-to data/profiles/h100.json \
         --out data/profiles/h100.json          # a table kind the profile lacks, measured on the same GPU model
     python -m dsocr_core calibrate --tables launch.graph_start --add-to data/profiles/h100.json \
@@ -36,7 +38,9 @@ def register(sub) -> None:
     p.add_argument("--add-to", metavar="PROFILE", help="with --tables: measure those tables against this profile's "
                    "ceilings and write the profile with them added or replaced (same GPU model; noted in the "
                    "profile)")
-    p.add_argument("--derive-from", help="a measured profile to derive a profile for --target from")
+    p.add_argument("--derive-from", help="a measured profile to derive a profile for --target from; with --add-to "
+                                         "and --tables, only those tables, derived into the --add-to profile (its "
+                                         "label says so)")
     p.add_argument("--target", help="GPU preset or device name the derived profile is for (e.g. h100-sxm)")
     p.add_argument("--source-hardware", help="datasheet preset of the source profile's GPU, when its name "
                                              "matches no preset")
@@ -82,6 +86,21 @@ def run(args) -> int:
         raise UserError("calibrate: give --out FILE (a .json profile)")
     if not str(args.out).lower().endswith(".json"):
         raise UserError(f"calibrate: --out must end in .json, got {args.out!r}")
+    if args.derive_from and args.add_to:  # only --tables derived, into a measured profile of another GPU
+        from ..calibration.derive import add_derived_tables
+
+        if not args.tables or args.target:
+            raise UserError("calibrate: --derive-from with --add-to takes --tables (the tables to derive), "
+                            "not --target (the --add-to profile's GPU is the target)")
+        try:
+            prof = add_derived_tables(load_profile(args.add_to), load_profile(args.derive_from),
+                                      [t.strip() for t in args.tables.split(",") if t.strip()], args.source_hardware)
+        except (OSError, ProfileError) as exc:
+            raise UserError(f"calibrate: {exc}") from None
+        path = prof.save(args.out)
+        print(_summary(prof))
+        print(f"wrote {path}")
+        return 0
     if args.derive_from:
         from ..calibration.derive import derive_profile
 
