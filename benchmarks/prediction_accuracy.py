@@ -325,8 +325,11 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"unknown --groups {unknown}; choose from {', '.join(GROUPS)}")
     if "random" in groups and (quick or args.random_points < 1):
         ap.error("--groups random draws full-size points (not with --quick) and needs --random-points >= 1")
-    workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model, args.random_points,
-                                   args.seed, args.random_batch, args.random_text)
+    try:
+        workloads = held_out_workloads(quick, steps, dtype, args.logits, groups, args.model, args.random_points,
+                                       args.seed, args.random_batch, args.random_text)
+    except ValueError as exc:  # e.g. ranges too narrow for --random-points distinct points
+        ap.error(f"{exc}: widen --random-batch / --random-text or ask for fewer --random-points")
     store_path = args.store or str(Path(tempfile.mkdtemp(prefix="dsocr_accuracy_")) / "runs.sqlite")
     if args.predict_only and not (args.store and Path(args.store).exists()):
         ap.error("--predict-only needs --store with the measured runs")

@@ -341,13 +341,14 @@ def test_a_derived_memory_entry_moves_with_the_bandwidth_only_where_it_streams()
 
 
 def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_says_so(tmp_path):
-    """calibrate --derive-from H200 --tables memory.transposed_cat --add-to H100: the H100 profile keeps every other
+    """calibrate --derive-from H200 --tables memory.projector_cat --add-to H100: the H100 profile keeps every other
     table, and that one takes the time derive_profile gives it (against the H100 profile's measured ceilings);
-    its label and notes say DERIVED and from which GPU's tables of which day; a derived base is refused."""
+    its label and notes say DERIVED and from which GPU's tables of which day. Refused: a derived base, a table the
+    source lacks, a launch cost, no table, and a source table that was itself derived (no chains)."""
     from dsocr_core.calibration.derive import add_derived_tables
 
     h200, h100 = load_profile("data/profiles/h200.json"), load_profile("data/profiles/h100.json")
-    name = "memory.transposed_cat"
+    name = "memory.projector_cat"
     both = add_derived_tables(h100, h200, [name])
     der = derive_profile(h200, "h100-sxm")
     nbytes = der.table(name).grid[0]
@@ -355,17 +356,27 @@ def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_sa
     np.testing.assert_allclose(took(both), took(der), rtol=1e-9)
     assert all(np.array_equal(both.table(t).efficiency, h100.table(t).efficiency) for t in h100.tables if t != name)
     assert both.table(name).meta["derived_from"] == h200.device_name
-    assert f"(+ {name} DERIVED from {h200.device_name}'s tables of 20" in both.label()
+    assert f"(+ {name} DERIVED from {h200.device_name}'s tables of 2026-11-28, not measured)" in both.label()
     assert both.raw["calibration"]["notes"][-1].startswith(f"{name} DERIVED on ")
     assert not both.derived and load_profile(both.save(tmp_path / "p.json")).label() == both.label()
     with pytest.raises(ProfileError, match="not to a derived one"):
         add_derived_tables(der, h200, [name])
-    with pytest.raises(ProfileError, match="no memory.nothing"):
-        add_derived_tables(h100, h200, ["memory.nothing"])
+    with pytest.raises(ProfileError, match="has no memory.transposed_cat"):  # that profile predates the table
+        add_derived_tables(h100, load_profile("data/profiles/history/h200_2026-11-23.json"), ["memory.transposed_cat"])
+    with pytest.raises(ProfileError, match="unknown table"):
+        add_derived_tables(h100, h200, ["launch.graph_start"])
+    with pytest.raises(ProfileError, match="name the kernel tables"):
+        add_derived_tables(h100, h200, [])
+    # the H100's projector_cat is itself derived from the H200's: deriving it back would hide where it was measured
+    with pytest.raises(ProfileError, match="itself derived"):
+        add_derived_tables(h200, h100, [name])
+    # a whole derived profile names the chain
+    assert "its table derived from NVIDIA H200" in derive_profile(h100, "h200").table(name).meta["derived_from"]
     out = tmp_path / "cli.json"
     args = ["calibrate", "--derive-from", "data/profiles/h200.json", "--add-to", "data/profiles/h100.json", "--out"]
     assert main(args + [str(out), "--tables", name]) == 0 and "DERIVED" in load_profile(out).label()
     assert main(args + [str(out), "--tables", name, "--target", "h100-sxm"]) == 2
+    assert main(args + [str(out), "--tables", ","]) == 2
 
 
 def test_derived_label_travels_into_predictions_and_exports(tmp_path):
@@ -543,8 +554,9 @@ def test_the_random_group_can_be_narrowed_to_batches_and_text_lengths():
 
 
 def test_the_projector_input_op_is_the_models_own_cat_with_sams_map_channels_last():
-    """memory.transposed_cat times DeepseekOCRModel.projector_input on SAM's map as its neck leaves it
-    (channels-last: the flattened map reads whole rows), over the rows its bytes name."""
+    """memory.projector_cat times DeepseekOCRModel.projector_input on SAM's map as the fast engine's neck leaves it
+    (channels-last: the flattened map reads whole rows), over the rows its bytes name; the reference model's map is
+    channels-first (its patch embedding is a conv), which memory.transposed_cat times."""
     import torch
 
     from dsocr_core.calibration.ops import _projector_input_op

@@ -23,8 +23,10 @@ def test_the_blocks_grow_with_the_cache_and_start_from_the_short_caches_blocks()
 
 
 def test_the_attention_table_has_lengths_on_both_sides_of_every_change_of_blocks():
-    """The time model interpolates memory.fused_attention between its measured lengths: no span between two
-    neighbours may hold a change of blocks, or a length inside it would be priced on a mix of two kernels."""
+    """The time model interpolates memory.fused_attention between its measured lengths: every span between two
+    neighbours runs one block setting past its first length, so a change of blocks is bracketed by the lengths on
+    either side of it (without the added lengths 1,025-4,096 slots would be priced between 32-slot and 128-slot
+    blocks)."""
     slots = attention_table_slots()
     assert slots == sorted(set(slots)) and slots[0] <= 16 and slots[-1] >= 16384
     for lo, hi in zip(slots, slots[1:]):

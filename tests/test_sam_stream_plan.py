@@ -93,6 +93,29 @@ def test_the_stream_tables_price_sam_and_profiles_without_them_fall_back_and_say
     assert timed["tables"] > timed["elementwise"] * 1.05
 
 
+def test_the_fast_projector_cat_has_its_own_table_and_the_reference_keeps_the_transposed_one():
+    """The fast engine's SAM map is channels-last, so its projector cat reads whole rows (memory.projector_cat); the
+    reference model's is channels-first (memory.transposed_cat). A profile without projector_cat prices the fast
+    cat on transposed_cat and says so."""
+    pts = Points.build(mode="gundam", crops=(2, 2), text_tokens=10, batch=8, decode_steps=0, logits="last")
+    d = uniform_profile(H100.peak_flops, H100.bandwidth, 0.5, 0.0, kind="cuda").to_dict()
+    d["tables"]["memory.transposed_cat"] = dict(d["tables"]["memory.copy"],
+                                                efficiency=[0.05] * len(d["tables"]["memory.copy"]["efficiency"]))
+    d["tables"]["memory.projector_cat"] = d["tables"]["memory.copy"]  # at 0.5
+    both = profile_from_dict(d)
+    d["tables"].pop("memory.projector_cat")
+    older = profile_from_dict(d)
+    proj = {}
+    for label, prof, engine in (("fast", both, "fast"), ("fast, older profile", older, "fast"),
+                                ("reference", both, "reference"), ("reference, older profile", older, "reference")):
+        hw = with_profile(H100, prof, EngineSpec.of(engine))
+        proj[label] = float(evaluate(ModelSpec(), pts, hw)["projector"]["predicted_s"][0])
+        noted = "memory.projector_cat (bfloat16) timed with table memory.transposed_cat" in " ".join(hw.prediction.notes)
+        assert noted == (label == "fast, older profile"), label
+    assert proj["fast, older profile"] > proj["fast"] * 1.2  # the slow transposed table instead of its own
+    assert proj["reference"] == pytest.approx(proj["reference, older profile"])  # never the fast engine's table
+
+
 def test_no_reference_row_gets_an_overlap_credit():
     """Eager kernels run one after another: with the credit, a SAM MLP row's GELU and add hide under its GEMMs."""
     pts = Points.build(mode="base", text_tokens=10, batch=8, decode_steps=0, logits="last")

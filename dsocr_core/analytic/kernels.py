@@ -267,8 +267,9 @@ def common_vision(c: Call) -> Plan | None:
         if not hasattr(s, "clip_width"):
             return Plan([linear], rest_launches=calls * 2)
         # DeepSeek-OCR: one cat of CLIP's features (CLS dropped: a view) and SAM's map flattened and transposed
-        # (a view whose channel runs are strided by the map's size, so the cat's reads of it are uncoalesced):
-        # priced on its own table, read both halves and write the concatenation
+        # (in the reference model a view whose channel runs are strided by the map's size, so the cat's reads of it
+        # are uncoalesced; the fast plan prices its channels-last map on memory.projector_cat instead): priced on
+        # its own table, read both halves and write the concatenation
         nbytes = v * 2 * f * din * dt
         cat = Kernel("memory.transposed_cat", dict(bytes=nbytes / np.maximum(calls, 1.0)), 0.0, nbytes, calls)
         return Plan([linear, cat], rest_launches=0.0)

@@ -180,6 +180,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(name, same), *_candidates("memory.fused_gemv", dtype)]
     if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
+    if name == "memory.projector_cat":  # profiles made before it: the reference's cat (reads through a transpose)
+        return [(name, same), ("memory.transposed_cat", same), ("memory.elementwise", same), ("memory.copy", same)]
     if name in ("memory.permuted_copy", "memory.permuted_add"):  # profiles made before them: reads across a stride
         return [(name, same), ("memory.transposed_cat", same), ("memory.elementwise", same), ("memory.copy", same)]
     if name.startswith("memory.") or name == "bias.broadcast":
@@ -193,8 +195,8 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa",
                "attention.eager", "attention.eager.causal", "attention.sdpa_bias", "attention.split_kv",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.fused_attention", "memory.fused_lm_head", "memory.transposed_cat",
-               "memory.gather_rows", "memory.group_rows", "memory.cast", "memory.permuted_copy",
-               "memory.permuted_add", "bias.broadcast", "bias.strided")
+               "memory.projector_cat", "memory.gather_rows", "memory.group_rows", "memory.cast",
+               "memory.permuted_copy", "memory.permuted_add", "bias.broadcast", "bias.strided")
 
 
 def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:

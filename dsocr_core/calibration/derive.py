@@ -133,7 +133,7 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
         eff = np.maximum(flops / p_t, nbytes / w_t) / work_t
         tables[name] = {"axes": {a: [float(v) for v in g] for a, g in axes.items()},
                         "efficiency": np.clip(eff, 1e-9, 1e3).tolist(), "measured": t.measured.tolist(),
-                        "meta": {**t.meta, "derived_from": source.device_name}}
+                        "meta": {**t.meta, "derived_from": _chain(source.device_name, t.meta)}}
         assert tuple(axes) == KIND_AXES[table_kind(name)]
     ratios = {"flops": p_t / p_s, "bandwidth": w_t / w_s, "sm": (sm_t / sm_s) if sm_s and sm_t else None}
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -171,10 +171,18 @@ def add_derived_tables(base: Profile, source: Profile, names: list[str],
     target = match_device_name(base.device_name)
     if target is None:
         raise ProfileError(f"the profile's device {base.device_name!r} has no datasheet preset to derive for")
-    derived = derive_profile(source, target, source_hardware)
-    missing = [n for n in names if derived.table(n) is None]
+    if not names:
+        raise ProfileError("name the kernel tables to derive")
+    for name in names:
+        table_kind(name)  # a kernel table's name (not a launch cost), or a ProfileError naming the kinds
+    missing = [n for n in names if source.table(n) is None]
     if missing:
         raise ProfileError(f"{source.device_name}'s profile has no {', '.join(missing)} to derive from")
+    chained = [n for n in names if source.table(n).meta.get("derived_from")]
+    if chained:  # a table derived from a derived one would hide where it was measured
+        raise ProfileError(f"{source.device_name}'s {', '.join(chained)} is itself derived (from "
+                           f"{source.table(chained[0]).meta['derived_from']}): derive from the GPU it was measured on")
+    derived = derive_profile(source, target, source_hardware)
     data = base.to_dict()
     for name in names:
         t = derived.table(name)
@@ -202,3 +210,10 @@ def _measured_on(profile: Profile, name: str) -> str:
     added = [str(a.get("created")) for a in profile.raw["calibration"].get("added") or []
              if isinstance(a, dict) and name in (a.get("tables") or []) and not a.get("derived_from")]
     return added[-1] if added else profile.created
+
+
+def _chain(source_device: str, meta: dict) -> str:
+    """The derived_from of a table derived from `source_device`'s, naming where that one came from if it was
+    itself derived (a profile derived from another whose table was derived back from this GPU is no check of it)."""
+    earlier = meta.get("derived_from")
+    return f"{source_device} (its table derived from {earlier})" if earlier else source_device

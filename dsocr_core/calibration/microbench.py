@@ -35,8 +35,8 @@ from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 # the memory tables measured over the bytes grid in every calibration (the fused kernels' tables have their own)
-BYTE_KINDS = ("copy", "elementwise", "norm", "gemv", "transposed_cat", "gather_rows", "permuted_copy", "permuted_add",
-              "cast")
+BYTE_KINDS = ("copy", "elementwise", "norm", "gemv", "transposed_cat", "projector_cat", "gather_rows", "permuted_copy",
+              "permuted_add", "cast")
 
 
 def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:

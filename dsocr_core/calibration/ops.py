@@ -115,7 +115,12 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         if what == "elementwise":
             n = max(nbytes // 6, 1)  # two reads and a write
             return lambda: (rnd(n), rnd(n)), lambda x: torch.add(x[0], x[1]), 2 * n * 2, 1
-        if what == "transposed_cat":  # the projector's input, as the model builds it: read both halves, write both
+        if what == "transposed_cat":  # [rows, 1024] beside [1024, rows].T -> [rows, 2048]: read both, write both
+            width = 1024  # the reference model's projector input (its SAM map is channels-first in memory)
+            rows = max(nbytes // (8 * width), 1)
+            return (lambda: (rnd(rows, width), rnd(width, rows)),
+                    lambda x: torch.cat([x[0], x[1].t()], dim=-1), 4 * rows * width, 1)
+        if what == "projector_cat":  # the fast engine's projector input: read both halves, write both
             return _projector_input_op(nbytes, rnd)
         if what in ("permuted_copy", "permuted_add"):  # SAM's residual stream (calibration/profile.py)
             passes = 2 if what == "permuted_copy" else 3  # read, write / read both, write
@@ -207,10 +212,13 @@ def _dense_bias_op(what: str, bh: int, side: int, rnd):
 
 
 def _projector_input_op(nbytes: int, rnd):
-    """DeepSeek-OCR's projector input (`DeepseekOCRModel.projector_input`) over `nbytes // 8192` feature rows: each
-    view's CLIP features without the CLS row, beside SAM's map flattened. SAM's neck runs on a channels-last view
-    (model/sam.py: neck(x.permute(0, 3, 1, 2))), so its convs leave the map channels-last and the flattened map
-    reads as whole rows; only the CLIP half skips a row per view. Views of up to 256 positions (a 1,024-pixel view's
+    """DeepSeek-OCR's projector input (`DeepseekOCRModel.projector_input`) as the fast engine builds it, over
+    `nbytes // 8192` feature rows: each view's CLIP features without the CLS row, beside SAM's map flattened. The
+    fast engine's patch embedding is a GEMM over patch rows (fast/vision.py), so SAM's stream is channels-last in
+    memory, the neck (neck(x.permute(0, 3, 1, 2))) gets a channels-last view, its convs keep that layout, and the
+    flattened map reads as whole rows; only the CLIP half skips a row per view. (The reference model's patch
+    embedding is a conv: its stream and map stay channels-first, and its cat reads SAM through a transpose, which
+    memory.transposed_cat times.) Views of up to 256 positions (a 1,024-pixel view's
     16 x 16), as many as the rows need, each map one row of positions (the same layout in memory)."""
     import torch
 

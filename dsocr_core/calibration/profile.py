@@ -82,13 +82,15 @@ KIND_AXES = {
     "grouped_gemm": ("tokens", "n", "k"),
     "bias": ("bh", "side"),
 }
-MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat", "moe_gemv",
-                "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast", "fused_lm_head")
+MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat",
+                "projector_cat", "moe_gemv", "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast", "fused_lm_head")
 # cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles
 # made before it price it on the elementwise table
-# transposed_cat: DeepSeek-OCR's projector input as the model builds it (CLIP's features without the CLS row beside
-# SAM's channels-last map, flattened); profiles made before 2026-11-28 timed a cat with a truly transposed [1024,
-# rows] (reads strided by rows: 1.4-2x slower on an H100), and profiles before that price it on the elementwise table. gather_rows: whole
+# transposed_cat: DeepSeek-OCR's projector input as the reference model builds it, a cat of [rows, 1024] with the
+# transpose of [1024, rows] (its SAM map is channels-first: reads of the second strided by rows); profiles made before
+# it price it on the elementwise table. projector_cat: the same cat as the fast engine builds it (SAM's map
+# channels-last, so the flattened map reads whole rows: 1.4-2x faster on an H100); profiles made before it (2026-11-28)
+# price it on transposed_cat. gather_rows: whole
 # rows gathered by an index (index_select), the fast projector's layout; profiles made before it use elementwise
 # permuted_copy / permuted_add: SAM's residual stream as the reference model runs it, channels first in memory but
 # seen channels last ([N, 768, P, P] permuted to [N, P, P, 768]): the copy to rows before each LayerNorm, and each

@@ -512,8 +512,10 @@ def attention_blocks(length: int) -> tuple[int, int, int]:
 def attention_table_slots() -> list[int]:
     """The cache lengths `memory.fused_attention` is measured at: 16 to 16,384 slots by fours, plus each block
     change's last length on the shorter blocks and a quarter past it on the longer ones, so that the time model
-    never interpolates across a change of blocks (the step between 1,024 and 2,048 slots was 3-9% faster than its
-    neighbours' blocks on an H200)."""
+    interpolates across a change of blocks only within the quarter past it (the step between 1,024 and 2,048 slots
+    was 3-9% faster than its neighbours' blocks on an H200). The plan looks a step up by its position, the engine
+    picks blocks by the bucket's end: with the default 256-slot buckets positions 1,025-1,279 run the longer blocks
+    and are priced between a length on each (1,024 and 1,280)."""
     edges = [n for upto, _ in ATTENTION_BY_LENGTH if upto for n in (upto, upto * 5 // 4)]
     return sorted({4 ** i for i in range(2, 8)} | set(edges))
 

@@ -41,6 +41,9 @@ ROUTING_LAUNCHES = 12.0
 # the fused step's own kernels have their own tables; a profile without them (a CPU, or one measured before they
 # existed) falls back to memory.gemv / attention.flash (analytic.predict._candidates)
 FUSED_GEMV, FUSED_ATTENTION = "memory.fused_gemv", "memory.fused_attention"
+# the projector's concatenation as this engine builds it (calibration/ops._projector_input_op); profiles without the
+# table price it on the reference's memory.transposed_cat and say so
+PROJECTOR_CAT = "memory.projector_cat"
 # its lm_head kernel, by bytes; a profile without the table falls back to memory.fused_gemv
 FUSED_LM_HEAD = "memory.fused_lm_head"
 # the by-expert Triton experts of batched decode (triton_kernels.moe_gemv), by the bytes a launch streams; a profile
@@ -162,6 +165,9 @@ class FastPlan:
             return _sam_norm(c) if kind.startswith("sam.norm") else _sam_mlp(c)
         shared = common_vision(c)
         if shared is not None:
+            if kind == "projector":  # SAM's map is channels-last here: the cat reads it in whole rows (its own table)
+                for kernel in shared.kernels:
+                    kernel.table = PROJECTOR_CAT if kernel.table == "memory.transposed_cat" else kernel.table
             return shared
         if kind == "sam.patch_embed":
             return patch_embed(c, 2)  # one GEMM over the patches (and the unfold)
