@@ -91,9 +91,9 @@ FUSED = {  # the fused batch-1 kernels as FusedDecode launches them for DeepSeek
                     "skh": "i32", "skl": "i32", "svh": "i32", "svl": "i32", "scale": "fp32"},
                    {"D": 128, "CHUNK": 32, "BS": 32}),
 }
-# the attention's blocks for longer caches (decode_kernels.attention_blocks): 64 and 128 slots a program
-for _chunk, _splits in ((64, 32), (128, 32)):
-    FUSED[f"{_chunk}-slot _attention"] = (FUSED["_attention"][0], {"D": 128, "CHUNK": _chunk, "BS": _splits})
+# the attention's blocks for longer caches (decode_kernels.attention_blocks): 64 slots a program on 2 warps, 128 on 4
+for _chunk, _splits, _warps in ((64, 32, 2), (128, 32, 4)):
+    FUSED[f"{_chunk}-slot _attention"] = (FUSED["_attention"][0], {"D": 128, "CHUNK": _chunk, "BS": _splits}, _warps)
 
 
 def _loads_around_the_wait(kernel) -> tuple[list[int], int, bool]:
@@ -123,8 +123,9 @@ def _loads_around_the_wait(kernel) -> tuple[list[int], int, bool]:
     return before, sum(loads[waits[-1]:]), launch > waits[0]
 
 
-def _compile_aligned(fn, signature: dict, constexprs: dict):
-    """As Triton's launcher specialises them: every pointer 16-byte aligned (vector loads)."""
+def _compile_aligned(fn, signature: dict, constexprs: dict, warps: int | None = None):
+    """As Triton's launcher specialises them: every pointer 16-byte aligned (vector loads); `warps` as launched
+    (None: Triton's default)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -132,7 +133,7 @@ def _compile_aligned(fn, signature: dict, constexprs: dict):
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
     sig = dict(signature, **{name: "constexpr" for name in constexprs})
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget(*SM90))
+                          target=GPUTarget(*SM90), options={"num_warps": warps} if warps else None)
 
 
 @pytest.mark.parametrize("name", list(FUSED))
@@ -144,9 +145,9 @@ def test_fused_kernels_load_their_weights_before_waiting_for_the_previous_kernel
     (the position and earlier steps' cache slots) and the down kernel's (the router's expert ids) safe: those two
     must let the next kernel launch late, every other kernel as early as it can."""
     dk = kernels[0]
-    sig, shapes = FUSED[name]
+    sig, shapes, *warps = FUSED[name]
     before, after, late = _loads_around_the_wait(_compile_aligned(getattr(dk, name.split()[-1]), sig,
-                                                                  dict(shapes, PDL=True)))
+                                                                  dict(shapes, PDL=True), *warps))
     assert after > 0
     if name == "_expert_up":  # one wait, nothing to load before it
         assert before == [0]
