@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from dsocr_core.calibration import load_profile, uniform_profile
-from dsocr_core.calibration.derive import derive_profile
+from dsocr_core.calibration.derive import add_derived_tables, derive_profile
 from dsocr_core.calibration.microbench import run_microbench
 from dsocr_core.calibration.profile import profile_from_dict
 from dsocr_core.results.store import RunStore
@@ -20,6 +20,7 @@ from test_app_usability import chart_frames, cpu_run
 
 CPU = "repo:cpu.json"  # a CPU profile of the full grids (uniform test data); the quick one is never offered
 H200, H100_DERIVED, BROKEN = "repo:h200.json", "repo:h100_from_h200.json", "repo:broken.json"
+H100_ONE_DERIVED = "repo:h100_one_derived.json"  # a measured H100 profile with one table derived from the H200's
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,9 @@ def data(tmp_path, monkeypatch, cpu_quick):
     h200.save(repo / "h200.json")
     uniform_profile(2e11, 2e10, efficiency=0.5, launch=5e-6, name="Test CPU", kind="cpu").save(repo / "cpu.json")
     derive_profile(load_profile(repo / "h200.json"), "h100-sxm").save(repo / "h100_from_h200.json")
+    h100 = uniform_profile(989e12, 3.35e12, efficiency=0.5, launch=5e-6, name="NVIDIA H100 80GB HBM3", kind="cuda")
+    add_derived_tables(h100, load_profile(repo / "h200.json"), ["memory.projector_cat"]).save(
+        repo / "h100_one_derived.json")
     (repo / "broken.json").write_text((repo / "h200.json").read_text()[:200])
     raw = h200.to_dict()  # a calibration stopped inside its GEMM grid: valid, but it cannot time a memory kernel
     raw["tables"] = {k: v for k, v in raw["tables"].items() if k.startswith("gemm.")}
@@ -124,6 +128,15 @@ def test_derived_profile_is_labelled_in_the_sidebar_and_the_export(data):
     export = export_frame(open_tab(at, "an_tab", "Download"))
     assert export["predicted.derived"].all() and export["predicted.profile"].str.contains("DERIVED").all()
     assert export["predicted.device_kind"].eq("cuda").all()
+
+
+def test_a_measured_profile_with_a_derived_table_says_which_in_the_sidebar_and_the_export(data):
+    at = pick(goto(make_app(), "analytic"), H100_ONE_DERIVED)
+    warning = [w for w in texts(at.sidebar, "warning") if "DERIVED" in w]
+    assert warning and "`memory.projector_cat` (from NVIDIA H200)" in warning[0] and "DERIVED profile" not in warning[0]
+    export = export_frame(open_tab(at, "an_tab", "Download"))
+    assert (~export["predicted.derived"]).all()  # a measured profile, its one derived table named in its label
+    assert export["predicted.profile"].str.contains("memory.projector_cat DERIVED from NVIDIA H200").all()
 
 
 def test_a_malformed_profile_names_the_problem_and_falls_back_to_the_roofline(data):

@@ -356,6 +356,7 @@ def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_sa
     np.testing.assert_allclose(took(both), took(der), rtol=1e-9)
     assert all(np.array_equal(both.table(t).efficiency, h100.table(t).efficiency) for t in h100.tables if t != name)
     assert both.table(name).meta["derived_from"] == h200.device_name
+    assert both.derived_tables == {name: h200.device_name} and der.derived_tables == {}  # a derived one: all are
     assert f"(+ {name} DERIVED from {h200.device_name}'s tables of 2026-11-28, not measured)" in both.label()
     assert both.raw["calibration"]["notes"][-1].startswith(f"{name} DERIVED on ")
     assert not both.derived and load_profile(both.save(tmp_path / "p.json")).label() == both.label()

@@ -63,6 +63,7 @@ class ProfileChoice:
     routing_path: str | None = None  # the what-if routing profile (ui/routing_choice.py); None: uniform
     routing_mtime_ns: int = 0
     routing_label: str = UNIFORM_ROUTING
+    derived_tables: tuple[str, ...] = ()  # tables of a measured profile derived from another GPU's, not measured
 
 
 # ------------------------------------------------------------------------------------------- folders
@@ -149,7 +150,8 @@ def choose(path: Path, origin: str) -> ProfileChoice:
     if gaps:
         raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
                            "before it measured them); calibrate again with a larger budget")
-    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin)
+    return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin,
+                         derived_tables=tuple(f"`{t}` (from {md(src)})" for t, src in prof.derived_tables.items()))
 
 
 def _refuse_quick(profile: Profile, name: str) -> None:
@@ -284,6 +286,9 @@ def render(side, gpu) -> ProfileChoice | None:
         side.caption(md(choice.label))
         if choice.derived:
             side.warning("DERIVED profile: its tables were scaled from another GPU's, not measured on this one.")
+        elif choice.derived_tables:
+            side.warning("Some tables of this profile are DERIVED from another GPU's, not measured on this one: "
+                         + ", ".join(choice.derived_tables) + ".")
         path, mtime, label = routing_choice.render(side)
         choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
     if hidden:

@@ -333,6 +333,16 @@ class Profile:
         return bool(self.raw["derived"])
 
     @property
+    def derived_tables(self) -> dict[str, str]:
+        """{table: the GPU it was derived from} of a measured profile's tables that were derived from another
+        GPU's (calibrate --derive-from --tables --add-to), not measured; empty for a wholly derived profile, whose
+        every table is."""
+        if self.derived:
+            return {}
+        return {name: str(t.meta["derived_from"]) for name, t in sorted(self.tables.items())
+                if t.meta.get("derived_from")}
+
+    @property
     def quick(self) -> bool:
         """Measured on the quick grids: a smoke test of the calibration, whose tables stop far below the model's
         shapes (its predictions miss by 10x or more). The dashboard never offers one as a predictor."""
