@@ -63,10 +63,12 @@ def _summary(prof) -> str:
     if any(probes.values()):
         lines.append("  host speed probe while measured (runtime/host_speed.py): " + ", ".join(
             f"{t} {v * 1e6:.2f} us/op" for t, v in probes.items() if v))
+    derived = prof.derived_tables
     for name, t in sorted(prof.tables.items()):
         e = t.efficiency
         lines.append(f"  {name:26s} {e.size:4d} shapes ({int(t.measured.sum())} measured), efficiency "
-                     f"{float(e.min()):.3g}..{float(e.max()):.3g}")
+                     f"{float(e.min()):.3g}..{float(e.max()):.3g}"
+                     + (f", DERIVED from {derived[name]}'s, not measured here" if name in derived else ""))
     if not prof.derived:
         lines.append(f"  calibration: {cal.get('elapsed_s')} s, complete={cal.get('complete')}, "
                      f"skipped={cal.get('skipped')}")
