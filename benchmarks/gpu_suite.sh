@@ -11,7 +11,9 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 tests=()
 if [ -n "${PART:-}" ]; then
-  mapfile -t tests < <(python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep "::" |
+  python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider > "$OUT/gpu_tests_collected.txt" 2>&1 ||
+    { echo "collecting the GPU tests failed: $OUT/gpu_tests_collected.txt"; tail -5 "$OUT/gpu_tests_collected.txt"; exit 2; }
+  mapfile -t tests < <(grep -E '^tests/[^ ]*::' "$OUT/gpu_tests_collected.txt" |
     python3 -c "
 import sys
 k, n = (int(x) for x in sys.argv[1].split('/'))
@@ -20,6 +22,7 @@ ids = [line.strip() for line in sys.stdin if line.strip()]
 share = -(-len(ids) // n)
 print('\n'.join(ids[(k - 1) * share:k * share]))" "$PART")
   [ ${#tests[@]} -gt 0 ] || { echo "PART=$PART selects no GPU test"; exit 2; }
+  printf '%s\n' "${tests[@]}" > "$OUT/gpu_tests_selected.txt"
 fi
 python3 -m pytest -m gpu -q -p no:cacheprovider -s "${tests[@]}" > "$OUT/gpu_suite.txt" 2>&1
 suite=$?

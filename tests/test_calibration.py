@@ -340,26 +340,34 @@ def test_a_derived_memory_entry_moves_with_the_bandwidth_only_where_it_streams()
     assert "streams" in der.derivation["method"]
 
 
-def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_says_so(tmp_path):
+def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_says_so(tmp_path, capsys):
     """calibrate --derive-from H200 --tables memory.projector_cat --add-to H100: the H100 profile keeps every other
     table, and that one takes the time derive_profile gives it (against the H100 profile's measured ceilings);
-    its label and notes say DERIVED and from which GPU's tables of which day. Refused: a derived base, a table the
-    source lacks, a launch cost, no table, and a source table that was itself derived (no chains)."""
-    from dsocr_core.calibration.derive import add_derived_tables
+    its label, notes and `calibrate --show` say DERIVED and from which GPU's tables of which day. Refused: a derived
+    base, a table the source lacks, a launch cost, no table, and a source table that was itself derived."""
+    from dsocr_core.calibration.derive import _measured_on, add_derived_tables
 
-    h200, h100 = load_profile("data/profiles/h200.json"), load_profile("data/profiles/h100.json")
+    h200 = load_profile("data/profiles/h200.json")
     name = "memory.projector_cat"
+    raw = load_profile("data/profiles/h100.json").to_dict()  # the H100 profile without any derived table
+    raw["tables"].pop(name, None)
+    raw["calibration"]["added"] = [a for a in raw["calibration"]["added"] if not a.get("derived_from")]
+    h100 = profile_from_dict(raw)
+    assert h100.derived_tables == {} and "DERIVED" not in h100.label()
     both = add_derived_tables(h100, h200, [name])
     der = derive_profile(h200, "h100-sxm")
     nbytes = der.table(name).grid[0]
     took = lambda p: nbytes / p.bandwidth / p.table(name).efficiency  # noqa: E731
     np.testing.assert_allclose(took(both), took(der), rtol=1e-9)
-    assert all(np.array_equal(both.table(t).efficiency, h100.table(t).efficiency) for t in h100.tables if t != name)
-    assert both.table(name).meta["derived_from"] == h200.device_name
+    assert all(np.array_equal(both.table(t).efficiency, h100.table(t).efficiency) for t in h100.tables)
     assert both.derived_tables == {name: h200.device_name} and der.derived_tables == {}  # a derived one: all are
-    assert f"(+ {name} DERIVED from {h200.device_name}'s tables of 2026-11-28, not measured)" in both.label()
+    day = _measured_on(h200, name)[:10]
+    assert both.label() == h100.label() + f" (+ {name} DERIVED from {h200.device_name}'s tables of {day}, not measured)"
     assert both.raw["calibration"]["notes"][-1].startswith(f"{name} DERIVED on ")
+    assert add_derived_tables(both, h200, [name]).label() == both.label()  # derived again: one entry, not two
     assert not both.derived and load_profile(both.save(tmp_path / "p.json")).label() == both.label()
+    assert main(["calibrate", "--show", str(tmp_path / "p.json")]) == 0
+    assert f"DERIVED from {h200.device_name}'s, not measured here" in capsys.readouterr().out
     with pytest.raises(ProfileError, match="not to a derived one"):
         add_derived_tables(der, h200, [name])
     with pytest.raises(ProfileError, match="has no memory.transposed_cat"):  # that profile predates the table
@@ -368,13 +376,14 @@ def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_sa
         add_derived_tables(h100, h200, ["launch.graph_start"])
     with pytest.raises(ProfileError, match="name the kernel tables"):
         add_derived_tables(h100, h200, [])
-    # the H100's projector_cat is itself derived from the H200's: deriving it back would hide where it was measured
+    # both's table is itself derived from the H200's: deriving it again, back onto an H200, would hide that
+    h200_raw = h200.to_dict()
+    h200_raw["tables"].pop(name)
     with pytest.raises(ProfileError, match="itself derived"):
-        add_derived_tables(h200, h100, [name])
-    # a whole derived profile names the chain
-    assert "its table derived from NVIDIA H200" in derive_profile(h100, "h200").table(name).meta["derived_from"]
+        add_derived_tables(profile_from_dict(h200_raw), both, [name])
+    assert "its table derived from NVIDIA H200" in derive_profile(both, "h200").table(name).meta["derived_from"]
     out = tmp_path / "cli.json"
-    args = ["calibrate", "--derive-from", "data/profiles/h200.json", "--add-to", "data/profiles/h100.json", "--out"]
+    args = ["calibrate", "--derive-from", "data/profiles/h200.json", "--add-to", str(tmp_path / "p.json"), "--out"]
     assert main(args + [str(out), "--tables", name]) == 0 and "DERIVED" in load_profile(out).label()
     assert main(args + [str(out), "--tables", name, "--target", "h100-sxm"]) == 2
     assert main(args + [str(out), "--tables", ","]) == 2

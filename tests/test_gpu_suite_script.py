@@ -19,15 +19,19 @@ def _run(tmp_path, part: str) -> tuple[int, str, str]:
 
 
 def test_two_shares_run_every_gpu_test_once_and_a_third_of_two_is_refused(tmp_path):
-    counts = []
+    shares = []
     for part in ("1/2", "2/2"):
         code, out, suite = _run(tmp_path, part)
         assert code == 0, out
         n = int(re.search(r"part \d/2 \((\d+) tests\)", out).group(1))
         assert re.search(rf"\b{n} skipped\b", suite), suite[-300:]  # no CUDA here: each selected test skips
-        counts.append(n)
+        selected = (tmp_path / part.replace("/", "_") / "gpu_tests_selected.txt").read_text().split()
+        assert len(selected) == n
+        shares.append(selected)
     collected = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
                                 "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert sum(counts) == sum("::" in line for line in collected.splitlines()) and abs(counts[0] - counts[1]) <= 1
+    every = [line.strip() for line in collected.splitlines() if re.match(r"^tests/\S*::", line)]
+    assert shares[0] + shares[1] == every and not set(shares[0]) & set(shares[1])  # each test once, in order
+    assert abs(len(shares[0]) - len(shares[1])) <= 1
     code, out, _ = _run(tmp_path, "3/2")
     assert code == 2 and "selects no GPU test" in out

@@ -187,9 +187,9 @@ def stated(table: dict, column: str) -> dict[str, tuple[float, float]]:
 # tables are measured again and the profile as it was before is kept here, with the day the new tables came:
 # results measured before that day are predicted with the tables of the kernels they ran (the fused batch-1 decode
 # kernels load their weights before waiting for the previous kernel since 2026-11-27, and the fused attention's
-# blocks follow the cache length since 2026-11-28, docs/fast-mode.md). The projector's concatenation never changed:
-# the 2026-11-27 profiles carry today's memory.transposed_cat (their own timed a truly transposed cat, which no
-# engine runs); the older ones keep theirs, because their SAM stream tables fall back to it (calibration/profile.py).
+# blocks follow the cache length since 2026-11-28, docs/fast-mode.md). The fast engine's projector concatenation did
+# not change that day: the 2026-11-27 profiles carry its table of 2026-11-28, memory.projector_cat (before it the fast
+# plan priced that cat on the reference's memory.transposed_cat).
 PROFILE_BEFORE = {
     "data/profiles/h100.json": (("2026-11-27", "data/profiles/history/h100_2026-11-26.json"),
                                 ("2026-11-28", "data/profiles/history/h100_2026-11-27.json")),

@@ -196,7 +196,10 @@ def add_derived_tables(base: Profile, source: Profile, names: list[str],
         data["tables"][name] = table
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     measured = max(_measured_on(source, name) for name in names)
-    data["calibration"].setdefault("added", []).append(
+    # derived again: the earlier derivation of the same tables leaves the label (its measurements stay)
+    data["calibration"]["added"] = [a for a in data["calibration"].get("added") or [] if not (
+        isinstance(a, dict) and a.get("derived_from") and set(a.get("tables") or []) <= set(names))]
+    data["calibration"]["added"].append(
         {"tables": sorted(names), "created": now, "device": base.device_name, "quick": False,
          "derived_from": source.device_name, "source_created": measured})
     data["calibration"].setdefault("notes", []).append(

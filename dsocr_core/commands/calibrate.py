@@ -4,7 +4,7 @@
     python -m dsocr_core calibrate --device cpu --quick --out /tmp/cpu.json         # tiny shapes, seconds
     python -m dsocr_core calibrate --derive-from h200.json --target h100-sxm --out h100_derived.json
     python -m dsocr_core calibrate --show h200.json                                 # what a profile holds
-    python -m dsocr_core calibrate --derive-from data/profiles/h200.json --tables memory.transposed_cat \
+    python -m dsocr_core calibrate --derive-from data/profiles/h200.json --tables memory.projector_cat \
         --add-to data/profiles/h100.json --out data/profiles/h100.json   # one table derived, labelled so
     python -m dsocr_core calibrate --tables memory.transposed_cat --add-to data/profiles/h100.json \
         --out data/profiles/h100.json          # a table kind the profile lacks, measured on the same GPU model
