@@ -243,9 +243,10 @@ def patch_embed(c: Call, launches, table: str = "gemm") -> Plan:
     return whole(table, dict(m=v * p * p, n=s.sam_width, k=3 * s.sam_patch ** 2), c, c.calls * launches)
 
 
-def common_vision(c: Call) -> Plan | None:
+def common_vision(c: Call, projector_cat: str = "memory.transposed_cat") -> Plan | None:
     """Vision rows every engine runs as the model writes them: SAM's norms, MLP, neck and downsampling convs,
-    CLIP's pre-LayerNorm, the projector. None for the other rows."""
+    CLIP's pre-LayerNorm, the projector (its concatenation timed on `projector_cat`: the reference model's cat
+    reads SAM's map through a transpose; the fast engine's map is channels-last). None for the other rows."""
     s, v, calls, kind = c.spec, c.views, c.calls, c.kind
     if kind.startswith(("sam.norm", "clip.pre_layrnorm")):
         return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
@@ -268,10 +269,9 @@ def common_vision(c: Call) -> Plan | None:
             return Plan([linear], rest_launches=calls * 2)
         # DeepSeek-OCR: one cat of CLIP's features (CLS dropped: a view) and SAM's map flattened and transposed
         # (in the reference model a view whose channel runs are strided by the map's size, so the cat's reads of it
-        # are uncoalesced; the fast plan prices its channels-last map on memory.projector_cat instead): priced on
-        # its own table, read both halves and write the concatenation
+        # are uncoalesced): priced on its own table, read both halves and write the concatenation
         nbytes = v * 2 * f * din * dt
-        cat = Kernel("memory.transposed_cat", dict(bytes=nbytes / np.maximum(calls, 1.0)), 0.0, nbytes, calls)
+        cat = Kernel(projector_cat, dict(bytes=nbytes / np.maximum(calls, 1.0)), 0.0, nbytes, calls)
         return Plan([linear, cat], rest_launches=0.0)
     return None
 

@@ -119,8 +119,8 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
     for name, t in source.tables.items():
         axes = dict(zip(t.axes, t.grid))
         mesh = dict(zip(t.axes, np.meshgrid(*t.grid, indexing="ij")))
-        flops, nbytes = entry_work(name, mesh, t.meta)
-        work_s = np.maximum(flops / ceil_s[0], nbytes / ceil_s[1]) / t.efficiency  # measured work time
+        flops, nbytes, roof_s = _entry_roofline(name, t, *ceil_s)
+        work_s = roof_s / t.efficiency  # measured work time
         compute_bound = flops / p_s >= nbytes / w_s
         if sm_s and sm_t:
             c = _blocks(name, mesh, float(t.meta.get("experts", 64)))
@@ -186,10 +186,9 @@ def add_derived_tables(base: Profile, source: Profile, names: list[str],
     data = base.to_dict()
     for name in names:
         t = derived.table(name)
-        mesh = dict(zip(t.axes, np.meshgrid(*t.grid, indexing="ij")))
-        flops, nbytes = entry_work(name, mesh, t.meta)
-        seconds = np.maximum(flops / derived.peak_flops, nbytes / derived.bandwidth) / t.efficiency
-        eff = np.maximum(flops / base.peak_flops, nbytes / base.bandwidth) / seconds
+        # the derived time of each entry, as an efficiency against base's ceilings instead of the datasheet's
+        eff = t.efficiency * (_entry_roofline(name, t, base.peak_flops, base.bandwidth)[2]
+                              / _entry_roofline(name, t, derived.peak_flops, derived.bandwidth)[2])
         table = derived.to_dict()["tables"][name]
         table["efficiency"] = np.clip(eff, 1e-9, 1e3).tolist()
         table["meta"] = {**table["meta"], "derived_from_created": _measured_on(source, name)}
@@ -220,3 +219,11 @@ def _chain(source_device: str, meta: dict) -> str:
     itself derived (a profile derived from another whose table was derived back from this GPU is no check of it)."""
     earlier = meta.get("derived_from")
     return f"{source_device} (its table derived from {earlier})" if earlier else source_device
+
+
+def _entry_roofline(name: str, table, peak_flops: float, bandwidth: float):
+    """(FLOPs, bytes, roofline seconds) of every entry of `table` under these ceilings: an entry's time is its
+    roofline over its efficiency."""
+    mesh = dict(zip(table.axes, np.meshgrid(*table.grid, indexing="ij")))
+    flops, nbytes = entry_work(name, mesh, table.meta)
+    return flops, nbytes, np.maximum(flops / peak_flops, nbytes / bandwidth)

@@ -163,11 +163,8 @@ class FastPlan:
         s, calls, kind = c.spec, c.calls, c.kind
         if self.sam_kernels and kind.startswith(("sam.norm", "sam.mlp")):
             return _sam_norm(c) if kind.startswith("sam.norm") else _sam_mlp(c)
-        shared = common_vision(c)
+        shared = common_vision(c, projector_cat=PROJECTOR_CAT)  # SAM's map is channels-last: the cat reads rows
         if shared is not None:
-            if kind == "projector":  # SAM's map is channels-last here: the cat reads it in whole rows (its own table)
-                for kernel in shared.kernels:
-                    kernel.table = PROJECTOR_CAT if kernel.table == "memory.transposed_cat" else kernel.table
             return shared
         if kind == "sam.patch_embed":
             return patch_embed(c, 2)  # one GEMM over the patches (and the unfold)
