@@ -63,7 +63,7 @@ class Plan:
 
 def host_kind(table: str) -> str:
     """The host-cost kind (calibration.schema.HOST_KINDS) of an eager op launching a kernel timed on `table`."""
-    if table.startswith(("gemm", "grouped_gemm", "conv")):
+    if table.startswith(("gemm", "grouped_gemm", "conv", "linear")):
         return "gemm"
     if table.startswith("attention"):
         return "attention"
@@ -263,7 +263,7 @@ def common_vision(c: Call, projector_cat: str = "memory.transposed_cat") -> Plan
         return whole("gemm", dict(m=v * o * o, n=s.sam_downsample[which], k=9 * c_in), c, calls)
     if kind == "projector":  # both families: one Linear per feature (v1: CLIP+SAM concatenated, v2: queries)
         f, h, din, dt = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim, c.dt
-        linear = Kernel("gemm", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
+        linear = Kernel("linear", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
                         v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)
         if not hasattr(s, "clip_width"):
             return Plan([linear], rest_launches=calls * 2)

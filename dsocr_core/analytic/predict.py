@@ -153,6 +153,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
         return [(f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
     if name == "conv":  # profiles made before the conv table: the GEMM it computes
         return [(f"conv.{dtype}", same), ("conv.bfloat16", same), (f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
+    if name == "linear":  # profiles made before the linear table (2026-11-28): the GEMM it computes
+        return [(f"linear.{dtype}", same), ("linear.bfloat16", same), *_candidates("gemm", dtype)]
     if name == "gemm.float32":
         return [("gemm.float32", same), ("gemm.bfloat16", same)]
     if name == "grouped_gemm":
@@ -190,7 +192,7 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
 
 
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
-PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "attention.sdpa", "attention.sdpa.causal",
+PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "linear", "attention.sdpa", "attention.sdpa.causal",
                "attention.flash", "attention.flash.causal", "attention.default", "attention.default.causal",
                "attention.eager", "attention.eager.causal", "attention.sdpa_bias", "attention.split_kv",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",

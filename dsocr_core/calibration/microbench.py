@@ -54,6 +54,7 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         out["attention.sdpa_bias"] = {"bh": [1, 4], "q": [16, 64], "k": [16, 64], "d": [32]}
         out["grouped_gemm.bfloat16"] = {"tokens": [1, 8], "n": [64], "k": [64]}
         out["conv.bfloat16"] = {"m": [16, 64], "n": [16], "k": [48]}
+        out["linear.bfloat16"] = {"m": [16, 64], "n": [16], "k": [48]}
         return out
     gemm = {"m": [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536], "n": [16, 64, 256, 1024, 4096, 16384, 131072],
             "k": [64, 256, 1024, 4096, 16384]}
@@ -90,7 +91,8 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
             "attention.eager.causal": {"bh": [1, 8, 64], "s": [16, 256, 1024, 4096], "d": [64, 128]},
             "gemm.float32": small, "gemm.float16": small,
             # SAM's patch embedding conv (3 -> 768 channels, 16 x 16 patches): one view's 1,024 to 6,400 positions up
-            "conv.bfloat16": {"m": [256, 1024, 4096, 16384, 65536, 262144], "n": [768], "k": [768]}}
+            "conv.bfloat16": {"m": [256, 1024, 4096, 16384, 65536, 262144], "n": [768], "k": [768]},
+            "linear.bfloat16": projector_linear_grid()}
     if device.startswith("cuda"):  # the fused batch-1 decode kernels (Triton; a GPU only): weight GEMVs from
         # 0.3 MB (a router) to 331 MB (the lm_head), attention over 16 to 16,384 cached tokens
         out["memory.fused_gemv"] = {"bytes": [float(4 ** i) for i in range(9, 15)] + [float(1 << 29)]}
@@ -112,6 +114,27 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         out["memory.group_rows"] = {"bytes": [float(GROUP_BYTES_PER_ROW * GROUP_SLOTS * t)
                                               for t in (16, 128, 1024, 4096, 16384, 65536, 131072)]}
     return out
+
+
+def projector_linear_grid(dense_up_to: int = 4096, top: int = 65536) -> dict[str, list[float]]:
+    """The linear table's grid: every family's projector (n = its hidden size, k = its projector input) over the
+    row counts pages give, each view size's whole multiples up to `dense_up_to` rows (a batch's globals or tiles
+    go through one call: any count of views; cuBLAS changes kernel and wave count between such neighbours), then
+    steps of 2^(1/2) up to `top` rows, where the GEMM is compute-bound and smooth."""
+    from ..analytic.vision import sam_out_side  # the rows a view gives, as the plans count them
+    from ..registry import FAMILIES
+
+    n, k, rows = set(), set(), set()
+    for family in FAMILIES.values():
+        spec = family.preset("full")
+        n.add(spec.hidden_size)
+        k.add(spec.projector_input_dim)
+        for side in {s for mode in family.modes.values() for s in (mode.base_size, mode.tile_size)}:
+            f = sam_out_side(spec, side) ** 2
+            rows.update(range(f, dense_up_to + 1, f))
+    steps = int(round(2 * np.log2(top / dense_up_to)))
+    rows.update(int(round(dense_up_to * 2 ** (i / 2))) for i in range(1, steps + 1))
+    return {"m": [float(r) for r in sorted(rows)], "n": [float(v) for v in sorted(n)], "k": [float(v) for v in sorted(k)]}
 
 
 # ---------------------------------------------------------------------------------------------- the sweep

@@ -74,6 +74,11 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         s = DTYPE_BYTES[name.split(".")[1]]
         return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt)),
                 lambda x: F.linear(x[0], x[1]), (i["m"] * i["k"] + i["n"] * i["k"]) * s, 1)
+    if kind == "linear":  # nn.Linear with its bias: F.linear's addmm, as the projector runs it
+        dt = _dtype(name.split(".")[1])
+        s = DTYPE_BYTES[name.split(".")[1]]
+        return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt), rnd(i["n"], dt=dt)),
+                lambda x: F.linear(x[0], x[1], x[2]), (i["m"] * i["k"] + i["n"] * i["k"] + i["n"]) * s, 1)
     if kind == "conv":  # nn.Conv2d with kernel = stride = the patch, on square views of side 64 patches or less
         dt = _dtype(name.split(".")[1])
         patch = max(int(round(math.sqrt(i["k"] / 3))), 1)

@@ -67,15 +67,20 @@ CEILING_RANGES = {"flops_per_s": (1e6, 1e18), "bytes_per_s": (1e6, 1e16)}
 MAX_LAUNCH_S = 1.0
 
 # the table kinds named <kind>.<dtype> (their entries computed in that dtype; every other kind in bf16)
-DTYPE_KINDS = ("gemm", "grouped_gemm", "conv")
+DTYPE_KINDS = ("gemm", "grouped_gemm", "conv", "linear")
 # the kinds whose entries do an m x n x k GEMM's work (a conv as the GEMM it computes)
-MNK_KINDS = ("gemm", "conv")
+MNK_KINDS = ("gemm", "conv", "linear")
 # table kind -> its axes, in order
 KIND_AXES = {
     "gemm": ("m", "n", "k"),
     # SAM's patch embedding as the reference model runs it (nn.Conv2d, kernel = stride = the patch): m output
     # positions, n output channels, k = 3 x patch^2 input values per position
     "conv": ("m", "n", "k"),
+    # a Linear layer with its bias (F.linear: cuBLAS's addmm with a bias epilogue) at a model's own (n, k) over the
+    # row counts its pages give: the GEMM table's grid lines (n, k 4x apart, m 4x apart) interpolate across the
+    # kernel changes and wave steps of such shapes (the projector, [rows, 2048] x [2048, 1280]: 9-23% under at most
+    # row counts on an H100 and an H200, docs/accuracy.md); profiles made before it price it on the GEMM table
+    "linear": ("m", "n", "k"),
     "memory": ("bytes",),
     "attention": ("bh", "q", "k", "d"),
     "attention_causal": ("bh", "s", "d"),
@@ -126,7 +131,7 @@ class ProfileError(SpecError):
 
 def table_kind(name: str) -> str:
     """The kind of a table from its name: gemm.<dtype>, memory.<kind>, attention.<impl>[.causal],
-    grouped_gemm.<dtype>, conv.<dtype>. Raises ProfileError for any other name."""
+    grouped_gemm.<dtype>, conv.<dtype>, linear.<dtype>. Raises ProfileError for any other name."""
     parts = name.split(".")
     if len(parts) == 2 and parts[0] in DTYPE_KINDS and parts[1] in DTYPE_BYTES:
         return parts[0]
@@ -139,7 +144,7 @@ def table_kind(name: str) -> str:
             return "attention"
         if parts[2] == "causal":
             return "attention_causal"
-    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, conv.<dtype>, "
+    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, conv.<dtype>, linear.<dtype>, "
                        f"memory.<{'|'.join(MEMORY_KINDS)}>, bias.<{'|'.join(BIAS_KINDS)}> or "
                        f"attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
 

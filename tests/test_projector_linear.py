@@ -1,0 +1,98 @@
+"""The projector's Linear on its own table (`linear.<dtype>`, docs/accuracy.md "The projector's GEMM at its own
+shape"): the plans of both engines time it there, profiles without the table fall back to the GEMM table and say
+so, the calibration runs the layer as the model does (with its bias) over the rows pages give."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsocr_core.analytic import Points, evaluate
+from dsocr_core.analytic.kernels import Call, common_vision
+from dsocr_core.analytic.predict import with_profile
+from dsocr_core.analytic.stages import vision_rows
+from dsocr_core.analytic.vision import sam_out_side
+from dsocr_core.calibration.microbench import projector_linear_grid, run_microbench
+from dsocr_core.calibration.ops import kernel_op
+from dsocr_core.calibration.profile import profile_from_dict, uniform_profile
+from dsocr_core.engines import EngineSpec
+from dsocr_core.hardware import get_hardware
+from dsocr_core.registry import FAMILIES
+from dsocr_core.spec import ModelSpec
+
+H100 = get_hardware("h100-sxm")
+
+
+def _projector_call(mode="gundam", batch=3, spec=None):
+    spec = spec or ModelSpec()
+    pts = Points.build(mode=mode, text_tokens=10, batch=batch, decode_steps=0, logits="last", crops=(3, 2))
+    rows = [r for r in vision_rows(spec, pts) if r.kind == "projector"]
+    return [Call(r.kind, part, ctx) for r in rows for part, ctx in zip(r.parts, r.ctx)]
+
+
+def test_the_projector_plan_times_its_linear_on_the_linear_table_at_the_calls_rows():
+    spec = ModelSpec()
+    calls = _projector_call()
+    assert len(calls) == 2  # the batch's globals in one call, its tiles in another
+    rows = []
+    for c in calls:
+        (linear,) = [k for k in common_vision(c).kernels if k.table == "linear"]
+        assert linear.coords["n"] == spec.hidden_size and linear.coords["k"] == spec.projector_input_dim
+        rows.append(float(np.ravel(linear.coords["m"])[0]))
+    # 3 globals of 1024 px (16 x 16 features each) and 3 x 6 tiles of 640 px (10 x 10)
+    assert sorted(rows) == [3 * 256, 18 * 100]
+
+
+def _profile(linear_eff: float | None):
+    d = uniform_profile(H100.peak_flops, H100.bandwidth, 0.5, 0.0, kind="cuda").to_dict()
+    if linear_eff is not None:
+        d["tables"]["linear.bfloat16"] = dict(d["tables"]["gemm.bfloat16"], efficiency=(
+            np.asarray(d["tables"]["gemm.bfloat16"]["efficiency"]) * 0 + linear_eff).tolist())
+    return profile_from_dict(d)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_the_linear_table_prices_the_projector_and_profiles_without_it_fall_back_to_the_gemm_table(engine):
+    pts = Points.build(mode="gundam", text_tokens=10, batch=6, decode_steps=0, logits="last", crops=(3, 3))
+    times = {}
+    for eff in (None, 0.5, 0.01):
+        hw = with_profile(H100, _profile(eff), EngineSpec.of(engine))
+        out = evaluate(ModelSpec(), pts, hw)
+        times[eff] = (float(out["projector"]["predicted_s"][0]), float(out["clip"]["predicted_s"][0]))
+        fell_back = any("linear (bfloat16) timed with table gemm.bfloat16" in n for n in hw.prediction.notes)
+        assert fell_back == (eff is None)
+    assert times[None] == pytest.approx(times[0.5], rel=1e-9)  # the same efficiency: the same time
+    assert times[0.01][0] > 2 * times[0.5][0]  # the projector's GEMM at 1% instead of 50%
+    assert times[0.01][1] == times[0.5][1]  # CLIP's GEMMs stay on the GEMM table
+
+
+def test_the_linear_calibration_runs_a_linear_layer_with_its_bias():
+    make, op, nbytes, kernels = kernel_op("linear.bfloat16", {"m": 300, "n": 1280, "k": 2048}, "cpu", 64)
+    x, w, b = make()
+    assert tuple(x.shape) == (300, 2048) and tuple(w.shape) == (1280, 2048) and tuple(b.shape) == (1280,)
+    out = op((x, w, b))
+    assert tuple(out.shape) == (300, 1280) and kernels == 1
+    assert nbytes == (300 * 2048 + 1280 * 2048 + 1280) * 2
+    assert float((out - (x.float() @ w.float().T + b.float())).abs().max()) < 0.5  # the bias is added
+
+
+def test_the_linear_grid_holds_every_familys_projector_at_the_rows_its_pages_give():
+    grid = projector_linear_grid()
+    m = np.asarray(grid["m"])
+    assert np.all(np.diff(m) > 0) and m[-1] == 65536
+    for family in FAMILIES.values():
+        spec = family.preset("full")
+        assert spec.hidden_size in grid["n"] and spec.projector_input_dim in grid["k"]
+        for mode in family.modes.values():
+            for side in (mode.base_size, mode.tile_size):
+                f = sam_out_side(spec, side) ** 2
+                # every view count whose rows stay in the dense part: 9 tiles of 100 rows, 7 globals of 256, ...
+                assert set(range(f, 4097, f)) <= set(m.astype(int))
+    assert len(m[m > 4096]) == 8  # then 2^(1/2) steps
+
+
+def test_a_quick_calibration_adds_the_linear_table_to_a_profile():
+    base = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16", "memory.copy"])
+    added = run_microbench("cpu", quick=True, budget_s=30, tables=["linear.bfloat16"], add_to=base)
+    table = added.table("linear.bfloat16")
+    assert table is not None and table.axes == ("m", "n", "k") and bool(np.all(table.measured))
+    assert np.all(table.efficiency > 0)
