@@ -365,6 +365,11 @@ def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_sa
     assert both.label() == h100.label() + f" (+ {name} DERIVED from {h200.device_name}'s tables of {day}, not measured)"
     assert both.raw["calibration"]["notes"][-1].startswith(f"{name} DERIVED on ")
     assert add_derived_tables(both, h200, [name]).label() == both.label()  # derived again: one entry, not two
+    # then measured on the H100 itself: the label and derived_tables no longer say DERIVED
+    measured = add_tables(both, {name: h100.to_dict()["tables"]["memory.copy"]}, {"name": h100.device_name}, {}, {},
+                          "2026-11-29T00:00:00+00:00")
+    assert measured.derived_tables == {} and "DERIVED" not in measured.label()
+    assert measured.label() == h100.label() + f" (+ {name} measured 2026-11-29)"
     assert not both.derived and load_profile(both.save(tmp_path / "p.json")).label() == both.label()
     assert main(["calibrate", "--show", str(tmp_path / "p.json")]) == 0
     assert f"DERIVED from {h200.device_name}'s, not measured here" in capsys.readouterr().out

@@ -95,6 +95,11 @@ ACCURACY = {
             "h100_prediction_accuracy_random73_fast_2026-11-28.json", None),
         "H200 random, seed 74, projector cat, no order check, held out": (
             "h200_prediction_accuracy_random74_fast_2026-11-28.json", None),
+        "H100 random, seed 75, projector cat measured, held out": (
+            "h100_prediction_accuracy_random75_fast_2026-11-28.json", None),
+        "H200 random, seed 76, order check failed, held out": (
+            "h200_prediction_accuracy_random76_fast_2026-11-28.json", None),
+        "H200 random, seed 77, held out": ("h200_prediction_accuracy_random77_fast_2026-11-28.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -362,7 +367,7 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
         assert prof.derived
         sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
                 if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
-        assert len(sets) == {"H100": 17, "H200": 9}[gpu]  # the table's header
+        assert len(sets) == {"H100": 18, "H200": 11}[gpu]  # the table's header
         for column, file, keep in sets:
             summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
             for stage, limit in stated_now[gpu].items():
@@ -377,14 +382,14 @@ SUMMARY_TITLE = "## Where the prediction stands"
 # the latest held-out sets of each GPU and session mode: (table, columns); the summary states, per stage, the range
 # of the sets' median errors and the largest single-point error among them
 SUMMARY_SETS = {
-    "fast, H100": ("Fast session mode", ("H100 random, seed 66, no order check, held out",
-                                         "H100 random, seed 68, cast table, held out",
+    "fast, H100": ("Fast session mode", ("H100 random, seed 68, cast table, held out",
                                          "H100 random, seed 69, lm_head table, held out",
-                                         "H100 random, seed 73, attention by length, held out")),
-    "fast, H200": ("Fast session mode", ("H200 random, seed 67, cast table, held out",
-                                         "H200 random, seed 70, lm_head table, held out",
-                                         "H200 batch 1, long texts, seed 71, attention by length, held out",
-                                         "H200 random, seed 74, projector cat, no order check, held out")),
+                                         "H100 random, seed 73, attention by length, held out",
+                                         "H100 random, seed 75, projector cat measured, held out")),
+    "fast, H200": ("Fast session mode", ("H200 batch 1, long texts, seed 71, attention by length, held out",
+                                         "H200 random, seed 74, projector cat, no order check, held out",
+                                         "H200 random, seed 76, order check failed, held out",
+                                         "H200 random, seed 77, held out")),
     "reference, H100": ("Reference session mode", ("H100 random, seed 48, own host costs",
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),

@@ -37,13 +37,11 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "prefills of 18,000-54,000 tokens a call (batch 39-52) are 6-10% under-predicted (seed 58: the GPU "
                    "at its power cap runs the large GEMMs 7-10% slower than their tables); the latest H200 set "
                    "(batch 1-33) is within 5.2% (median, max 8.7%)")
-PROJECTOR = ("the projector (0.015-0.3 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by 7-9% "
-             "(median) on the H200 and 8-23% on the H100 (whose table of the projector's concatenation is derived "
-             "from the H200's, not measured), up to 44% on single points; at batch 1 with long texts 8% over (H200). "
-             "Its GEMM ([rows, 2048] x [2048, 1280]) lies between the GEMM table's grid lines, where an H100 ran it "
-             "up to 30% slower than the table interpolates; on some machines the stage runs 10-23 us longer (one "
-             "H100 set 20% under), and at larger batches it can run tens of us longer inside its CUDA graph than "
-             "its kernels do outside it")
+PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by 2-9% "
+             "(median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
+             "over (H200). Batches of 12,000 feature rows and more are 10-20% under, and not for its GEMM (traced "
+             "within 9% of its table): its other kernels or its CUDA graph, not yet traced. On some machines the "
+             "stage runs 10-23 us longer (one H100 set 20% under)")
 
 
 def known_misses(profile, session_mode: str, max_batch: int = 1,

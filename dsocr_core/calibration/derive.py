@@ -34,8 +34,8 @@ import numpy as np
 
 from ..hardware import get_hardware, match_device_name
 from ..spec import Hardware
-from .profile import (KIND_AXES, MNK_KINDS, Profile, ProfileError, build_profile, entry_work, profile_from_dict,
-                      table_kind)
+from .profile import (KIND_AXES, MNK_KINDS, Profile, ProfileError, build_profile, drop_derived_entries, entry_work,
+                      profile_from_dict, table_kind)
 
 TILE = 128  # output rows/columns per thread block assumed for the occupancy estimate
 
@@ -196,8 +196,7 @@ def add_derived_tables(base: Profile, source: Profile, names: list[str],
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     measured = max(_measured_on(source, name) for name in names)
     # derived again: the earlier derivation of the same tables leaves the label (its measurements stay)
-    data["calibration"]["added"] = [a for a in data["calibration"].get("added") or [] if not (
-        isinstance(a, dict) and a.get("derived_from") and set(a.get("tables") or []) <= set(names))]
+    data["calibration"]["added"] = drop_derived_entries(data["calibration"].get("added"), names)
     data["calibration"]["added"].append(
         {"tables": sorted(names), "created": now, "device": base.device_name, "quick": False,
          "derived_from": source.device_name, "source_created": measured})

@@ -528,6 +528,19 @@ def check_addable(base: Profile, quick: bool, device_name: str | None = None) ->
         raise ProfileError(f"tables of a {device_name} cannot go into a profile of a {base.device_name}")
 
 
+def drop_derived_entries(added: list | None, names) -> list:
+    """The calibration's `added` entries without `names` in the entries that derived tables from another GPU
+    (those tables are replaced now); an entry left with no table goes."""
+    names, out = set(names), []
+    for a in added or []:
+        if isinstance(a, dict) and a.get("derived_from"):
+            a = {**a, "tables": [t for t in a.get("tables") or [] if t not in names]}
+            if not a["tables"]:
+                continue
+        out.append(a)
+    return out
+
+
 def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment: dict, versions: dict,
                created: str, quick: bool = False, launch: dict[str, float] | None = None) -> Profile:
     """`base` with `tables` (table name -> table as a profile file holds it) added or replaced: measured later on
@@ -546,7 +559,9 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
         raise ProfileError(f"launch costs {', '.join(unknown)} cannot be added to a profile")
     data["launch"].update(launch)
     tables = {**tables, **{name: None for name, key in ADDABLE_LAUNCH.items() if key in launch}}
-    data["calibration"].setdefault("added", []).append({"tables": sorted(tables), "created": created,
+    # a table measured here now that was derived from another GPU's before: the label no longer says DERIVED
+    data["calibration"]["added"] = drop_derived_entries(data["calibration"].get("added"), tables)
+    data["calibration"]["added"].append({"tables": sorted(tables), "created": created,
                                                          "device": device.get("name"), "quick": quick})
     data["calibration"].setdefault("notes", []).append(
         f"{', '.join(sorted(tables))} added on {created[:10]} from a calibration on {device.get('name')} (driver "
