@@ -96,3 +96,42 @@ def test_a_quick_calibration_adds_the_linear_table_to_a_profile():
     table = added.table("linear.bfloat16")
     assert table is not None and table.axes == ("m", "n", "k") and bool(np.all(table.measured))
     assert np.all(table.efficiency > 0)
+
+
+def test_passes_measure_every_entry_again_in_reverse_order_and_keep_the_lowest_time(monkeypatch):
+    """calibrate --passes 2: the second pass runs the entries backwards; one slow measurement (a glitch of the
+    first pass) does not stay in the table, and the notes name the entry whose passes differ."""
+    import dsocr_core.calibration.microbench as mb
+
+    calls = []
+
+    def fake(name, coords, st):  # 1 ms of work an entry (launch gaps are microseconds), but the first
+        calls.append((name, coords["m"]))  # measurement of m = 64 in a run took 4 ms
+        slow = coords["m"] == 64 and calls.count((name, 64)) == 1
+        return 4e-3 if slow else 1e-3
+
+    monkeypatch.setattr(mb, "measure_entry", fake)
+    base = run_microbench("cpu", quick=True, budget_s=30, tables=["gemm.bfloat16"])
+    calls.clear()
+    two = run_microbench("cpu", quick=True, budget_s=30, tables=["linear.bfloat16"], add_to=base, passes=2)
+    assert calls == [("linear.bfloat16", 16), ("linear.bfloat16", 64), ("linear.bfloat16", 64),
+                     ("linear.bfloat16", 16)]
+    table = two.table("linear.bfloat16")
+    assert table.meta["passes"] == 2 and table.meta["pass_spread_max"] > 2.0
+    assert any("linear.bfloat16: 1 entries differed" in n for n in two.raw["calibration"]["notes"])
+    calls.clear()
+    one = run_microbench("cpu", quick=True, budget_s=30, tables=["linear.bfloat16"], add_to=base)
+    glitched = one.table("linear.bfloat16")  # one pass: the first measurement of m = 64 (the slow one) stays
+    assert "passes" not in glitched.meta
+    ratio = lambda t: t.efficiency.ravel()[1] / t.efficiency.ravel()[0]  # noqa: E731 - m = 64 against m = 16
+    assert ratio(glitched) < ratio(table) / 3  # the passes kept m = 64 at the time m = 16 took, as the work was
+    with pytest.raises(ValueError, match="passes must be at least 1"):
+        run_microbench("cpu", quick=True, budget_s=30, tables=["linear.bfloat16"], add_to=base, passes=0)
+
+
+def test_calibrate_refuses_fewer_than_one_pass_in_one_line(capsys):
+    from dsocr_core.cli import main
+
+    assert main(["calibrate", "--device", "cpu", "--quick", "--passes", "0", "--out", "unused.json"]) == 2
+    err = capsys.readouterr().err
+    assert "--passes must be at least 1, got 0" in err and "Traceback" not in err

@@ -167,10 +167,15 @@ def _fill(measured: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 300.0,
                    progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-                   tables: list[str] | None = None, add_to: Profile | None = None) -> Profile:
+                   tables: list[str] | None = None, add_to: Profile | None = None, passes: int = 1) -> Profile:
     """Run every table's grid (or `tables` only) within `budget_s` seconds and return the profile; with `add_to`
     (a profile of the same GPU model), the tables measured against its ceilings, added to it (profile.add_tables).
-    A profile of its own needs a GEMM table."""
+    A profile of its own needs a GEMM table. `passes` > 1 measures every entry again, every other pass in reverse
+    order, and keeps its lowest time (noise and a slow moment only add time; one pass once left an H100 entry at
+    twice its neighbours, docs/accuracy.md "The projector's GEMM at its own shape"); the tables' meta and the
+    profile's notes say how far the passes differed."""
+    if passes < 1:
+        raise ValueError(f"passes must be at least 1, got {passes}")
     import torch
 
     from ..measure.environment import capture_environment
@@ -208,30 +213,36 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     if tables is not None:
         plan = {k: v for k, v in plan.items() if k in tables}
     jobs = [(name, idx, c) for name, axes in plan.items() for idx, c in _entries(name, axes)]
-    raw: dict[str, np.ndarray] = {n: np.full(tuple(len(plan[n][a]) for a in KIND_AXES[table_kind(n)]), np.nan)
-                                  for n in plan}
+    shape = lambda n: tuple(len(plan[n][a]) for a in KIND_AXES[table_kind(n)])  # noqa: E731
+    raw: dict[str, np.ndarray] = {n: np.full(shape(n), np.nan) for n in plan}  # the lowest work time of the passes
+    highest: dict[str, np.ndarray] = {n: np.full(shape(n), np.nan) for n in plan}
     failed: dict[str, str] = {}
     skipped = {"cap": 0, "budget": 0, "error": 0}
-    stopped = False
-    for done, (name, idx, coords) in enumerate(jobs, 1):
-        if should_stop is not None and should_stop():
-            stopped = True
-        if stopped or time.perf_counter() - start > budget_s:
-            skipped["budget"] += 1
-        elif _too_big(name, coords, st):
-            skipped["cap"] += 1
-        else:
-            try:
-                t = measure_entry(name, coords, st)
-                kernels = kernel_count(name)
-                raw[name][idx] = max(t - kernels * gap, 0.05 * t)  # work time: the launch gaps taken out
-            except Exception as exc:  # an unsupported kernel (flash on a CPU) or an out-of-memory: not measured
-                skipped["error"] += 1
-                failed.setdefault(name, f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
-                if cuda:
-                    torch.cuda.empty_cache()
-        if progress is not None:
-            progress(done, len(jobs), name)
+    stopped, done, errored = False, 0, set()
+    for p in range(passes):
+        for name, idx, coords in (jobs if p % 2 == 0 else jobs[::-1]):
+            done += 1
+            if should_stop is not None and should_stop():
+                stopped = True
+            first = p == 0  # a later pass only measures again; what it cannot reach keeps the first time
+            if stopped or time.perf_counter() - start > budget_s:
+                skipped["budget"] += first
+            elif _too_big(name, coords, st):
+                skipped["cap"] += first
+            elif (name, idx) not in errored:
+                try:
+                    t = measure_entry(name, coords, st)
+                    work = max(t - kernel_count(name) * gap, 0.05 * t)  # work time: the launch gaps taken out
+                    raw[name][idx] = np.fmin(raw[name][idx], work)
+                    highest[name][idx] = np.fmax(highest[name][idx], work)
+                except Exception as exc:  # an unsupported kernel (flash on a CPU) or an out-of-memory
+                    skipped["error"] += 1
+                    errored.add((name, idx))
+                    failed.setdefault(name, f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+                    if cuda:
+                        torch.cuda.empty_cache()
+            if progress is not None:
+                progress(done, len(jobs) * passes, name)
     if cuda:
         torch.cuda.empty_cache()
     if add_to is None and not any(np.isfinite(t).any() for n, t in raw.items() if n.startswith("gemm.")):
@@ -248,6 +259,8 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
                 "launch_gap_subtracted_s": gap, "kernels_per_call": kernel_count(name)}
         if table_kind(name) == "grouped_gemm":
             meta["experts"] = st.experts
+        if passes > 1:
+            meta |= _pass_spread(name, raw[name], highest[name], passes, st.notes)
         axes = {a: list(plan[name][a]) for a in KIND_AXES[table_kind(name)]}
         mesh = np.meshgrid(*[np.asarray(v, dtype=float) for v in axes.values()], indexing="ij")
         flops, nbytes = entry_work(name, dict(zip(axes, mesh)), meta)
@@ -278,15 +291,33 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         if not out_tables and not launch_added:
             raise RuntimeError(f"calibration measured none of {', '.join(plan)} (skipped {skipped}, failures "
                                f"{failed or 'none'})")
-        return add_tables(add_to, out_tables, dev_info, env, versions, created, quick, launch=launch_added)
+        return add_tables(add_to, out_tables, dev_info, env, versions, created, quick, launch=launch_added,
+                          notes=st.notes)
     return build_profile(
         device=dev_info, environment=env, versions=versions, ceilings=ceilings, launch=launch, tables=out_tables,
         calibration={"quick": quick, "budget_s": budget_s, "elapsed_s": round(elapsed, 2),
                      "complete": not stopped and skipped["budget"] == 0, "stopped": stopped,
-                     "entries": len(jobs), "skipped": skipped, "failed": failed, "notes": st.notes,
+                     "entries": len(jobs), "passes": passes, "skipped": skipped, "failed": failed, "notes": st.notes,
                      "caps": {"flops_per_call": st.flops_cap, "memory_bytes": st.memory_cap},
                      "timing": "CUDA graph replay, events" if cuda else "perf_counter, eager"},
         created=created)
+
+
+PASSES_DIFFER = 0.2  # entries whose passes differ by more than this (relative to the lowest) are named in the notes
+
+
+def _pass_spread(name: str, lowest: np.ndarray, highest: np.ndarray, passes: int, notes: list) -> dict:
+    """The table's meta on its passes: how many, and the largest relative spread of an entry between them; an entry
+    past PASSES_DIFFER goes into the notes (the lowest time is kept)."""
+    spread = np.where(np.isfinite(lowest), highest / np.where(np.isfinite(lowest), lowest, 1.0) - 1.0, np.nan)
+    if not np.isfinite(spread).any():
+        return {"passes": passes}
+    worst = float(np.nanmax(spread))
+    far = int(np.sum(spread > PASSES_DIFFER))
+    if far:
+        notes.append(f"{name}: {far} entries differed by more than {PASSES_DIFFER:.0%} between the {passes} passes "
+                     f"(up to {worst:.0%}); the lowest time kept")
+    return {"passes": passes, "pass_spread_max": round(worst, 4)}
 
 
 def _ceilings(dev_info: dict, raw: dict, plan: dict, st: Settings) -> dict:

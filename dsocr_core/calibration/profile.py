@@ -542,7 +542,8 @@ def drop_derived_entries(added: list | None, names) -> list:
 
 
 def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment: dict, versions: dict,
-               created: str, quick: bool = False, launch: dict[str, float] | None = None) -> Profile:
+               created: str, quick: bool = False, launch: dict[str, float] | None = None,
+               notes: list[str] | None = None) -> Profile:
     """`base` with `tables` (table name -> table as a profile file holds it) added or replaced: measured later on
     the same GPU model against base's ceilings (microbench.run_microbench(add_to=base)), e.g. a table kind that did
     not exist when base was measured; `launch`: launch costs measured with them (ADDABLE_LAUNCH: e.g.
@@ -567,6 +568,7 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
         f"{', '.join(sorted(tables))} added on {created[:10]} from a calibration on {device.get('name')} (driver "
         f"{environment.get('driver')}, torch {versions.get('torch')}); every other table is the "
         f"{base.created[:10]} calibration unless another note says so")
+    data["calibration"]["notes"].extend(notes or ())  # what the calibration of the added tables noticed
     return profile_from_dict(data)
 
 

@@ -33,6 +33,9 @@ def register(sub) -> None:
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="time budget in seconds (default 300); shapes left when it runs out are filled from "
                         "their nearest measured neighbour and counted in the profile")
+    p.add_argument("--passes", type=int, default=1,
+                   help="measure every shape this many times, every other pass in reverse order, and keep the "
+                        "lowest time (default 1); the profile's notes name shapes whose passes differ by over 20%%")
     p.add_argument("--tables", help="comma-separated table names to measure (default all)")
     p.add_argument("--out", help="profile file to write (.json)")
     p.add_argument("--add-to", metavar="PROFILE", help="with --tables: measure those tables against this profile's "
@@ -68,7 +71,9 @@ def _summary(prof) -> str:
         e = t.efficiency
         lines.append(f"  {name:26s} {e.size:4d} shapes ({int(t.measured.sum())} measured), efficiency "
                      f"{float(e.min()):.3g}..{float(e.max()):.3g}"
-                     + (f", DERIVED from {derived[name]}'s, not measured here" if name in derived else ""))
+                     + (f", DERIVED from {derived[name]}'s, not measured here" if name in derived else "")
+                     + (f", {t.meta['passes']} passes (differing by up to {t.meta['pass_spread_max']:.0%})"
+                        if t.meta.get("pass_spread_max") is not None else ""))
     if not prof.derived:
         lines.append(f"  calibration: {cal.get('elapsed_s')} s, complete={cal.get('complete')}, "
                      f"skipped={cal.get('skipped')}")
@@ -117,6 +122,8 @@ def run(args) -> int:
         raise UserError("calibrate: --target and --source-hardware go with --derive-from")
     if not args.budget_s > 0:
         raise UserError(f"calibrate: --budget-s must be positive, got {args.budget_s}")
+    if args.passes < 1:
+        raise UserError(f"calibrate: --passes must be at least 1, got {args.passes}")
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     from ..calibration.profile import ADDABLE_LAUNCH
 
@@ -166,7 +173,7 @@ def run(args) -> int:
         bar.update(done - bar.n)
     try:
         prof = run_microbench(args.device, quick=args.quick, budget_s=args.budget_s, progress=progress,
-                              tables=tables, add_to=base)
+                              tables=tables, add_to=base, passes=args.passes)
     except (RuntimeError, ProfileError) as exc:
         raise UserError(f"calibrate: {exc}") from None
     finally:
@@ -197,7 +204,8 @@ def _run_scaled(args, tables) -> int:
             print("warning: CPU workers calibrate at the same time on shared cores and memory, so each profile is "
                   "slower than one calibrated alone; use one worker for a CPU profile you predict with",
                   file=sys.stderr, flush=True)
-        results = calibrate_scaled(pool, {"quick": args.quick, "budget_s": args.budget_s, "tables": tables})
+        results = calibrate_scaled(pool, {"quick": args.quick, "budget_s": args.budget_s, "tables": tables,
+                                         "passes": args.passes})
     out = Path(args.out)
     written, failed = [], []
     for r in results:

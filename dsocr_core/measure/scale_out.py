@@ -468,7 +468,7 @@ def item_label(item: WorkItem) -> str:
 
 
 def calibrate_scaled(pool: WorkerPool, options: dict) -> list[dict]:
-    """Every worker calibrates its own GPU at once (run_microbench's options: quick, budget_s, tables); returns
+    """Every worker calibrates its own GPU at once (run_microbench's options: quick, budget_s, tables, passes); returns
     [{profile (dict), node, gpu_index, gpu_name, worker}] in worker order. A worker that dies is reported as
     {error, node, ...}; the others' profiles are kept. The device is what the pool resolved (a GPU per worker, or
     CPU slots), so --device auto on a machine without a GPU calibrates the CPU."""
