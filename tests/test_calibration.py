@@ -341,17 +341,18 @@ def test_a_derived_memory_entry_moves_with_the_bandwidth_only_where_it_streams()
 
 
 def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_says_so(tmp_path, capsys):
-    """calibrate --derive-from H200 --tables memory.projector_cat --add-to H100: the H100 profile keeps every other
-    table, and that one takes the time derive_profile gives it (against the H100 profile's measured ceilings);
-    its label, notes and `calibrate --show` say DERIVED and from which GPU's tables of which day. Refused: a derived
+    """calibrate --derive-from H200 --tables memory.projector_cat --add-to H100 (the shipped H100 profile without
+    that table): the H100 profile keeps every other table, and that one takes the time derive_profile gives it
+    (against the H100 profile's measured ceilings); its label, notes and `calibrate --show` say DERIVED and from which GPU's tables of which day. Refused: a derived
     base, a table the source lacks, a launch cost, no table, and a source table that was itself derived."""
     from dsocr_core.calibration.derive import _measured_on, add_derived_tables
+    from dsocr_core.calibration.profile import without_tables
 
     h200 = load_profile("data/profiles/h200.json")
     name = "memory.projector_cat"
     raw = load_profile("data/profiles/h100.json").to_dict()  # the H100 profile without any derived table
     raw["tables"].pop(name, None)
-    raw["calibration"]["added"] = [a for a in raw["calibration"]["added"] if not a.get("derived_from")]
+    raw["calibration"]["added"] = without_tables(raw["calibration"]["added"], [name])  # nor its additions
     h100 = profile_from_dict(raw)
     assert h100.derived_tables == {} and "DERIVED" not in h100.label()
     both = add_derived_tables(h100, h200, [name])
@@ -370,6 +371,17 @@ def test_one_table_derived_into_a_measured_profile_keeps_the_derived_time_and_sa
                           "2026-11-29T00:00:00+00:00")
     assert measured.derived_tables == {} and "DERIVED" not in measured.label()
     assert measured.label() == h100.label() + f" (+ {name} measured 2026-11-29)"
+    # and derived again over that measurement: the label names the latest addition only
+    again = add_derived_tables(measured, h200, [name])
+    assert again.label() == both.label() and again.derived_tables == {name: h200.device_name}
+    # two tables derived in one entry, one of them measured later: the other stays DERIVED
+    pair = add_derived_tables(h100, h200, [name, "memory.copy"])
+    half = add_tables(pair, {name: h100.to_dict()["tables"]["memory.copy"]}, {"name": h100.device_name}, {}, {},
+                      "2026-11-29T00:00:00+00:00")
+    assert half.derived_tables == {"memory.copy": h200.device_name}
+    assert half.label() == h100.label() + f" (+ memory.copy DERIVED from {h200.device_name}'s tables of " \
+        f"{max(_measured_on(h200, n) for n in (name, 'memory.copy'))[:10]}, not measured) (+ {name} measured " \
+        "2026-11-29)"
     assert not both.derived and load_profile(both.save(tmp_path / "p.json")).label() == both.label()
     assert main(["calibrate", "--show", str(tmp_path / "p.json")]) == 0
     assert f"DERIVED from {h200.device_name}'s, not measured here" in capsys.readouterr().out

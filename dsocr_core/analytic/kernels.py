@@ -34,7 +34,8 @@ FP32 = 4
 
 @dataclass
 class Kernel:
-    table: str  # gemm | gemm.float32 | grouped_gemm | conv | attention.<impl>[.causal] | memory.<kind> | bias.<kind>
+    # gemm | gemm.float32 | grouped_gemm | conv | linear | attention.<impl>[.causal] | memory.<kind> | bias.<kind>
+    table: str
     coords: dict[str, Any]
     flops: Any  # share of the row's FLOPs (per call)
     nbytes: Any  # share of the row's bytes (per call)

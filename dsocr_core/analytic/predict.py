@@ -151,10 +151,12 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     same = None
     if name == "gemm":
         return [(f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
-    if name == "conv":  # profiles made before the conv table: the GEMM it computes
-        return [(f"conv.{dtype}", same), ("conv.bfloat16", same), (f"gemm.{dtype}", same), ("gemm.bfloat16", same)]
-    if name == "linear":  # profiles made before the linear table (2026-11-28): the GEMM it computes
-        return [(f"linear.{dtype}", same), ("linear.bfloat16", same), *_candidates("gemm", dtype)]
+    # a layer's own table in the run's dtype, else the GEMM it computes in that dtype (profiles made before the
+    # table, and dtypes it was not measured in), then both in bf16
+    if name == "conv":
+        return [(f"conv.{dtype}", same), (f"gemm.{dtype}", same), ("conv.bfloat16", same), ("gemm.bfloat16", same)]
+    if name == "linear":
+        return [(f"linear.{dtype}", same), (f"gemm.{dtype}", same), ("linear.bfloat16", same), ("gemm.bfloat16", same)]
     if name == "gemm.float32":
         return [("gemm.float32", same), ("gemm.bfloat16", same)]
     if name == "grouped_gemm":

@@ -34,8 +34,8 @@ import numpy as np
 
 from ..hardware import get_hardware, match_device_name
 from ..spec import Hardware
-from .profile import (KIND_AXES, MNK_KINDS, Profile, ProfileError, build_profile, drop_derived_entries, entry_work,
-                      profile_from_dict, table_kind)
+from .profile import (KIND_AXES, MNK_KINDS, PASS_META, Profile, ProfileError, build_profile, entry_work,
+                      profile_from_dict, table_kind, without_tables)
 
 TILE = 128  # output rows/columns per thread block assumed for the occupancy estimate
 
@@ -133,7 +133,8 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
         eff = np.maximum(flops / p_t, nbytes / w_t) / work_t
         tables[name] = {"axes": {a: [float(v) for v in g] for a, g in axes.items()},
                         "efficiency": np.clip(eff, 1e-9, 1e3).tolist(), "measured": t.measured.tolist(),
-                        "meta": {**t.meta, "derived_from": _chain(source.device_name, t.meta)}}
+                        "meta": {**{k: v for k, v in t.meta.items() if k not in PASS_META},  # not measured here
+                                 "derived_from": _chain(source.device_name, t.meta)}}
         assert tuple(axes) == KIND_AXES[table_kind(name)]
     ratios = {"flops": p_t / p_s, "bandwidth": w_t / w_s, "sm": (sm_t / sm_s) if sm_s and sm_t else None}
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -195,8 +196,8 @@ def add_derived_tables(base: Profile, source: Profile, names: list[str],
         data["tables"][name] = table
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     measured = max(_measured_on(source, name) for name in names)
-    # derived again: the earlier derivation of the same tables leaves the label (its measurements stay)
-    data["calibration"]["added"] = drop_derived_entries(data["calibration"].get("added"), names)
+    # derived again, or derived where it was measured: the earlier addition of the same tables leaves the label
+    data["calibration"]["added"] = without_tables(data["calibration"].get("added"), names)
     data["calibration"]["added"].append(
         {"tables": sorted(names), "created": now, "device": base.device_name, "quick": False,
          "derived_from": source.device_name, "source_created": measured})

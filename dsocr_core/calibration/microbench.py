@@ -134,7 +134,8 @@ def projector_linear_grid(dense_up_to: int = 4096, top: int = 65536) -> dict[str
             rows.update(range(f, dense_up_to + 1, f))
     steps = int(round(2 * np.log2(top / dense_up_to)))
     rows.update(int(round(dense_up_to * 2 ** (i / 2))) for i in range(1, steps + 1))
-    return {"m": [float(r) for r in sorted(rows)], "n": [float(v) for v in sorted(n)], "k": [float(v) for v in sorted(k)]}
+    return {"m": [float(r) for r in sorted(rows)], "n": [float(v) for v in sorted(n)],
+            "k": [float(v) for v in sorted(k)]}
 
 
 # ---------------------------------------------------------------------------------------------- the sweep
@@ -214,35 +215,43 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         plan = {k: v for k, v in plan.items() if k in tables}
     jobs = [(name, idx, c) for name, axes in plan.items() for idx, c in _entries(name, axes)]
     shape = lambda n: tuple(len(plan[n][a]) for a in KIND_AXES[table_kind(n)])  # noqa: E731
-    raw: dict[str, np.ndarray] = {n: np.full(shape(n), np.nan) for n in plan}  # the lowest work time of the passes
-    highest: dict[str, np.ndarray] = {n: np.full(shape(n), np.nan) for n in plan}
+    times = {n: np.full(shape(n) + (passes,), np.nan) for n in plan}  # per call, launch gaps included, each pass
     failed: dict[str, str] = {}
     skipped = {"cap": 0, "budget": 0, "error": 0}
-    stopped, done, errored = False, 0, set()
-    for p in range(passes):
+    stopped, done, errored, cut = False, 0, set(), []
+    for p in range(passes):  # the budget covers every pass; a later pass only measures again
         for name, idx, coords in (jobs if p % 2 == 0 else jobs[::-1]):
             done += 1
             if should_stop is not None and should_stop():
                 stopped = True
-            first = p == 0  # a later pass only measures again; what it cannot reach keeps the first time
             if stopped or time.perf_counter() - start > budget_s:
-                skipped["budget"] += first
+                if p == 0:
+                    skipped["budget"] += 1
+                elif not cut or cut[-1][0] != p + 1:
+                    cut.append((p + 1, done - 1 - p * len(jobs)))  # (pass, entries it reached)
             elif _too_big(name, coords, st):
-                skipped["cap"] += first
+                skipped["cap"] += p == 0
             elif (name, idx) not in errored:
                 try:
-                    t = measure_entry(name, coords, st)
-                    work = max(t - kernel_count(name) * gap, 0.05 * t)  # work time: the launch gaps taken out
-                    raw[name][idx] = np.fmin(raw[name][idx], work)
-                    highest[name][idx] = np.fmax(highest[name][idx], work)
+                    times[name][idx + (p,)] = measure_entry(name, coords, st)
                 except Exception as exc:  # an unsupported kernel (flash on a CPU) or an out-of-memory
-                    skipped["error"] += 1
-                    errored.add((name, idx))
-                    failed.setdefault(name, f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+                    errored.add((name, idx))  # not measured again: what an earlier pass measured stays
+                    if p == 0:
+                        skipped["error"] += 1
+                        failed.setdefault(name, f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
                     if cuda:
                         torch.cuda.empty_cache()
             if progress is not None:
                 progress(done, len(jobs) * passes, name)
+    for p, reached in cut:
+        st.notes.append(f"pass {p} of {passes} ended early (the budget ran out, or a stop) after {reached} of "
+                        f"{len(jobs)} entries; the entries it did not reach keep the earlier passes' times")
+    raw: dict[str, np.ndarray] = {}
+    for name, t in times.items():  # the lowest time of the passes, less the launch gaps: the work time
+        with np.errstate(invalid="ignore"):
+            low = np.nanmin(np.where(np.isnan(t).all(-1, keepdims=True), np.inf, t), axis=-1)
+        low[~np.isfinite(low)] = np.nan
+        raw[name] = np.maximum(low - kernel_count(name) * gap, 0.05 * low)
     if cuda:
         torch.cuda.empty_cache()
     if add_to is None and not any(np.isfinite(t).any() for n, t in raw.items() if n.startswith("gemm.")):
@@ -259,9 +268,9 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
                 "launch_gap_subtracted_s": gap, "kernels_per_call": kernel_count(name)}
         if table_kind(name) == "grouped_gemm":
             meta["experts"] = st.experts
-        if passes > 1:
-            meta |= _pass_spread(name, raw[name], highest[name], passes, st.notes)
         axes = {a: list(plan[name][a]) for a in KIND_AXES[table_kind(name)]}
+        if passes > 1:
+            meta |= _pass_spread(name, times[name], axes, st.notes)
         mesh = np.meshgrid(*[np.asarray(v, dtype=float) for v in axes.values()], indexing="ij")
         flops, nbytes = entry_work(name, dict(zip(axes, mesh)), meta)
         roof = np.maximum(flops / ceilings["flops_per_s"], nbytes / ceilings["bytes_per_s"])
@@ -296,7 +305,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     return build_profile(
         device=dev_info, environment=env, versions=versions, ceilings=ceilings, launch=launch, tables=out_tables,
         calibration={"quick": quick, "budget_s": budget_s, "elapsed_s": round(elapsed, 2),
-                     "complete": not stopped and skipped["budget"] == 0, "stopped": stopped,
+                     "complete": skipped["budget"] == 0, "stopped": stopped,  # every entry had its first pass
                      "entries": len(jobs), "passes": passes, "skipped": skipped, "failed": failed, "notes": st.notes,
                      "caps": {"flops_per_call": st.flops_cap, "memory_bytes": st.memory_cap},
                      "timing": "CUDA graph replay, events" if cuda else "perf_counter, eager"},
@@ -306,18 +315,30 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
 PASSES_DIFFER = 0.2  # entries whose passes differ by more than this (relative to the lowest) are named in the notes
 
 
-def _pass_spread(name: str, lowest: np.ndarray, highest: np.ndarray, passes: int, notes: list) -> dict:
-    """The table's meta on its passes: how many, and the largest relative spread of an entry between them; an entry
-    past PASSES_DIFFER goes into the notes (the lowest time is kept)."""
-    spread = np.where(np.isfinite(lowest), highest / np.where(np.isfinite(lowest), lowest, 1.0) - 1.0, np.nan)
-    if not np.isfinite(spread).any():
-        return {"passes": passes}
-    worst = float(np.nanmax(spread))
-    far = int(np.sum(spread > PASSES_DIFFER))
-    if far:
-        notes.append(f"{name}: {far} entries differed by more than {PASSES_DIFFER:.0%} between the {passes} passes "
-                     f"(up to {worst:.0%}); the lowest time kept")
-    return {"passes": passes, "pass_spread_max": round(worst, 4)}
+def _pass_spread(name: str, times: np.ndarray, axes: dict, notes: list, named: int = 3) -> dict:
+    """The table's meta on its passes (`times`: per entry, per pass; NaN where a pass did not measure it): how
+    many passes, how many measured every measured entry, and the largest relative spread of an entry between its
+    passes (times per call, launch gaps included). The notes name the entries past PASSES_DIFFER (the worst
+    `named` of them with their shape); the lowest time is kept."""
+    passes = times.shape[-1]
+    counts = np.sum(np.isfinite(times), axis=-1)
+    measured = counts > 0
+    out = {"passes": passes, "passes_completed": int(counts[measured].min()) if measured.any() else 0}
+    twice = counts > 1
+    if not twice.any():
+        return out
+    with np.errstate(invalid="ignore"):
+        spread = np.where(twice, np.nanmax(times, axis=-1) / np.nanmin(np.where(twice[..., None], times, 1.0),
+                                                                      axis=-1) - 1.0, np.nan)
+    out["pass_spread_max"] = round(float(np.nanmax(spread)), 4)
+    far = np.argwhere(spread > PASSES_DIFFER)
+    if len(far):
+        worst = sorted(far.tolist(), key=lambda i: -spread[tuple(i)])[:named]
+        shapes = "; ".join(", ".join(f"{a}={axes[a][j]:g}" for a, j in zip(axes, i)) + f" (+{spread[tuple(i)]:.0%})"
+                           for i in worst)
+        notes.append(f"{name}: {len(far)} of its entries differed by more than {PASSES_DIFFER:.0%} between passes "
+                     f"(the lowest time kept): {shapes}{'; ...' if len(far) > named else ''}")
+    return out
 
 
 def _ceilings(dev_info: dict, raw: dict, plan: dict, st: Settings) -> dict:

@@ -70,6 +70,8 @@ MAX_LAUNCH_S = 1.0
 DTYPE_KINDS = ("gemm", "grouped_gemm", "conv", "linear")
 # the kinds whose entries do an m x n x k GEMM's work (a conv as the GEMM it computes)
 MNK_KINDS = ("gemm", "conv", "linear")
+# a measured table's meta on its calibration passes (calibrate --passes; a derived table has none)
+PASS_META = ("passes", "passes_completed", "pass_spread_max")
 # table kind -> its axes, in order
 KIND_AXES = {
     "gemm": ("m", "n", "k"),
@@ -144,8 +146,8 @@ def table_kind(name: str) -> str:
             return "attention"
         if parts[2] == "causal":
             return "attention_causal"
-    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, conv.<dtype>, linear.<dtype>, "
-                       f"memory.<{'|'.join(MEMORY_KINDS)}>, bias.<{'|'.join(BIAS_KINDS)}> or "
+    raise ProfileError(f"unknown table {name!r}: expected gemm.<dtype>, grouped_gemm.<dtype>, conv.<dtype>, "
+                       f"linear.<dtype>, memory.<{'|'.join(MEMORY_KINDS)}>, bias.<{'|'.join(BIAS_KINDS)}> or "
                        f"attention.<{'|'.join(ATTENTION_IMPLS)}>[.causal]")
 
 
@@ -528,12 +530,12 @@ def check_addable(base: Profile, quick: bool, device_name: str | None = None) ->
         raise ProfileError(f"tables of a {device_name} cannot go into a profile of a {base.device_name}")
 
 
-def drop_derived_entries(added: list | None, names) -> list:
-    """The calibration's `added` entries without `names` in the entries that derived tables from another GPU
-    (those tables are replaced now); an entry left with no table goes."""
+def without_tables(added: list | None, names) -> list:
+    """The calibration's `added` entries without `names` (tables replaced now, by a measurement or a derivation:
+    the label names each table's latest addition only); an entry left with no table goes."""
     names, out = set(names), []
     for a in added or []:
-        if isinstance(a, dict) and a.get("derived_from"):
+        if isinstance(a, dict):
             a = {**a, "tables": [t for t in a.get("tables") or [] if t not in names]}
             if not a["tables"]:
                 continue
@@ -560,8 +562,9 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
         raise ProfileError(f"launch costs {', '.join(unknown)} cannot be added to a profile")
     data["launch"].update(launch)
     tables = {**tables, **{name: None for name, key in ADDABLE_LAUNCH.items() if key in launch}}
-    # a table measured here now that was derived from another GPU's before: the label no longer says DERIVED
-    data["calibration"]["added"] = drop_derived_entries(data["calibration"].get("added"), tables)
+    # a table measured again, or measured here now where it was derived from another GPU's: the label names the
+    # latest measurement only (no longer DERIVED)
+    data["calibration"]["added"] = without_tables(data["calibration"].get("added"), tables)
     data["calibration"]["added"].append({"tables": sorted(tables), "created": created,
                                                          "device": device.get("name"), "quick": quick})
     data["calibration"].setdefault("notes", []).append(

@@ -35,7 +35,8 @@ def register(sub) -> None:
                         "their nearest measured neighbour and counted in the profile")
     p.add_argument("--passes", type=int, default=1,
                    help="measure every shape this many times, every other pass in reverse order, and keep the "
-                        "lowest time (default 1); the profile's notes name shapes whose passes differ by over 20%%")
+                        "lowest time (default 1; the budget covers every pass); the profile's notes name the "
+                        "shapes whose passes differ by over 20%%")
     p.add_argument("--tables", help="comma-separated table names to measure (default all)")
     p.add_argument("--out", help="profile file to write (.json)")
     p.add_argument("--add-to", metavar="PROFILE", help="with --tables: measure those tables against this profile's "
