@@ -167,7 +167,9 @@ def test_objects_alive_before_a_point_are_left_out_of_its_collections():
         frozen = gc.get_freeze_count()
         with older_objects_frozen():  # nested: the outer block's objects stay frozen until it ends
             pass
-        assert gc.get_freeze_count() == frozen
+        # (not an equality: a frozen object freed meanwhile, by this process or a thread, leaves the count; the
+        # clean-clone CI once saw 603,010 become 603,008; an unfreeze would have left none)
+        assert frozen * 0.99 <= gc.get_freeze_count() <= frozen
         with collector_paused():
             a, b = Node(), Node()
             a.other, b.other = b, a
