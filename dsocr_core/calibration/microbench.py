@@ -218,17 +218,17 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     times = {n: np.full(shape(n) + (passes,), np.nan) for n in plan}  # per call, launch gaps included, each pass
     failed: dict[str, str] = {}
     skipped = {"cap": 0, "budget": 0, "error": 0}
-    stopped, done, errored, cut = False, 0, set(), []
+    stopped, done, errored = False, 0, set()
+    reached = [0] * passes  # entries each pass reached before the budget or a stop ended it
     for p in range(passes):  # the budget covers every pass; a later pass only measures again
         for name, idx, coords in (jobs if p % 2 == 0 else jobs[::-1]):
             done += 1
             if should_stop is not None and should_stop():
                 stopped = True
-            if stopped or time.perf_counter() - start > budget_s:
-                if p == 0:
-                    skipped["budget"] += 1
-                elif not cut or cut[-1][0] != p + 1:
-                    cut.append((p + 1, done - 1 - p * len(jobs)))  # (pass, entries it reached)
+            ended = stopped or time.perf_counter() - start > budget_s  # and stays so: the rest are not reached
+            reached[p] += not ended
+            if ended:
+                skipped["budget"] += p == 0
             elif _too_big(name, coords, st):
                 skipped["cap"] += p == 0
             elif (name, idx) not in errored:
@@ -243,14 +243,13 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
                         torch.cuda.empty_cache()
             if progress is not None:
                 progress(done, len(jobs) * passes, name)
-    for p, reached in cut:
-        st.notes.append(f"pass {p} of {passes} ended early (the budget ran out, or a stop) after {reached} of "
-                        f"{len(jobs)} entries; the entries it did not reach keep the earlier passes' times")
+    for p in range(1, passes):
+        if reached[p] < len(jobs):
+            st.notes.append(f"pass {p + 1} of {passes} ended early (the budget ran out, or a stop) after {reached[p]} "
+                            f"of {len(jobs)} entries; the entries it did not reach keep the earlier passes' times")
     raw: dict[str, np.ndarray] = {}
-    for name, t in times.items():  # the lowest time of the passes, less the launch gaps: the work time
-        with np.errstate(invalid="ignore"):
-            low = np.nanmin(np.where(np.isnan(t).all(-1, keepdims=True), np.inf, t), axis=-1)
-        low[~np.isfinite(low)] = np.nan
+    for name, t in times.items():  # the lowest time of the passes (NaN: none), less the launch gaps: the work time
+        low = np.fmin.reduce(t, axis=-1)
         raw[name] = np.maximum(low - kernel_count(name) * gap, 0.05 * low)
     if cuda:
         torch.cuda.empty_cache()
@@ -327,9 +326,7 @@ def _pass_spread(name: str, times: np.ndarray, axes: dict, notes: list, named: i
     twice = counts > 1
     if not twice.any():
         return out
-    with np.errstate(invalid="ignore"):
-        spread = np.where(twice, np.nanmax(times, axis=-1) / np.nanmin(np.where(twice[..., None], times, 1.0),
-                                                                      axis=-1) - 1.0, np.nan)
+    spread = np.where(twice, np.fmax.reduce(times, axis=-1) / np.fmin.reduce(times, axis=-1) - 1.0, np.nan)
     out["pass_spread_max"] = round(float(np.nanmax(spread)), 4)
     far = np.argwhere(spread > PASSES_DIFFER)
     if len(far):

@@ -69,16 +69,16 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
     gen = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape, dt=torch.bfloat16: torch.randn(*shape, device=dev, dtype=dt, generator=gen)  # noqa: E731
     i = {k: int(round(v)) for k, v in c.items()}
-    if kind == "gemm":
+    if kind in ("gemm", "linear"):  # F.linear; a linear entry with its bias (the addmm the projector runs)
         dt = _dtype(name.split(".")[1])
         s = DTYPE_BYTES[name.split(".")[1]]
-        return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt)),
-                lambda x: F.linear(x[0], x[1]), (i["m"] * i["k"] + i["n"] * i["k"]) * s, 1)
-    if kind == "linear":  # nn.Linear with its bias: F.linear's addmm, as the projector runs it
-        dt = _dtype(name.split(".")[1])
-        s = DTYPE_BYTES[name.split(".")[1]]
-        return (lambda: (rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt), rnd(i["n"], dt=dt)),
-                lambda x: F.linear(x[0], x[1], x[2]), (i["m"] * i["k"] + i["n"] * i["k"] + i["n"]) * s, 1)
+        bias = i["n"] if kind == "linear" else 0
+
+        def make():
+            x, w = rnd(i["m"], i["k"], dt=dt), rnd(i["n"], i["k"], dt=dt)
+            return (x, w, rnd(bias, dt=dt)) if bias else (x, w)
+
+        return make, lambda x: F.linear(*x), (i["m"] * i["k"] + i["n"] * i["k"] + bias) * s, 1
     if kind == "conv":  # nn.Conv2d with kernel = stride = the patch, on square views of side 64 patches or less
         dt = _dtype(name.split(".")[1])
         patch = max(int(round(math.sqrt(i["k"] / 3))), 1)

@@ -79,9 +79,9 @@ KIND_AXES = {
     # positions, n output channels, k = 3 x patch^2 input values per position
     "conv": ("m", "n", "k"),
     # a Linear layer with its bias (F.linear: cuBLAS's addmm with a bias epilogue) at a model's own (n, k) over the
-    # row counts its pages give: the GEMM table's grid lines (n, k 4x apart, m 4x apart) interpolate across the
-    # kernel changes and wave steps of such shapes (the projector, [rows, 2048] x [2048, 1280]: 9-23% under at most
-    # row counts on an H100 and an H200, docs/accuracy.md); profiles made before it price it on the GEMM table
+    # row counts its pages give, where the GEMM table's grid lines (n, k and m 4x apart) interpolate across kernel
+    # changes (the projector, [rows, 2048] x [2048, 1280]: an H100 runs 800 and 900 rows 14-15% slower than the GEMM
+    # table says, docs/accuracy.md "The projector's GEMM at its own shape"); profiles without it use the GEMM table
     "linear": ("m", "n", "k"),
     "memory": ("bytes",),
     "attention": ("bh", "q", "k", "d"),
@@ -90,7 +90,8 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat",
-                "projector_cat", "moe_gemv", "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast", "fused_lm_head")
+                "projector_cat", "moe_gemv", "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast",
+                "fused_lm_head")
 # cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles
 # made before it price it on the elementwise table
 # transposed_cat: DeepSeek-OCR's projector input as the reference model builds it, a cat of [rows, 1024] with the
