@@ -55,3 +55,29 @@ def test_each_stage_is_timed_listed_and_predicted(tmp_path):
     # the text length reaches the prefill: 40 text tokens a page cost more than 10 in the prediction
     assert result["points"][1]["predicted_s"]["prefill"] > vk.predicted(
         str(PROFILE), {"mode": "small", "grid": (1, 1), "batch": 2, "text_tokens": 10}, "tiny", "float32")["prefill"]
+
+
+def test_graphed_stages_whose_kernels_the_profiler_did_not_tie_are_named(tmp_path, monkeypatch, capsys):
+    """--graphed-kernels: a stage whose replayed kernels the profiler tied to no stage range (every stage of an
+    H100 run of 2026-11-28) says so instead of printing nothing; a stage with kernels lists them."""
+    vk = _script()
+    real = vk.stage_kernels
+    calls = []
+
+    def second_call_empty(session, inputs, passes, stages=vk.STAGES):  # eager listing first, the graphed second
+        calls.append(session)
+        out = real(session, inputs, passes, stages)
+        return {s: [] for s in out} if len(calls) % 2 == 0 else out
+
+    monkeypatch.setattr(vk, "stage_kernels", second_call_empty)
+    out = tmp_path / "vk.json"
+    assert vk.main(["--device", "cpu", "--quick", "--points", "small:1x1", "--repeats", "1", "--stages",
+                    "projector", "--graphed-kernels", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "graphed: the profiler tied none of the graph replays' kernels to this stage" in printed
+    assert json.loads(out.read_text())["points"][0]["kernels_graphed"] == {"projector": []}
+    monkeypatch.setattr(vk, "stage_kernels", real)
+    assert vk.main(["--device", "cpu", "--quick", "--points", "small:1x1", "--repeats", "1", "--stages",
+                    "projector", "--graphed-kernels", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "   graphed " in printed and "tied none" not in printed
