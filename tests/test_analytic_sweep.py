@@ -102,3 +102,31 @@ def test_hundred_thousand_points_are_fast():
     elapsed = time.perf_counter() - t0
     assert pts.size >= 100_000 and np.all(np.isfinite(stages["total"]["time_s"]))
     assert elapsed < 5.0  # the benchmark's goal is >= 100k points/s; this only guards against regressions
+
+
+@pytest.mark.parametrize("keys", [
+    [np.array([3, 1, 3, 0, 1, 3]), np.array([2, 2, 2, 9, 2, 1])],  # small non-negative ints: packed into one
+    [np.array([5, 5, 64, 1, 64]), np.array([3300, 10, 10, 3300, 10]), np.array([1, 9, 9, 1, 9])],
+    [np.array([-2, 1, -2, 1]), np.array([0, 0, 0, 1])],  # a negative key: the stacked columns sorted as tuples
+    [np.array([2 ** 40, 0, 2 ** 40]), np.array([2 ** 30, 1, 2 ** 30])],  # too wide to pack into one int64
+    [np.array([0.5, 0.5, 1.5]), np.array([1, 1, 1])],  # not integers
+])
+def test_distinct_tuples_matches_numpy_unique_over_columns(keys):
+    """The packed-key path gives np.unique(axis=1)'s first indices and inverse, in the same (lexicographic)
+    order, and keys it cannot pack take np.unique's own path."""
+    from dsocr_core.analytic.points import distinct_tuples
+
+    _, first, inverse = np.unique(np.stack(keys), axis=1, return_index=True, return_inverse=True)
+    got_first, got_inverse = distinct_tuples(keys)
+    assert got_first.tolist() == first.tolist()
+    assert got_inverse.tolist() == inverse.reshape(-1).tolist()
+
+
+def test_distinct_tuples_of_a_large_random_sweep():
+    from dsocr_core.analytic.points import distinct_tuples
+
+    rng = np.random.default_rng(0)
+    keys = [rng.integers(1, 65, 50_000), rng.integers(1, 3301, 50_000), rng.integers(1, 10, 50_000)]
+    _, first, inverse = np.unique(np.stack(keys), axis=1, return_index=True, return_inverse=True)
+    got_first, got_inverse = distinct_tuples(keys)
+    assert np.array_equal(got_first, first) and np.array_equal(got_inverse, inverse.reshape(-1))

@@ -24,7 +24,7 @@ from ..tiling import features_per_side, mode_info
 from .cost import ADDITIVE, Cost, Row, affine_sum
 from .lm import lm_rows
 from .params import param_counts
-from .points import Points
+from .points import Points, distinct_tuples
 from .predict import PREDICTED, predictor_for
 from .roofline import bound_of
 from .vision import clip_tokens
@@ -229,12 +229,6 @@ def _combine(parts: list[dict], shared_weights: bool) -> dict:
     return out
 
 
-def _distinct(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(index of one point per distinct key tuple, inverse map back to every point)."""
-    _, first, inverse = np.unique(np.stack(keys), axis=1, return_index=True, return_inverse=True)
-    return first, inverse.reshape(-1)
-
-
 def evaluate(spec: ModelSpec, pts: Points, hardware=None) -> dict[str, dict[str, np.ndarray]]:
     """Stage totals for every point: {stage: {metric: array over points}}. With a Hardware, also compute_s,
     memory_s, time_s and bound. Vision depends only on (batch, crop grid) and prefill only on (batch, prompt),
@@ -242,10 +236,10 @@ def evaluate(spec: ModelSpec, pts: Points, hardware=None) -> dict[str, dict[str,
     shape = (pts.size,)
     fam = family_of(spec)
     acc = {}
-    first, inv = _distinct([pts.batch, pts.crops_w, pts.crops_h])
+    first, inv = distinct_tuples([pts.batch, pts.crops_w, pts.crops_h])
     sub = _accumulate(vision_rows(spec, pts.take(first)), fam.vision_stages, first.shape, hardware)
     acc |= {s: {k: v[inv] for k, v in d.items()} for s, d in sub.items()}
-    first, inv = _distinct([pts.batch, pts.text_tokens, pts.crops_w, pts.crops_h])
+    first, inv = distinct_tuples([pts.batch, pts.text_tokens, pts.crops_w, pts.crops_h])
     sub = _accumulate(prefill_rows(spec, pts.take(first)), ("prefill",), first.shape, hardware)
     acc |= {s: {k: v[inv] for k, v in d.items()} for s, d in sub.items()}
     acc |= _accumulate(decode_rows(spec, pts), ("decode",), shape, hardware)
