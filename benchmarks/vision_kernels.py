@@ -152,8 +152,8 @@ def main(argv=None) -> int:
                          'predicted with them)')
     ap.add_argument("--graphed-kernels", action="store_true",
                     help="also list the kernels of the graphed stages (their replays under the profiler): a "
-                         "graphed stage's time beside its kernels' says what the graph adds (where the profiler "
-                         "ties no replayed kernel to a stage, as on an H100 of 2026-11-28, it says so)")
+                         "graphed stage's time beside its kernels' says what the graph adds (where no kernel is tied "
+                         "to a stage in the graphed run, as on an H100 of 2026-11-28, it says so)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
             for k in (graphed_ks or [])[:args.top]:
                 print(f"   graphed {k['us']:9.1f} us x{k['launches']:<4.0f} {k['kernel'][:100]}")
             if graphed_ks == []:  # on an H100 of 2026-11-28 none were: replays' kernels fall outside the stage ranges
-                print("   graphed: the profiler tied none of the graph replays' kernels to this stage")
+                print("   graphed: no kernels were tied to this stage in the graphed run")
             rows = sorted((row["predicted_rows"] or {}).get(stage, {}).items(), key=lambda kv: -kv[1])
             for kind, sec in rows[:args.top]:
                 print(f"   predicted {sec * 1e6:9.1f} us  {kind}")

@@ -111,15 +111,31 @@ def test_hundred_thousand_points_are_fast():
     [np.array([2 ** 40, 0, 2 ** 40]), np.array([2 ** 30, 1, 2 ** 30])],  # too wide to pack into one int64
     [np.array([0.5, 0.5, 1.5]), np.array([1, 1, 1])],  # not integers
 ])
-def test_distinct_tuples_matches_numpy_unique_over_columns(keys):
+def test_distinct_tuples_matches_numpy_unique_over_columns(keys, monkeypatch):
     """The packed-key path gives np.unique(axis=1)'s first indices and inverse, in the same (lexicographic)
     order, and keys it cannot pack take np.unique's own path."""
-    from dsocr_core.analytic.points import distinct_tuples
+    from dsocr_core.analytic import points
 
+    packed = []
+    real = np.ravel_multi_index
+    monkeypatch.setattr(points.np, "ravel_multi_index", lambda *a, **k: packed.append(1) or real(*a, **k))
     _, first, inverse = np.unique(np.stack(keys), axis=1, return_index=True, return_inverse=True)
-    got_first, got_inverse = distinct_tuples(keys)
+    got_first, got_inverse = points.distinct_tuples(keys)
     assert got_first.tolist() == first.tolist()
     assert got_inverse.tolist() == inverse.reshape(-1).tolist()
+    can_pack = all(np.issubdtype(k.dtype, np.integer) and k.min() >= 0 and k.max() < 2 ** 20 for k in keys)
+    assert bool(packed) == can_pack
+
+
+def test_distinct_tuples_of_mixed_dtypes_empty_keys_and_keys_of_two_sizes():
+    from dsocr_core.analytic.points import distinct_tuples
+
+    keys = [np.array([7, 1, 7], dtype=np.uint8), np.array([2, 2, 2], dtype=np.int32), np.array([0, 5, 0])]
+    assert [a.tolist() for a in distinct_tuples(keys)] == [[1, 0], [1, 0, 1]]
+    first, inverse = distinct_tuples([np.array([], dtype=np.int64), np.array([], dtype=np.int64)])
+    assert first.size == 0 and inverse.size == 0
+    with pytest.raises(ValueError, match="differ in size"):
+        distinct_tuples([np.array([1, 2, 1]), np.array([5])])
 
 
 def test_distinct_tuples_of_a_large_random_sweep():

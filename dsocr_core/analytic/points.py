@@ -41,10 +41,13 @@ def _int_array(name: str, values, low: int, high: int) -> np.ndarray:
 
 def distinct_tuples(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(index of the first point of each distinct key tuple, inverse map back to every point), the tuples in
-    lexicographic order: np.unique over the stacked keys' columns. Non-negative integer keys are packed into one
-    int64 first (the first key most significant, so the order is the same), which np.unique sorts as plain
-    numbers: sorting the stacked columns as tuples took most of an analytic sweep with prediction on."""
+    lexicographic order: np.unique over the stacked keys' columns (keys of any shape are flattened and must have
+    one size). Non-negative integer keys are packed into one int64 first (the first key most significant, so the
+    order is the same), which np.unique sorts as plain numbers: sorting the stacked columns as tuples took about
+    half of an analytic sweep with prediction on."""
     flat = [np.asarray(k).reshape(-1) for k in keys]
+    if len({k.size for k in flat}) > 1:  # ravel_multi_index would broadcast them
+        raise ValueError(f"keys differ in size: {[k.size for k in flat]}")
     ints = all(np.issubdtype(k.dtype, np.integer) for k in flat)
     sizes = [int(k.max()) + 1 if k.size else 1 for k in flat]
     if ints and all(k.size == 0 or k.min() >= 0 for k in flat) and float(np.prod(sizes, dtype=float)) < 2.0 ** 62:
