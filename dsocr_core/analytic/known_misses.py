@@ -39,9 +39,10 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "(batch 1-33) is within 5.2% (median, max 8.7%)")
 PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by 2-9% "
              "(median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
-             "over (H200). Batches of 12,000 feature rows and more are 10-20% under, and not for its GEMM (traced "
-             "within 9% of its table): its other kernels or its CUDA graph, not yet traced. On some machines the "
-             "stage runs 10-23 us longer (one H100 set 20% under)")
+             "over (H200). Its kernels are priced within a few percent at small batches and 3-16% under at 8,000-"
+             "19,000 feature rows (traced on an H100, 2026-11-28); the rest is time the measured stage holds beyond "
+             "its kernels, 3-45 us, which depends on the GPU's state after SAM and CLIP (the same page's stage took "
+             "192-270 us on one H100) and which the model has no term for")
 
 
 def known_misses(profile, session_mode: str, max_batch: int = 1,
