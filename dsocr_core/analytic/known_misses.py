@@ -41,7 +41,7 @@ PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest hel
              "(median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
              "over (H200). Its kernels are priced within a few percent at small batches and 3-16% under at 8,000-"
              "19,000 feature rows (traced on an H100, 2026-11-28); the rest is time the measured stage holds beyond "
-             "its kernels, 3-45 us, which depends on the GPU's state after SAM and CLIP (the same page's stage took "
+             "its kernels, up to 65 us, which depends on the GPU's state after SAM and CLIP (the same page's stage took "
              "192-270 us on one H100) and which the model has no term for")
 
 
