@@ -3,7 +3,7 @@
 The stage timer (runtime/timing.py) synchronises the device at the start and end of every prefill stage to read
 the stage's peak memory, then queues a ~100 us GPU wait so the stage's first launch is not charged. A run without
 the timer pauses nowhere: each stage starts when the one before ends. On an H100 (2026-11-28; docs/accuracy.md
-"The projector after SAM and CLIP") the fast projector's stage held 3-45 us beyond its kernels, more after a long
+"The projector after SAM and CLIP") the fast projector's stage held up to 65 us beyond its kernels, more after a long
 compute stage. The projector's graph replayed on its own between the timer's steps measured just its kernels'
 sum. This benchmark tests whether that excess is the pause.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dsocr_core.results.schema import stage_stats  # noqa: E402
 from dsocr_core.runtime.timing import StageTimer  # noqa: E402
 from vision_kernels import parse_point  # noqa: E402 - this folder is on sys.path when run as a script
 
@@ -61,18 +61,15 @@ def run_once(session, inputs, mode: str) -> dict[str, float]:
 
 
 def measure(session, inputs, repeats: int) -> dict[str, dict]:
-    """{mode: {stage: {median_s, min_s, max_s}}} over `repeats` prefills per mode, the modes alternating."""
+    """{mode: {stage: stage_stats (median_s, min_s, max_s, ...)}} over `repeats` prefills per mode, the modes
+    alternating."""
     for mode in MODES:  # warm-up: compile, capture; the unsynced one also leaves nothing pending
         run_once(session, inputs, mode)
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for i in range(2 * repeats):
         mode = MODES[i % 2]
         runs[mode].append(run_once(session, inputs, mode))
-    out = {}
-    for mode, rs in runs.items():
-        out[mode] = {k: {"median_s": statistics.median(r[k] for r in rs), "min_s": min(r[k] for r in rs),
-                         "max_s": max(r[k] for r in rs)} for k in rs[0]}
-    return out
+    return {mode: {k: stage_stats(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
 
 
 def main(argv=None) -> int:

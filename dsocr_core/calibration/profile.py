@@ -566,8 +566,8 @@ def add_tables(base: Profile, tables: dict[str, dict], device: dict, environment
     # a table measured again, or measured here now where it was derived from another GPU's: the label names the
     # latest measurement only (no longer DERIVED)
     data["calibration"]["added"] = without_tables(data["calibration"].get("added"), tables)
-    data["calibration"]["added"].append({"tables": sorted(tables), "created": created,
-                                                         "device": device.get("name"), "quick": quick})
+    data["calibration"]["added"].append({"tables": sorted(tables), "created": created, "device": device.get("name"),
+                                         "quick": quick})
     data["calibration"].setdefault("notes", []).append(
         f"{', '.join(sorted(tables))} added on {created[:10]} from a calibration on {device.get('name')} (driver "
         f"{environment.get('driver')}, torch {versions.get('torch')}); every other table is the "
