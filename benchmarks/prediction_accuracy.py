@@ -166,7 +166,8 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
 
 
 def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
-              routing=None, host_probe_op_s: float | None = None) -> dict[str, float]:
+              routing=None, host_probe_op_s: float | None = None, stage_clocks: dict | None = None,
+              ) -> dict[str, float]:
     """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps) on `engine`
     (an EngineSpec, or a session mode: its default options), under `routing` (None: uniform), at the host speed
     the point was measured at (None: the calibration's)."""
@@ -174,13 +175,15 @@ def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
     from dsocr_core.results.prediction_check import predicted_stages
 
     return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, engine, work,
-                                                           overlap, routing), [host_probe_op_s])[0]
+                                                           overlap, routing), [host_probe_op_s],
+                            [stage_clocks])[0]
 
 
 def measured(store, run_id: str) -> list[dict]:
-    """[{workload, status, stages: {stage: median seconds}, host_probe_op_s, gpu_state}] of a stored run
-    (gpu_state: the GPU's state before and after the point's timed repeats, None where not recorded)."""
-    from dsocr_core.results.analytic_join import point_host_probe, point_workload
+    """[{workload, status, stages: {stage: median seconds}, host_probe_op_s, gpu_state, stage_clocks}] of a stored
+    run (gpu_state: the GPU's state before and after the point's timed repeats; stage_clocks: the SM clock each
+    stage ran at; None where not recorded)."""
+    from dsocr_core.results.analytic_join import point_host_probe, point_stage_clocks, point_workload
 
     pts = store.points(run_id)
     out = {}
@@ -188,7 +191,8 @@ def measured(store, run_id: str) -> list[dict]:
         extra = r["extra"] if isinstance(r["extra"], dict) else {}
         rec = out.setdefault(r["point_id"], {"workload": point_workload(r), "status": r["status"], "stages": {},
                                              "host_probe_op_s": point_host_probe(r),
-                                             "gpu_state": extra.get("gpu_state")})
+                                             "gpu_state": extra.get("gpu_state"),
+                                             "stage_clocks": point_stage_clocks(r)})
         if r["stage"] is not None and not (isinstance(r["stage"], float) and np.isnan(r["stage"])):
             rec["stages"][r["stage"]] = float(r["median_s"])
     for rec in out.values():
@@ -388,15 +392,21 @@ def main(argv: list[str] | None = None) -> dict:
             if rec["status"] != "done":
                 rows.append({"workload": w.model_dump(mode="json"), "status": rec["status"], "error": {}})
                 continue
-            probe = rec["host_probe_op_s"]
-            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing, probe)
+            probe, clocks = rec["host_probe_op_s"], rec["stage_clocks"]
+            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing, probe, clocks)
             meas = rec["stages"]
             err = relative_errors(pred, meas)
-            rows.append({"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas,
-                         "predicted_s": pred, "error": err, "host_probe_op_s": probe, "gpu_state": rec["gpu_state"]})
+            row = {"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas, "predicted_s": pred,
+                   "error": err, "host_probe_op_s": probe, "gpu_state": rec["gpu_state"], "stage_clocks": clocks}
+            if clocks:  # beside it, the prediction at the calibration's clock: what the clocks change
+                at_full = predicted(spec, w, profile, engine, args.work, args.overlap, routing, probe)
+                row["error_at_calibration_clock"] = relative_errors(at_full, meas)
+            rows.append(row)
         summary = summarize([r for r in rows if r["status"] == "done"])
+        full_clock = [{"error": r.get("error_at_calibration_clock", r["error"])} for r in rows if r["status"] == "done"]
         run = store.get_run(run_id)
         entry = {"run_id": run_id, "engine": engine.to_dict(), "points": rows, "summary": summary,
+                 "summary_at_calibration_clock": summarize(full_clock),
                  # the run's first point measured again at its end (measure/order_check.py): a flagged check
                  # says the first point's stored times depended on being measured first
                  "order_check": run["meta"].get("order_check"),
@@ -413,6 +423,9 @@ def main(argv: list[str] | None = None) -> dict:
                 entry["kernels"] = {"error": f"{type(exc).__name__}: {exc}"}
         result["modes"][mode] = entry
         print(table(summary, mode), flush=True)
+        if any(r.get("stage_clocks") for r in rows):
+            print("at the calibration's clock (the points' measured clocks not used):", flush=True)
+            print(table(entry["summary_at_calibration_clock"], mode), flush=True)
         print(f"  MoE routing: {'uniform (assumed)' if routing is None else routing.label()}", flush=True)
         if entry["order_check"]:
             print(f"  {order_checks.summary(entry['order_check'])}", flush=True)

@@ -37,6 +37,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from ..engines import EngineSpec, as_engine
+from ..registry import stage_rank
 from ..spec import Hardware, SpecError
 from .cost import FIELDS as COST_FIELDS, Cost, Row
 from .kernels import EVERY_ROW, Call, Kernel, host_ops_by_kind
@@ -61,6 +62,9 @@ class Prediction:
     # the host's speed at a measured point (runtime/host_speed.py probe, seconds per op): its eager host costs are
     # the profile's scaled by this over the profile's own probe; None: the host as fast as when the profile measured
     host_probe_op_s: float | None = None
+    # the SM clock each stage of a measured point ran at, ((stage, MHz), ...) (runtime/gpu_clocks.py; at_clocks):
+    # a compute-bound kernel's time is the profile's times its clock over this; None: at the calibration's clock
+    clocks: tuple | None = None
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
     def __post_init__(self):
@@ -90,16 +94,29 @@ class Prediction:
             return HOST_AS_CALIBRATED
         return f"measured with the point: {', '.join(ratios)} the calibration's host time per op"
 
+    def clock_label(self) -> str:
+        """The clocks the prediction is at: the calibration's, or the point's per stage against it."""
+        cal = self.profile.clock_mhz
+        if not self.clocks or cal is None:
+            return CLOCKS_AS_CALIBRATED + (f" ({cal:,.0f} MHz)" if cal else "")
+        stages = ", ".join(f"{s} {mhz:,.0f}" for s, mhz in self.clocks)
+        return f"measured with the point: SM {stages} MHz against the calibration's {cal:,.0f} MHz"
+
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
         return {**self.profile.summary(), "session_mode": self.session_mode, "engine": self.engine.to_dict(),
                 "engine_label": self.engine.label(), "work": self.work, "overlap": self.overlap,
-                "routing": self.routing_label(), "host_speed": self.host_label(), "notes": sorted(self.notes)}
+                "routing": self.routing_label(), "host_speed": self.host_label(), "clocks": self.clock_label(),
+                "notes": sorted(self.notes)}
 
 
 UNIFORM_ROUTING = "uniform (assumed)"  # each token picks its k of the E routed experts independently
 HOST_TABLES = {"kinds": "op kinds", "stages": "the model's code"}  # the profile's host costs, each with its probe
 HOST_AS_CALIBRATED = "as calibrated"  # the host issues ops as fast as when the profile measured its host costs
+# compute-bound kernels at the SM clock the tables were timed at (the full clock): what-if predictions, and points
+# measured without recording their clocks. Under sustained load a GPU at its power cap runs slower (gpu_clocks.py)
+CLOCKS_AS_CALIBRATED = "the calibration's full SM clock"
+CLOCK_STEP_MHZ = 5.0  # a point's stage clocks are rounded to this: points of a run share a few predictions
 
 
 class ProfiledHardware(Hardware):
@@ -130,6 +147,24 @@ def at_host_speed(hw: ProfiledHardware, host_probe_op_s: float | None) -> Profil
     if pred.host_probe_op_s == host_probe_op_s:
         return hw
     return hw.model_copy(update={"prediction": replace(pred, host_probe_op_s=host_probe_op_s, notes=pred.notes)})
+
+
+def at_clocks(hw: ProfiledHardware, stage_clocks: dict | None) -> ProfiledHardware:
+    """`hw`'s prediction at the SM clocks a measured point recorded per stage ({stage: {"mhz", "samples"}} in the
+    stage, runtime/gpu_clocks.clocks_by_stage; None: the calibration's clock). A stage no reading fell in takes
+    the clock of the stage that ran before it (registry.stage_rank: a store keeps the dict sorted by name): a short
+    stage, and the clock moves over tens of milliseconds. Notes are shared as in at_host_speed."""
+    pairs, last = [], None
+    for stage, rec in sorted((stage_clocks or {}).items(), key=lambda kv: (stage_rank(kv[0]), kv[0])):
+        mhz = (rec or {}).get("mhz") if isinstance(rec, dict) else None
+        last = mhz if isinstance(mhz, (int, float)) and mhz > 0 else last
+        if last is not None:
+            pairs.append((stage, CLOCK_STEP_MHZ * round(float(last) / CLOCK_STEP_MHZ)))
+    clocks = tuple(pairs) or None
+    pred = hw.prediction
+    if pred.clocks == clocks:
+        return hw
+    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, notes=pred.notes)})
 
 
 def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:
@@ -193,6 +228,9 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     raise SpecError(f"unknown kernel table {name!r}")
 
 
+# the plans' tables of bandwidth-bound kernels: their time does not follow the SM clock (Predictor._excess)
+MEMORY_TABLES = ("memory.", "bias.")
+
 # every kernel kind the engines' plans (analytic/kernels.py builders) time, and the dtypes they are looked up in
 PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "linear", "attention.sdpa", "attention.sdpa.causal",
                "attention.flash", "attention.flash.causal", "attention.default", "attention.default.causal",
@@ -251,6 +289,13 @@ class Predictor:
             prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): the "
                                  "projector's and the LM prefill's graphs are predicted without the few us a replay "
                                  "adds (the projector's share of it is largest)")
+        # per stage: the calibration's SM clock over the one the point ran at (a compute-bound kernel's time scales
+        # with it); the row being priced sets self._clock from it (row())
+        cal = p.clock_mhz
+        if prediction.clocks and cal is None:
+            prediction.notes.add("the profile records no calibration clock: the point's measured clocks are not used")
+        self.clock_ratio = {s: cal / mhz for s, mhz in prediction.clocks} if prediction.clocks and cal else {}
+        self._clock = 1.0
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batches: dict[int, tuple] = {}  # per call context (its id): its distinct batch sizes
         self._paths: dict[int, tuple] = {}  # per call context (its id): its decode paths' points
@@ -291,14 +336,21 @@ class Predictor:
         return self._table(name, dtype)[0].name
 
     def _excess(self, k: Kernel, dtype: str):
-        share = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)
+        """The kernel's time beyond its share of the roofline: its real work at its table's efficiency (at the row's
+        clock where compute bounds it), less the share."""
+        flop_s = np.asarray(k.flops, dtype=float) / self.P
+        byte_s = np.asarray(k.nbytes, dtype=float) / self.W
+        share = np.maximum(flop_s, byte_s)
         if self.engine_work:
             rf = k.flops if k.real_flops is None else k.real_flops
             rb = k.nbytes if k.real_bytes is None else k.real_bytes
-            real = np.maximum(np.asarray(rf, dtype=float) / self.P, np.asarray(rb, dtype=float) / self.W)
-        else:
-            real = share
-        return real / self.efficiency(k, dtype) - share
+            flop_s, byte_s = np.asarray(rf, dtype=float) / self.P, np.asarray(rb, dtype=float) / self.W
+        t = np.maximum(flop_s, byte_s) / self.efficiency(k, dtype)
+        if self._clock != 1.0 and not k.table.startswith(MEMORY_TABLES):
+            # a compute-bound kernel runs a number of cycles: at a lower clock it takes longer by the ratio.
+            # Memory-bound ones stream at the memory's clock (an H200's copies: 4.23 TB/s at any SM clock)
+            t = np.where(flop_s >= byte_s, t * self._clock, t)
+        return t - share
 
     # ----------------------------------------------------------------------------------------- one call
     def _call(self, kind: str, cost: Cost, ctx: dict, path: str):
@@ -416,6 +468,13 @@ class Predictor:
         the profile's."""
         if not row.ctx:
             raise SpecError(f"row {row.kind} carries no kernel shapes; build rows with analytic.stages")
+        self._clock = self.clock_ratio.get(row.stage, 1.0)
+        try:
+            return self._row(row, roofline)
+        finally:
+            self._clock = 1.0
+
+    def _row(self, row: Row, roofline: tuple | None) -> dict[str, Any]:
         separate = self.kernel_overlap or row.kind in self.separate
         if roofline is not None and roofline[0] == self.P and roofline[1] == self.W and not separate:
             roof_sum = roofline[2]

@@ -317,6 +317,17 @@ class Profile:
         return None if v is None else float(v)
 
     @property
+    def clock_mhz(self) -> float | None:
+        """The SM clock the tables were timed at: the calibration GPU's full clock (its environment's maximum SM
+        clock; the tables are short replays, which run there: benchmarks/sustained_load.py). None where it was
+        not recorded (a CPU) and for a derived profile (its tables are another GPU's, scaled)."""
+        if self.derived:
+            return None
+        env = self.raw.get("environment") or {}
+        v = env.get("sm_clock_max_mhz") or env.get("sm_clock_mhz")
+        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+    @property
     def host_stage_costs(self) -> dict[str, float]:
         """The host cost of one launching op of the reference model's own code per stage (registry.HOST_COST_STAGES,
         calibration/host_stages.py); empty in a profile made before it was measured."""

@@ -3,7 +3,8 @@
 Per point: the engine's kept state released (each point starts where a fresh process measuring only that point
 starts: the same cache room, graphs captured anew; compiled functions are kept, they compile per shape), synthetic
 inputs of the target shape, `warmup` untimed runs, `repeats` timed runs (prefill stages and K decode steps),
-medians and spread, the engine's state (how the point was run: compiled variants, graphs, buckets, cache room),
+medians and spread, the SM clock each stage ran at (runtime/gpu_clocks.py), the engine's state (how the point was
+run: compiled variants, graphs, buckets, cache room),
 then FLOPs in a separate counting pass. After the last point the first one is measured again (`order_check`) and
 the run flagged when the two disagree beyond their spread (see order_check.py). A point is written to the
 store as soon as it is measured, so an interrupt loses nothing already measured and a re-run resumes by
@@ -24,10 +25,12 @@ import torch
 
 from ..results.store import RunStore, point_key
 from ..runtime import gpu_state
+from ..runtime.gpu_clocks import Anchor, ClockSampler, clocks_by_stage
 from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.oom import free_memory, out_of_memory
 from ..runtime.session import Session
+from ..runtime.timing import StageTimer
 from ..spec import Workload
 from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info, sequence_length
 from . import order_check as checks
@@ -66,6 +69,9 @@ class PointResult:
     engine_state: dict
     host_probe_op_s: float | None = None  # the host's speed while the point ran (runtime/host_speed.py)
     gpu_state: dict | None = None  # {before, after}: the GPU's clocks around the timed repeats (runtime/gpu_state.py)
+    # {stage: {mhz, samples}}: the SM clock while each stage ran, over the timed repeats (runtime/gpu_clocks.py);
+    # None where NVML cannot be read (a CPU)
+    stage_clocks: dict | None = None
 
 
 def workload_label(w: Workload) -> str:
@@ -159,11 +165,19 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
         for _ in range(warmup):  # compiles and graph captures leave garbage: collected before the timed runs
             timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
         with collector_paused():
-            runs, probes = [], []
+            runs, probes, spans = [], [], []
             gpu_before = gpu_state.read(session.device)  # the clocks it starts at (None on a CPU)
-            for _ in range(repeats):  # the host's speed probed beside every timed run: it drifts over seconds
-                probes.append(probe_host_op_s(session.device))
-                runs.append(timed_generation(session, inputs, workload.decode_steps + 1, **run))
+            sampler = ClockSampler.start(session.device)  # the SM clock through the repeats (None on a CPU)
+            try:
+                for _ in range(repeats):  # the host's speed probed beside every timed run: it drifts over seconds
+                    probes.append(probe_host_op_s(session.device))
+                    timer, anchor = StageTimer(session.device), sampler and Anchor.now(session.device)
+                    runs.append(timed_generation(session, inputs, workload.decode_steps + 1, timer=timer, **run))
+                    if anchor:
+                        spans += anchor.spans(timer.marks)
+            finally:
+                if sampler:
+                    sampler.stop()
             probes.append(probe_host_op_s(session.device))
             gpu_after = gpu_state.read(session.device)
         engine_state = session.engine.point_state(inputs.batch)
@@ -177,17 +191,20 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
     return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes),
-                       gpu_state.span(gpu_before, gpu_after))
+                       gpu_state.span(gpu_before, gpu_after),
+                       clocks_by_stage(spans, sampler.samples) if sampler else None)
 
 
 def point_extra(result: PointResult) -> dict:
-    """What a stored point keeps beside its stage times: the engine's state, the host's speed and the GPU's
-    state just before and after its timed repeats."""
+    """What a stored point keeps beside its stage times: the engine's state, the host's speed, the GPU's
+    state just before and after its timed repeats and the SM clock each stage ran at."""
     extra = {"engine_state": result.engine_state}
     if result.host_probe_op_s is not None:
         extra["host_probe_op_s"] = result.host_probe_op_s
     if result.gpu_state is not None:
         extra["gpu_state"] = result.gpu_state
+    if result.stage_clocks:
+        extra["stage_clocks"] = result.stage_clocks
     return extra
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..analytic import Points, evaluate
-from ..analytic.predict import at_host_speed
+from ..analytic.predict import at_clocks, at_host_speed
 from ..analytic.routing import Routing, calls_of_record, routing_from_calls
 from ..engines import run_engine
 from ..hardware import run_ceilings
@@ -113,20 +113,33 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
     return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing)
 
 
-def stage_totals_at_host_speeds(spec: ModelSpec, workloads: list[Workload], hw: Hardware,
-                                probes: list[float | None]) -> tuple[list[dict], list[str]]:
+def stage_totals_as_measured(spec: ModelSpec, workloads: list[Workload], hw: Hardware,
+                                probes: list[float | None], clocks: list[dict | None] | None = None,
+                                ) -> tuple[list[dict], list[str], list[str]]:
     """workload_stage_totals under `hw` (a ProfiledHardware) with each workload at the host speed it was measured
-    at (`probes`, runtime/host_speed.py; None: the calibration's), one evaluation per distinct speed
-    (analytic.predict.at_host_speed), and each workload's host-speed label."""
-    at = [at_host_speed(hw, p) for p in probes]
+    at (`probes`, runtime/host_speed.py; None: the calibration's) and at the SM clocks its stages ran at (`clocks`,
+    runtime/gpu_clocks.py, {stage: {mhz, samples}}; None: the calibration's), one evaluation per distinct pair
+    (analytic.predict.at_host_speed, at_clocks), and each workload's host-speed and clock labels."""
+    clocks = clocks or [None] * len(workloads)
+    at = [at_clocks(at_host_speed(hw, p), c) for p, c in zip(probes, clocks)]
     totals: list = [None] * len(workloads)
-    labels: list = [None] * len(workloads)
-    for probe in dict.fromkeys(a.prediction.host_probe_op_s for a in at):
-        idx = [i for i, a in enumerate(at) if a.prediction.host_probe_op_s == probe]
-        label = at[idx[0]].prediction.host_label()
+    host_labels: list = [None] * len(workloads)
+    clock_labels: list = [None] * len(workloads)
+    key = lambda a: (a.prediction.host_probe_op_s, a.prediction.clocks)  # noqa: E731
+    for k in dict.fromkeys(key(a) for a in at):
+        idx = [i for i, a in enumerate(at) if key(a) == k]
+        pred = at[idx[0]].prediction
         for i, t in zip(idx, workload_stage_totals(spec, [workloads[i] for i in idx], at[idx[0]])):
-            totals[i], labels[i] = t, label
-    return totals, labels
+            totals[i], host_labels[i], clock_labels[i] = t, pred.host_label(), pred.clock_label()
+    return totals, host_labels, clock_labels
+
+
+def point_stage_clocks(point) -> dict | None:
+    """The SM clock each stage of a stored point ran at (its extra's stage_clocks, runtime/gpu_clocks.py); None for
+    points stored before it was recorded, or measured where NVML could not be read (a CPU)."""
+    extra = point.get("extra") if hasattr(point, "get") else None
+    v = (extra or {}).get("stage_clocks") if isinstance(extra, dict) else None
+    return v if isinstance(v, dict) and v else None
 
 
 def point_host_probe(point) -> float | None:
@@ -158,11 +171,12 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
     on_ds = dict(zip(keys, workload_stage_totals(spec, ws, datasheet)))
     on_cal = dict(zip(keys, workload_stage_totals(spec, ws, calibrated))) if calibrated else {}
     pred = getattr(prediction, "prediction", None)
-    on_pred, host_labels = {}, {}
-    if pred is not None:  # each point at the host speed it was measured at
+    on_pred, host_labels, clock_labels = {}, {}, {}
+    if pred is not None:  # each point at the host speed and the clocks it was measured at
         probes = [point_host_probe(p) for _, p in firsts.iterrows()]
-        totals, labels = stage_totals_at_host_speeds(spec, ws, prediction, probes)
-        on_pred, host_labels = dict(zip(keys, totals)), dict(zip(keys, labels))
+        clocks = [point_stage_clocks(p) for _, p in firsts.iterrows()]
+        totals, labels, cl = stage_totals_as_measured(spec, ws, prediction, probes, clocks)
+        on_pred, host_labels, clock_labels = dict(zip(keys, totals)), dict(zip(keys, labels)), dict(zip(keys, cl))
     pred_info = {} if pred is None else {  # every row names the profile: measured or DERIVED, GPU or CPU
         "predicted_profile": pred.profile.label(), "predicted_derived": pred.profile.derived,
         "predicted_device_kind": pred.profile.device.get("kind"), "predicted_session_mode": pred.session_mode,
@@ -200,7 +214,7 @@ def compare_run(store: RunStore, run_id: str, spec: ModelSpec | None = None,
         if pred is not None:
             p_s = on_pred[p["key"]][p["stage"]]["predicted_s"]
             row.update(predicted_s=p_s, time_err_predicted=_rel(p_s, t) if t > 0 else None, **pred_info,
-                       predicted_host_speed=host_labels[p["key"]])
+                       predicted_host_speed=host_labels[p["key"]], predicted_clocks=clock_labels[p["key"]])
         # flagged: the FLOP count or the time error against the run's main ceilings (calibrated, else datasheet)
         main = row["time_err_calibrated"] if row["time_err_calibrated"] is not None else row["time_err_datasheet"]
         row["flagged"] = any(v is not None and abs(v) > FLAG_THRESHOLD for v in (row["flop_rel_diff"], main))

@@ -22,21 +22,23 @@ from ..analytic.routing import routing_from_dict
 from ..engines import engine_before_records
 from ..registry import family_of, get_family, stage_names
 from ..spec import Hardware, ModelSpec, SpecError, Workload
-from .analytic_join import compare_run, stage_totals_at_host_speeds, workload_stage_totals
+from .analytic_join import compare_run, stage_totals_as_measured, workload_stage_totals
 from .store import RunStore
 
 STAGES = (*stage_names(), "ttft", "tpot")  # every family's; a prediction has its own model's
 
 
 def predicted_stages(spec: ModelSpec, workloads: list[Workload], hw: Hardware,
-                     probes: list[float | None] | None = None) -> list[dict[str, float]]:
+                     probes: list[float | None] | None = None,
+                     clocks: list[dict | None] | None = None) -> list[dict[str, float]]:
     """Predicted seconds per stage of each workload under `hw` (a ProfiledHardware), vectorised per group of
-    workloads, each at the host speed it was measured at (`probes`; None: all at the calibration's); plus
+    workloads, each at the host speed it was measured at (`probes`; None: all at the calibration's) and at the SM
+    clocks its stages ran at (`clocks`, {stage: {mhz, samples}} per workload; None: the calibration's); plus
     roofline_ttft (the roofline part of the predicted TTFT)."""
     out = []
     base = [s for s in family_of(spec).all_stages if s != "total"]
-    totals = (workload_stage_totals(spec, workloads, hw) if probes is None
-              else stage_totals_at_host_speeds(spec, workloads, hw, probes)[0])
+    totals = (workload_stage_totals(spec, workloads, hw) if probes is None and clocks is None
+              else stage_totals_as_measured(spec, workloads, hw, probes or [None] * len(workloads), clocks)[0])
     for w, st in zip(workloads, totals):
         d = {s: st[s]["predicted_s"] for s in base}
         d["ttft"] = d["vision"] + d["prefill"]
@@ -67,13 +69,14 @@ def summarize(rows: Iterable[Mapping], stages: tuple[str, ...] = STAGES) -> dict
 
 
 def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
-                    host_speed: bool = True) -> list[dict]:
+                    host_speed: bool = True, clocks: bool = True) -> list[dict]:
     """The finished points of one session mode of an accuracy result (benchmarks/prediction_accuracy.py --out),
     predicted again with the current model under `profile` and the result's own settings (synthetic preset, work,
     overlap) on the engine the result recorded (else the engine of the time: engines.engine_before_records), with
     `routing` (analytic/routing.py), else the routing the result's run recorded (its "routing" entry), else
     uniform: [{"workload": Workload, "measured_s", "predicted_s", "error"}]. Each point is predicted at the host
-    speed it was measured at where it recorded one (host_probe_op_s; `host_speed` False: at the calibration's).
+    speed it was measured at where it recorded one (host_probe_op_s; `host_speed` False: at the calibration's),
+    and at the SM clocks its stages ran at where it recorded them (stage_clocks; `clocks` False: the calibration's).
     A result without that mode, or with settings the predictor refuses, raises a SpecError naming them."""
     from ..analytic.predict import profile_hardware, with_profile
 
@@ -93,7 +96,8 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
                       settings.get("overlap", "row"), routing)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
-    preds = predicted_stages(spec, workloads, hw, [p.get("host_probe_op_s") if host_speed else None for p in done])
+    preds = predicted_stages(spec, workloads, hw, [p.get("host_probe_op_s") if host_speed else None for p in done],
+                             [p.get("stage_clocks") if clocks else None for p in done])
     return [{"workload": w, "measured_s": p["measured_s"], "predicted_s": pr,
              "error": relative_errors(pr, p["measured_s"])} for w, p, pr in zip(workloads, done, preds)]
 

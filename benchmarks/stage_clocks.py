@@ -1,0 +1,113 @@
+"""The SM clock each stage of a measured generation ran at, beside its time and its prediction (GPU for the clocks).
+
+A compute-bound kernel's time scales with the SM clock, and the clock falls once the GPU reaches its power cap:
+an H200 running 8192^3 GEMMs back to back dropped from 1,980 to about 1,500 MHz after 20-50 ms, while copies ran
+at the full clock (benchmarks/sustained_load.py). Each point here is measured exactly as a sweep measures it
+(measure/sweep.measure_point: a warm-up, the timed repeats, every stage's SM clock read through NVML meanwhile,
+runtime/gpu_clocks.py), without the FLOP-counting pass, and printed with each stage's median time, the clock it
+ran at, and, with --profile, the prediction at the calibration's clock and at the point's clocks.
+
+    python benchmarks/stage_clocks.py --points base:1x1:b47,gundam:8x1:b56:t646 --profile data/profiles/h200.json \\
+        --out out/stage_clocks.json
+    python benchmarks/stage_clocks.py --device cpu --quick --out /tmp/sc.json      # smoke test (no clocks)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vision_kernels import parse_point  # noqa: E402 - this folder is on sys.path when run as a script
+
+DEFAULT_POINTS = "base:1x1:b47,large:1x1:b20,gundam:8x1:b56:t646,gundam-m:5x1:b27:t814,small:1x1:b59:t86,tiny:1x1:b13"
+STAGES = ("sam", "clip", "projector", "prefill", "decode_step")
+
+
+def workload_of(point: dict, decode_steps: int, dtype: str):
+    from dsocr_core.spec import Workload
+    from dsocr_core.tiling import mode_info
+
+    crop = mode_info(point["mode"]).crop_mode
+    return Workload(mode=point["mode"], crops=point["grid"] if crop else None, batch=point["batch"],
+                    text_tokens=point["text_tokens"], decode_steps=decode_steps, logits="last", dtype=dtype)
+
+
+def predictions(profile_path: str | None, spec, workload, stage_clocks) -> dict | None:
+    """{"full_clock": {stage: s}, "at_clocks": {stage: s}} of the fast engine's defaults, or None without a profile."""
+    if not profile_path:
+        return None
+    from dsocr_core.analytic.predict import profile_hardware, with_profile
+    from dsocr_core.calibration.profile import load_profile
+    from dsocr_core.results.prediction_check import predicted_stages
+
+    prof = load_profile(profile_path)
+    hw = with_profile(profile_hardware(prof), prof, "fast")
+    full, at = (predicted_stages(spec, [workload], hw, [None], [c])[0] for c in (None, stage_clocks))
+    return {"full_clock": full, "at_clocks": at}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", default=DEFAULT_POINTS, help="comma list of mode:WxH[:bN][:tN] (default %(default)s)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed generations per point")
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--profile", help="a calibration profile: print each stage's prediction too")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.decode_steps < 1:
+        ap.error("--repeats and --decode-steps must be at least 1")
+    from dsocr_core.spec import SpecError
+
+    dtype = "float32" if args.quick else "bfloat16"
+    try:
+        points = [parse_point(p) for p in args.points.split(",") if p]
+        workloads = [workload_of(p, args.decode_steps, dtype) for p in points]  # a mode or grid it cannot run
+    except (argparse.ArgumentTypeError, SpecError, ValueError) as exc:
+        ap.error(str(exc))
+
+    from dsocr_core.measure.environment import capture_environment
+    from dsocr_core.measure.sweep import failure, measure_point
+    from dsocr_core.runtime.session import Session
+
+    preset = "tiny" if args.quick else "full"
+    session = Session.load(synthetic=preset, device=args.device, dtype=dtype).with_mode("fast")
+    result = {"benchmark": "stage_clocks", "environment": capture_environment(args.device),
+              "engine": session.engine_spec.to_dict(), "weights": "synthetic " + preset, "dtype": dtype,
+              "repeats": args.repeats, "decode_steps": args.decode_steps, "profile": args.profile, "points": []}
+    for p, w in zip(points, workloads):
+        label = f"{p['mode']} {p['grid'][0]}x{p['grid'][1]} b{p['batch']} t{p['text_tokens']}"
+        row = {**p, "grid": list(p["grid"])}
+        try:
+            measured = measure_point(session, w, repeats=args.repeats, warmup=1, count_flops=False)
+        except Exception as exc:  # noqa: BLE001 - one point's failure (out of memory) is recorded, the rest go on
+            row["error"] = failure(exc, w)[1]
+            print(f"{label}: {row['error'][:160]}", flush=True)
+        else:
+            row["stages_s"] = {s: measured.stages[s]["median_s"] for s in STAGES if s in measured.stages}
+            row["stage_clocks"] = measured.stage_clocks
+            row["gpu_state"] = measured.gpu_state
+            row["predicted_s"] = predictions(args.profile, session.spec, w, measured.stage_clocks)
+            cells = []
+            for s, t in row["stages_s"].items():
+                clock = (measured.stage_clocks or {}).get("decode" if s == "decode_step" else s) or {}
+                cell = f"{s} {t * 1e3:.3f} ms" + (f" @{clock['mhz']:.0f} MHz" if clock.get("mhz") else "")
+                pred, key = row["predicted_s"], "tpot" if s == "decode_step" else s
+                if pred and key in pred["full_clock"] and t > 0:
+                    cell += (f" ({(pred['full_clock'][key] / t - 1) * 100:+.1f}% full clock, "
+                             f"{(pred['at_clocks'][key] / t - 1) * 100:+.1f}% at its clock)")
+                cells.append(cell)
+            print(f"{label}: " + "; ".join(cells), flush=True)
+        result["points"].append(row)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The SM clock each stage ran at (runtime/gpu_clocks.py), recorded with every measured point, and a measured point
+predicted at its own clocks (analytic.predict.at_clocks): a compute-bound kernel's time scales with the
+calibration's clock over the point's, a bandwidth-bound kernel's does not. On a CPU nothing is sampled or recorded."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsocr_core.analytic import Points, evaluate
+from dsocr_core.analytic.kernels import Kernel
+from dsocr_core.analytic.predict import CLOCKS_AS_CALIBRATED, Predictor, at_clocks, with_profile
+from dsocr_core.calibration.profile import profile_from_dict, uniform_profile
+from dsocr_core.hardware import get_hardware
+from dsocr_core.results.analytic_join import compare_run
+from dsocr_core.runtime.gpu_clocks import Anchor, ClockSampler, NvmlClock, clocks_by_stage
+from dsocr_core.spec import ModelSpec, Workload
+
+H200 = get_hardware("h200")
+PTS = Points.build(mode="base", text_tokens=10, batch=8, decode_steps=4, logits="last")
+STAGES = ("sam", "clip", "projector", "prefill", "decode")
+
+
+def _profile(clock_mhz: float | None = 2000.0):
+    d = uniform_profile(H200.peak_flops, H200.bandwidth, 0.5, 1e-6, kind="cuda").to_dict()
+    if clock_mhz is not None:
+        d["environment"] = {"sm_clock_max_mhz": clock_mhz}
+    return profile_from_dict(d)
+
+
+def _predicted(hw) -> dict[str, float]:
+    out = evaluate(ModelSpec(), PTS, hw)
+    return {s: float(out[s]["predicted_s"][0]) for s in STAGES}
+
+
+def test_readings_go_to_the_stage_running_in_the_order_the_stages_ran():
+    spans = [("sam", 0.0, 1.0), ("clip", 1.0, 1.2), ("projector", 1.2, 1.201), ("prefill", 1.21, 1.5),
+             ("sam", 2.0, 3.0)]  # a second repeat
+    samples = [(0.5, 1980.0), (0.9, 1900.0), (1.1, 1800.0), (1.3, 1700.0), (2.5, 1960.0), (9.0, 345.0)]
+    out = clocks_by_stage(spans, samples)
+    assert list(out) == ["sam", "clip", "projector", "prefill"]  # the order they first ran
+    assert out["sam"] == {"mhz": 1960.0, "samples": 3}
+    assert out["clip"] == {"mhz": 1800.0, "samples": 1}
+    assert out["projector"] == {"mhz": None, "samples": 0}  # no reading landed in it: not seen, not guessed
+    nested = clocks_by_stage([("vision", 0.0, 2.0), ("sam", 0.0, 1.0)], [(0.5, 1.0), (1.5, 2.0)])
+    assert nested == {"vision": {"mhz": 2.0, "samples": 1}, "sam": {"mhz": 1.0, "samples": 1}}
+
+
+def test_an_anchor_places_the_timers_events_on_the_host_clock():
+    class Event:
+        def __init__(self, ms):
+            self.ms = ms
+
+        def elapsed_time(self, other):
+            return other.ms - self.ms
+
+    class Mark:
+        def __init__(self, name, a, b):
+            self.name, self.start, self.end = name, Event(a), Event(b)
+
+    anchor = Anchor(100.0, Event(0.0))
+    assert anchor.spans([Mark("sam", 0.5, 30.5), Mark("clip", 30.6, 35.6)]) == [
+        ("sam", pytest.approx(100.0005), pytest.approx(100.0305)), ("clip", pytest.approx(100.0306),
+                                                                      pytest.approx(100.0356))]
+
+
+def test_nothing_is_sampled_on_a_cpu():
+    assert NvmlClock.open("cpu") is None and ClockSampler.start("cpu") is None
+
+
+def test_a_compute_bound_kernel_takes_the_clock_ratio_longer_a_bandwidth_bound_one_does_not():
+    pred = Predictor(with_profile(H200, _profile(), "fast").prediction)
+    gemm = Kernel("gemm", dict(m=8192.0, n=8192.0, k=8192.0), 2.0 * 8192 ** 3, 3 * 8192 * 8192 * 2.0, 1.0)
+    thin = Kernel("gemm", dict(m=1.0, n=8192.0, k=8192.0), 2.0 * 8192 ** 2, 8192 * 8192 * 2.0, 1.0)  # a GEMV
+    copy = Kernel("memory.copy", dict(bytes=1e9), 1e12, 1e9, 1.0)  # memory tables never follow the clock
+    kernels = {"gemm": gemm, "thin": thin, "copy": copy}
+    share = {n: max(k.flops / pred.P, k.nbytes / pred.W) for n, k in kernels.items()}
+    base = {n: float(pred._excess(k, "bfloat16")) for n, k in kernels.items()}
+    pred._clock = 1.25
+    for n, k in kernels.items():
+        t = float(pred._excess(k, "bfloat16")) + share[n]
+        assert t == pytest.approx((base[n] + share[n]) * (1.25 if n == "gemm" else 1.0), rel=1e-12)
+
+
+def test_a_point_is_predicted_at_the_clocks_its_stages_ran_at():
+    hw = with_profile(H200, _profile(2000.0), "fast")
+    assert hw.prediction.clock_label() == CLOCKS_AS_CALIBRATED + " (2,000 MHz)"
+    full = _predicted(hw)
+    # the projector had no reading: it takes CLIP's; decode was not recorded at all: it stays at full clock
+    recorded = {"clip": {"mhz": 1601.0, "samples": 2}, "prefill": {"mhz": 1000.0, "samples": 3},
+                "projector": {"mhz": None, "samples": 0}, "sam": {"mhz": 2000.0, "samples": 9}}  # as stored: by name
+    slow = at_clocks(hw, recorded)
+    assert slow.prediction.clocks == (("sam", 2000.0), ("clip", 1600.0), ("projector", 1600.0),
+                                      ("prefill", 1000.0))  # rounded to 5 MHz: a run's points share predictions
+    assert slow.prediction.clock_label() == ("measured with the point: SM sam 2,000, clip 1,600, projector 1,600, "
+                                             "prefill 1,000 MHz against the calibration's 2,000 MHz")
+    at = _predicted(slow)
+    assert at["sam"] == pytest.approx(full["sam"], rel=1e-12) and at["decode"] == pytest.approx(full["decode"],
+                                                                                               rel=1e-12)
+    assert full["clip"] < at["clip"] <= 1.25 * full["clip"] * (1 + 1e-12)
+    assert full["prefill"] < at["prefill"] <= 2.0 * full["prefill"] * (1 + 1e-12)
+    assert at_clocks(hw, None) is hw and at_clocks(hw, {"sam": {"mhz": None, "samples": 0}}) is hw
+    assert at_clocks(slow, recorded) is slow
+
+
+def test_a_profile_without_its_calibration_clock_leaves_the_clocks_out_and_says_so():
+    hw = at_clocks(with_profile(H200, _profile(None), "fast"), {"clip": {"mhz": 1000.0, "samples": 2}})
+    plain = _predicted(with_profile(H200, _profile(None), "fast"))
+    assert _predicted(hw) == pytest.approx(plain, rel=1e-12)
+    assert any("no calibration clock" in n for n in hw.prediction.notes)
+    assert hw.prediction.clock_label() == CLOCKS_AS_CALIBRATED
+
+
+def test_a_stored_points_clocks_set_its_prediction(tmp_path):
+    from dsocr_core.results.store import RunStore
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = store.create_run("sweep", "clocks", {"device": "NVIDIA H200", "kind": "cuda"}, {"source": "synthetic"},
+                              dtype="bfloat16", attn="sdpa", session_mode="fast")
+    stage = {"median_s": 0.01, "p10_s": 0.01, "p90_s": 0.01, "min_s": 0.01, "max_s": 0.01, "n": 3}
+    for i, mhz in enumerate((2000.0, 1000.0, None)):
+        w = Workload(mode="base", text_tokens=10 + i, batch=8, decode_steps=4, logits="last")
+        extra = {"engine_state": {}}
+        if mhz is not None:
+            extra["stage_clocks"] = {"sam": {"mhz": mhz, "samples": 4}}
+        store.put_point(run_id, w, "done", "", {"sam": dict(stage), "prefill": dict(stage)}, 0, {"sequence": 100},
+                        extra)
+    df = compare_run(store, run_id, prediction=with_profile(H200, _profile(2000.0), "fast"))
+    sam = {t: g[g.stage == "sam"].iloc[0] for t, g in df.groupby("text_tokens")}
+    assert "SM sam 2,000 MHz" in sam[10].predicted_clocks and "SM sam 1,000 MHz" in sam[11].predicted_clocks
+    assert sam[12].predicted_clocks == CLOCKS_AS_CALIBRATED + " (2,000 MHz)"
+    assert sam[11].predicted_s > 1.2 * sam[10].predicted_s  # SAM at batch 8 is mostly compute-bound GEMMs
+    assert sam[12].predicted_s == pytest.approx(sam[10].predicted_s, rel=1e-12)
+    assert np.isfinite(df.time_err_predicted).all()
+
+
+@pytest.mark.gpu
+def test_the_sampler_reads_the_sm_clock_while_a_measured_point_runs():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from dsocr_core.measure.sweep import measure_point, point_extra
+    from dsocr_core.runtime.session import Session
+
+    clock = NvmlClock.open("cuda")
+    assert clock is not None and 100 <= clock.read() <= 5000  # MHz on any GPU NVML knows
+    session = Session.load(synthetic="tiny", device="cuda", dtype="float32").with_mode("fast")
+    w = Workload(mode="base", text_tokens=10, batch=8, decode_steps=64, logits="last", dtype="float32")
+    result = measure_point(session, w, repeats=3, warmup=1, count_flops=False)
+    clocks = point_extra(result)["stage_clocks"]
+    assert list(clocks)[:2] == ["sam", "clip"] and "decode" in clocks
+    seen = [c["mhz"] for c in clocks.values() if c["mhz"] is not None]
+    assert seen and all(100 <= mhz <= 5000 for mhz in seen)
