@@ -151,3 +151,24 @@ def test_the_sampler_reads_the_sm_clock_while_a_measured_point_runs():
     assert list(clocks)[:2] == ["sam", "clip"] and "decode" in clocks
     seen = [c["mhz"] for c in clocks.values() if c["mhz"] is not None]
     assert seen and all(100 <= mhz <= 5000 for mhz in seen)
+
+
+def test_the_measured_point_table_shows_each_stages_clock(tmp_path):
+    from dsocr_core.results.store import RunStore
+    from dsocr_core.runtime.gpu_clocks import stage_clocks_text
+    from ui.measured import point_table
+
+    recorded = {"prefill": {"mhz": 1777.5, "samples": 4}, "projector": {"mhz": None, "samples": 0},
+                "sam": {"mhz": 1935.0, "samples": 19}}  # as a store keeps it: by name
+    assert stage_clocks_text(recorded) == "sam 1,935, projector -, prefill 1,778 MHz"
+    assert stage_clocks_text(None) is None and stage_clocks_text({}) is None
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = store.create_run("sweep", "clocks", {"device": "NVIDIA H200", "kind": "cuda"}, {"source": "synthetic"},
+                              dtype="bfloat16", attn="sdpa", session_mode="fast")
+    stage = {"median_s": 0.01, "p10_s": 0.01, "p90_s": 0.01, "min_s": 0.01, "max_s": 0.01, "n": 3}
+    for i, extra in enumerate(({"stage_clocks": recorded}, {})):
+        store.put_point(run_id, Workload(mode="base", text_tokens=10 + i, batch=8, decode_steps=4, logits="last"),
+                        "done", "", {"sam": dict(stage)}, 0, {"sequence": 100}, {"engine_state": {}, **extra})
+    table = point_table(store.points(run_id)).sort_values("text_tokens")
+    first, second = table["SM clock by stage"].tolist()
+    assert first == "sam 1,935, projector -, prefill 1,778 MHz" and (second is None or second != second)  # None/NaN

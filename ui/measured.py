@@ -10,6 +10,7 @@ import pandas as pd
 # run_ceilings: the pages read a run's ceilings from here
 from dsocr_core.hardware import match_device_name, run_ceilings  # noqa: F401
 from dsocr_core.results.engine_state import state_text
+from dsocr_core.runtime.gpu_clocks import stage_clocks_text
 from dsocr_core.runtime.gpu_state import point_text as gpu_text
 from dsocr_core.results.schema import STAGES as STORED_STAGES
 from dsocr_core.spec import Hardware
@@ -95,8 +96,9 @@ def stages_as_columns(summary: pd.DataFrame) -> pd.DataFrame:
 
 def point_table(points: pd.DataFrame) -> pd.DataFrame:
     """One row per point: its workload, status (done / oom / error) and message, each stage's median in ms, the
-    p10-p90 spread of the main stages, the number of timed repeats, the engine state it ran with and the GPU's
-    state read just before its first and just after its last timed repeat (None where not recorded)."""
+    p10-p90 spread of the main stages, the number of timed repeats, the engine state it ran with, the GPU's
+    state read just before its first and just after its last timed repeat and the SM clock each stage ran at (None
+    where not recorded)."""
     if points.empty:
         return pd.DataFrame(columns=["status", "mode", "grid", "text_tokens", "batch", "decode_steps", "sequence",
                                      "message"])
@@ -125,6 +127,7 @@ def point_table(points: pd.DataFrame) -> pd.DataFrame:
     extras = [e if isinstance(e, dict) else json.loads(e) if isinstance(e, str) else {} for e in base["extra"]]
     out["engine state"] = [state_text(e.get("engine_state")) for e in extras]
     out["GPU before -> after repeats"] = [gpu_text(e.get("gpu_state")) for e in extras]
+    out["SM clock by stage"] = [stage_clocks_text(e.get("stage_clocks")) for e in extras]
     out["updated"] = base["updated_at"]
     return out.reset_index(drop=True)
 

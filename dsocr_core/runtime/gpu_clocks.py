@@ -130,3 +130,16 @@ def clocks_by_stage(spans: Iterable[tuple[str, float, float]], samples: Iterable
         if holding:
             by[min(holding)[1]].append(mhz)
     return {name: {"mhz": statistics.median(v) if v else None, "samples": len(v)} for name, v in by.items()}
+
+
+def stage_clocks_text(recorded: dict | None) -> str | None:
+    """One line of a point's recorded stage clocks for tables, in running order: 'sam 1,935, clip 1,755,
+    projector -, prefill 1,778, decode 1,808 MHz' ('-': no reading fell in the stage). None where nothing was
+    recorded (a CPU, or a point measured before the clocks were)."""
+    from ..registry import stage_rank
+
+    if not recorded:
+        return None
+    cells = [f"{stage} {rec['mhz']:,.0f}" if isinstance(rec, dict) and rec.get("mhz") else f"{stage} -"
+             for stage, rec in sorted(recorded.items(), key=lambda kv: (stage_rank(kv[0]), kv[0]))]
+    return ", ".join(cells) + " MHz"
