@@ -48,6 +48,11 @@ def parse_point(text: str) -> dict:
     except (ValueError, IndexError):
         raise argparse.ArgumentTypeError(f"a point is mode:WxH[:bN][:tN] (e.g. gundam:3x2:b4:t500), got {text!r}"
                                          ) from None
+    from dsocr_core.registry import all_modes
+
+    if parts[0] not in all_modes():
+        raise argparse.ArgumentTypeError(f"unknown mode {parts[0]!r} in {text!r}; choose one of "
+                                         f"{', '.join(all_modes())}")
     return {"mode": parts[0], "grid": (w, h), "batch": extra["b"], "text_tokens": extra["t"]}
 
 

@@ -26,6 +26,8 @@ def test_points_are_parsed_and_bad_ones_named():
     for bad in ("gundam:3by2", "gundam:3x2:4", "gundam:3x2:b4:x", "tiny:1x1:t3:b2", "tiny:1x1:b0", "tiny:1x1:b2:b3"):
         with pytest.raises(Exception, match="mode:WxH"):
             vk.parse_point(bad)
+    with pytest.raises(Exception, match="unknown mode 'nonsense'"):  # a usage error, not a traceback later
+        vk.parse_point("nonsense:1x1")
     assert vk.parse_stages("sam,prefill") == ("sam", "prefill")
     with pytest.raises(Exception, match="comma list"):
         vk.parse_stages("sam,decode")
