@@ -1,7 +1,7 @@
 """The SM clock each stage of a measured generation ran at, beside its time and its prediction (GPU for the clocks).
 
 A compute-bound kernel's time scales with the SM clock, and the clock falls once the GPU reaches its power cap:
-an H200 running 8192^3 GEMMs back to back dropped from 1,980 to about 1,500 MHz after 20-50 ms, while copies ran
+an H200 running 8192^3 GEMMs back to back read about 1,500 MHz instead of 1,980 from 50 ms on, while copies ran
 at the full clock (benchmarks/sustained_load.py). Each point here is measured exactly as a sweep measures it
 (measure/sweep.measure_point: a warm-up, the timed repeats, every stage's SM clock read through NVML meanwhile,
 runtime/gpu_clocks.py), without the FLOP-counting pass, and printed with each stage's median time, the clock it
@@ -40,14 +40,12 @@ def predictions(profile_path: str | None, spec, workload, stage_clocks) -> dict 
     """{"full_clock": {stage: s}, "at_clocks": {stage: s}} of the fast engine's defaults, or None without a profile."""
     if not profile_path:
         return None
-    from dsocr_core.analytic.predict import profile_hardware, with_profile
     from dsocr_core.calibration.profile import load_profile
-    from dsocr_core.results.prediction_check import predicted_stages
+    from prediction_accuracy import predicted  # this folder is on sys.path
 
     prof = load_profile(profile_path)
-    hw = with_profile(profile_hardware(prof), prof, "fast")
-    full, at = (predicted_stages(spec, [workload], hw, [None], [c])[0] for c in (None, stage_clocks))
-    return {"full_clock": full, "at_clocks": at}
+    return {"full_clock": predicted(spec, workload, prof, "fast", "engine"),
+            "at_clocks": predicted(spec, workload, prof, "fast", "engine", stage_clocks=stage_clocks)}
 
 
 def main(argv=None) -> int:

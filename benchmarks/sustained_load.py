@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -152,6 +153,28 @@ def clocks_in_windows(samples, start_host: float, rows: list[dict]) -> None:
         row["slowdowns"] = sorted({r for s in inside for r in slowdowns(s)})
 
 
+def clock_exponents(rows: list[dict], full_mhz: float | None) -> None:
+    """Adds each window's `clock_exponent`: op time grows as (full clock / clock) ** exponent, against the fastest
+    window of the first 20 ms (before any clock could fall), for windows from 50 ms on whose clock fell by more than
+    2% (None elsewhere). For GEMMs it is the time model's analytic/predict.CLOCK_EXPONENT."""
+    cool = [r["throughput"] for r in rows if r["to_ms"] <= 20]
+    best = max(cool) if cool else rows[0]["throughput"]
+    for row in rows:
+        mhz = row.get("sm_clock_mhz")
+        fell = bool(full_mhz and mhz and row["from_ms"] >= 50 and full_mhz / mhz > 1.02)
+        row["clock_exponent"] = math.log(best / row["throughput"]) / math.log(full_mhz / mhz) if fell else None
+
+
+def torch_max_clock(device) -> float | None:
+    """The GPU's maximum SM clock (MHz) as the environment records it (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    from dsocr_core.measure.environment import capture_environment
+
+    v = capture_environment(str(device)).get("sm_clock_max_mhz")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
 def sustained(kind: str, size: int, seconds: float, idle_s: float, device, dtype) -> dict:
     """`kind` ops back to back for about `seconds` after `idle_s` of idling, summarised in windows."""
     op, work, unit = make_op(kind, size, device, dtype)
@@ -173,6 +196,7 @@ def sustained(kind: str, size: int, seconds: float, idle_s: float, device, dtype
     first = rows[0]["throughput"]
     for row in rows:
         row["vs_first"] = row["throughput"] / first
+    clock_exponents(rows, torch_max_clock(device) or max((r["sm_clock_mhz"] or 0) for r in rows) or None)
     idle = [s for t, s in sampler.samples if t < start_host]
     return {"kind": kind, "size": size, "unit": unit, "ops": count, "span_ms": ends[-1], "windows": rows,
             "idle_state": idle[-1] if idle else None}
@@ -265,13 +289,15 @@ def main(argv=None) -> int:
         result["sustained"].append(run)
         save()
         print(f"== sustained {kind} (size {size}): {run['ops']} ops over {run['span_ms']:.0f} ms")
-        print(f"   {'window ms':>13} {'ops':>5} {'op ms':>9} {run['unit']:>9} {'vs first':>8} {'SM MHz':>7} {'W':>5}")
+        print(f"   {'window ms':>13} {'ops':>5} {'op ms':>9} {run['unit']:>9} {'vs first':>8} {'SM MHz':>7} {'W':>5}"
+              f" {'exponent':>8}")
         for w in run["windows"]:
             scale = 1e12
             clock = f"{w['sm_clock_mhz']:7.0f}" if w.get("sm_clock_mhz") is not None else "      -"
             power = f"{w['power_w']:5.0f}" if w.get("power_w") is not None else "    -"
+            exponent = f"{w['clock_exponent']:8.2f}" if w.get("clock_exponent") is not None else "       -"
             print(f"   {w['from_ms']:>5}-{w['to_ms']:<7} {w['ops']:>5} {w['median_op_ms']:9.3f} "
-                  f"{w['throughput'] / scale:9.2f} {w['vs_first']:8.3f} {clock} {power}"
+                  f"{w['throughput'] / scale:9.2f} {w['vs_first']:8.3f} {clock} {power} {exponent}"
                   + (f"  {', '.join(w['slowdowns'])}" if w.get("slowdowns") else ""))
     if bursts:
         result["after"] = after(bursts, args.gemm_size, args.probe_mb, args.probes, args.idle_s, args.repeats, device,

@@ -8,7 +8,7 @@ import pytest
 
 from dsocr_core.analytic import Points, evaluate
 from dsocr_core.analytic.kernels import Kernel
-from dsocr_core.analytic.predict import CLOCKS_AS_CALIBRATED, Predictor, at_clocks, with_profile
+from dsocr_core.analytic.predict import CLOCK_EXPONENT, CLOCKS_AS_CALIBRATED, Predictor, at_clocks, with_profile
 from dsocr_core.calibration.profile import profile_from_dict, uniform_profile
 from dsocr_core.hardware import get_hardware
 from dsocr_core.results.analytic_join import compare_run
@@ -102,6 +102,18 @@ def test_a_point_is_predicted_at_the_clocks_its_stages_ran_at():
     assert at_clocks(slow, recorded) is slow
 
 
+def test_the_clock_ratio_takes_the_measured_exponent_and_never_speeds_a_kernel_up():
+    hw = at_clocks(with_profile(H200, _profile(2000.0), "fast"), {"sam": {"mhz": 1000.0, "samples": 3},
+                                                                    "clip": {"mhz": 2100.0, "samples": 3}})
+    ratio = Predictor(hw.prediction).clock_ratio
+    assert 0.5 < CLOCK_EXPONENT <= 1.0
+    assert ratio == {"sam": pytest.approx(2.0 ** CLOCK_EXPONENT), "clip": 1.0}  # above the tables' clock: as timed
+    # the clock the tables ran at is the GPU's maximum, never the clock read at capture (an idle GPU's is low)
+    d = _profile(None).to_dict()
+    d["environment"] = {"sm_clock_mhz": 345.0}
+    assert profile_from_dict(d).clock_mhz is None
+
+
 def test_a_profile_without_its_calibration_clock_leaves_the_clocks_out_and_says_so():
     hw = at_clocks(with_profile(H200, _profile(None), "fast"), {"clip": {"mhz": 1000.0, "samples": 2}})
     plain = _predicted(with_profile(H200, _profile(None), "fast"))
@@ -172,3 +184,42 @@ def test_the_measured_point_table_shows_each_stages_clock(tmp_path):
     table = point_table(store.points(run_id)).sort_values("text_tokens")
     first, second = table["SM clock by stage"].tolist()
     assert first == "sam 1,935, projector -, prefill 1,778 MHz" and (second is None or second != second)  # None/NaN
+
+
+def test_the_sampler_reads_until_stopped_and_not_while_paused():
+    import time
+
+    class Counter:
+        def __init__(self):
+            self.calls = 0
+
+        def read(self):
+            self.calls += 1
+            return None if self.calls == 1 else 1500.0  # a failed reading is skipped, not stored
+
+    reader = Counter()
+    sampler = ClockSampler(reader, period_s=0.001).run()
+    deadline = time.time() + 5
+    while reader.calls < 3 and time.time() < deadline:
+        time.sleep(0.002)
+    with sampler.paused():
+        time.sleep(0.01)  # a read already under way may finish just after the pause starts
+        before = reader.calls
+        time.sleep(0.05)
+        assert reader.calls == before
+    sampler.stop()
+    after = reader.calls
+    time.sleep(0.02)
+    assert reader.calls == after and after >= 3
+    assert len(sampler.samples) == after - 1 and all(v == 1500.0 for _, v in sampler.samples)
+
+
+def test_stage_clocks_on_a_cpu_hand_out_plain_timers_and_record_nothing():
+    from dsocr_core.runtime.gpu_clocks import StageClocks
+    from dsocr_core.runtime.timing import StageTimer
+
+    with StageClocks("cpu") as clocks:
+        with clocks.paused():
+            pass
+        timer = clocks.timer()
+    assert isinstance(timer, StageTimer) and clocks.result() is None

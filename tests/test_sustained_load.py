@@ -59,3 +59,25 @@ def test_bad_settings_are_usage_errors(tmp_path):
         with pytest.raises(SystemExit) as exc:
             sl.main(["--device", "cpu", "--quick", "--out", str(tmp_path / "x.json"), *bad])
         assert exc.value.code == 2
+
+
+def test_the_clock_exponent_of_the_shipped_h200_run_is_the_time_models():
+    """The exponent each window's slowdown implies, from the H200 run shipped in docs/results: the constant the time
+    model scales compute-bound kernels by (analytic/predict.CLOCK_EXPONENT) is its median."""
+    import statistics
+    from pathlib import Path
+
+    from dsocr_core.analytic.predict import CLOCK_EXPONENT
+
+    sl = _script()
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "h200_sustained_load_2026-11-28"
+                      / "sl.json").read_text())
+    rows = [dict(w) for w in run["sustained"][0]["windows"]]  # the GEMMs
+    sl.clock_exponents(rows, 1980.0)
+    steady = [r["clock_exponent"] for r in rows if r["from_ms"] >= 100]
+    assert all(0.6 < e < 0.72 for e in steady), steady
+    assert statistics.median(steady) == pytest.approx(CLOCK_EXPONENT, abs=0.01)
+    assert all(r["clock_exponent"] is None for r in rows if r["from_ms"] < 50)
+    copies = [dict(w) for w in run["sustained"][1]["windows"]]
+    sl.clock_exponents(copies, 1980.0)
+    assert all(r["clock_exponent"] is None for r in copies)  # their clock never fell

@@ -117,6 +117,12 @@ HOST_AS_CALIBRATED = "as calibrated"  # the host issues ops as fast as when the 
 # measured without recording their clocks. Under sustained load a GPU at its power cap runs slower (gpu_clocks.py)
 CLOCKS_AS_CALIBRATED = "the calibration's full SM clock"
 CLOCK_STEP_MHZ = 5.0  # a point's stage clocks are rounded to this: points of a run share a few predictions
+# a compute-bound kernel's time grows as (f_cal / f) ** CLOCK_EXPONENT when the reported SM clock falls from f_cal
+# to f: on an H200 at its power cap, 8192^3 GEMMs ran 1.179-1.206x slower at clocks 1.294-1.333x lower (steady state,
+# 100 ms-5 s; benchmarks/sustained_load.py prints the exponent of a GPU: 0.64-0.70 there, median 0.66). The reported
+# clock is a sample of one that moves faster than it is read, and part of a GEMM's time waits on memory, which runs
+# at its own clock. With the exponent 1 SAM's large batches were over-predicted by 2-4% (docs/accuracy.md)
+CLOCK_EXPONENT = 0.66
 
 
 class ProfiledHardware(Hardware):
@@ -289,12 +295,13 @@ class Predictor:
             prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): the "
                                  "projector's and the LM prefill's graphs are predicted without the few us a replay "
                                  "adds (the projector's share of it is largest)")
-        # per stage: the calibration's SM clock over the one the point ran at (a compute-bound kernel's time scales
-        # with it); the row being priced sets self._clock from it (row())
+        # per stage: the calibration's SM clock over the one the point ran at, to CLOCK_EXPONENT (a compute-bound
+        # kernel's time grows with it; never below 1: the tables ran at the full clock); row() sets self._clock
         cal = p.clock_mhz
         if prediction.clocks and cal is None:
             prediction.notes.add("the profile records no calibration clock: the point's measured clocks are not used")
-        self.clock_ratio = {s: cal / mhz for s, mhz in prediction.clocks} if prediction.clocks and cal else {}
+        self.clock_ratio = ({s: max(cal / mhz, 1.0) ** CLOCK_EXPONENT for s, mhz in prediction.clocks}
+                            if prediction.clocks and cal else {})
         self._clock = 1.0
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batches: dict[int, tuple] = {}  # per call context (its id): its distinct batch sizes

@@ -323,9 +323,8 @@ class Profile:
         not recorded (a CPU) and for a derived profile (its tables are another GPU's, scaled)."""
         if self.derived:
             return None
-        env = self.raw.get("environment") or {}
-        v = env.get("sm_clock_max_mhz") or env.get("sm_clock_mhz")
-        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+        v = (self.raw.get("environment") or {}).get("sm_clock_max_mhz")  # not the clock at capture: an idle GPU's is
+        return float(v) if isinstance(v, (int, float)) and v > 0 else None  # a few hundred MHz
 
     @property
     def host_stage_costs(self) -> dict[str, float]:

@@ -44,6 +44,7 @@ from typing import Callable, Literal, Sequence
 
 from ..results.store import RunStore, point_key
 from ..runtime import gpu_state
+from ..runtime.gpu_clocks import StageClocks
 from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.tokens import trim_at_eos
 from ..runtime.inputs import DEFAULT_PROMPT, ImageError
@@ -181,9 +182,11 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     with collector_paused():  # as a sweep's points: no full collection falls into the timed page
         probes = [probe_host_op_s(session.device)]  # the host's speed before and after (runtime/host_speed.py)
         gpu_before = gpu_state.read(session.device)  # and the GPU's clocks (runtime/gpu_state.py; None on a CPU)
-        t1 = time.perf_counter()
-        run = timed_generation(session, inputs, settings.max_new_tokens, **gen)
-        generation_s = time.perf_counter() - t1
+        with StageClocks(session.device) as clocks:  # the SM clock of each stage (runtime/gpu_clocks.py)
+            timer = clocks.timer()
+            t1 = time.perf_counter()
+            run = timed_generation(session, inputs, settings.max_new_tokens, timer=timer, **gen)
+            generation_s = time.perf_counter() - t1
         gpu_after = gpu_state.read(session.device)
         probes.append(probe_host_op_s(session.device))
     generated = trim_at_eos(run.tokens[0].tolist(), session.spec.eos_token_id)
@@ -219,6 +222,8 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     gpu = gpu_state.span(gpu_before, gpu_after)
     if gpu is not None:
         extra["gpu_state"] = gpu
+    if clocks.result():
+        extra["stage_clocks"] = clocks.result()
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 

@@ -25,12 +25,11 @@ import torch
 
 from ..results.store import RunStore, point_key
 from ..runtime import gpu_state
-from ..runtime.gpu_clocks import Anchor, ClockSampler, clocks_by_stage
+from ..runtime.gpu_clocks import StageClocks
 from ..runtime.host_speed import probe_host_op_s, probe_median
 from ..runtime.inputs import synthetic_for_workload
 from ..runtime.oom import free_memory, out_of_memory
 from ..runtime.session import Session
-from ..runtime.timing import StageTimer
 from ..spec import Workload
 from ..tiling import HF_CROP_RANGE, candidate_grids, mode_info, sequence_length
 from . import order_check as checks
@@ -165,19 +164,14 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
         for _ in range(warmup):  # compiles and graph captures leave garbage: collected before the timed runs
             timed_generation(session, inputs, min(workload.decode_steps, 2) + 1, **run)
         with collector_paused():
-            runs, probes, spans = [], [], []
+            runs, probes = [], []
             gpu_before = gpu_state.read(session.device)  # the clocks it starts at (None on a CPU)
-            sampler = ClockSampler.start(session.device)  # the SM clock through the repeats (None on a CPU)
-            try:
+            with StageClocks(session.device) as clocks:  # the SM clock of each stage through the repeats
                 for _ in range(repeats):  # the host's speed probed beside every timed run: it drifts over seconds
-                    probes.append(probe_host_op_s(session.device))
-                    timer, anchor = StageTimer(session.device), sampler and Anchor.now(session.device)
-                    runs.append(timed_generation(session, inputs, workload.decode_steps + 1, timer=timer, **run))
-                    if anchor:
-                        spans += anchor.spans(timer.marks)
-            finally:
-                if sampler:
-                    sampler.stop()
+                    with clocks.paused():
+                        probes.append(probe_host_op_s(session.device))
+                    runs.append(timed_generation(session, inputs, workload.decode_steps + 1, timer=clocks.timer(),
+                                                 **run))
             probes.append(probe_host_op_s(session.device))
             gpu_after = gpu_state.read(session.device)
         engine_state = session.engine.point_state(inputs.batch)
@@ -191,8 +185,7 @@ def measure_point(session: Session, workload: Workload, repeats: int = 3, warmup
     if workload.crops is None and workload.image_size is not None:  # the grid the page size chose
         resolved["grid"] = tuple(int(x) for x in inputs.images_spatial_crop[0].tolist())
     return PointResult(stages, runs[-1].kv_bytes, resolved, engine_state, probe_median(probes),
-                       gpu_state.span(gpu_before, gpu_after),
-                       clocks_by_stage(spans, sampler.samples) if sampler else None)
+                       gpu_state.span(gpu_before, gpu_after), clocks.result())
 
 
 def point_extra(result: PointResult) -> dict:

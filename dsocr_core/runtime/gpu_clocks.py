@@ -1,9 +1,9 @@
 """The SM clock each timed stage ran at: NVML read every few milliseconds from a thread while a point's repeats run.
 
 Why: a compute-bound kernel's time is a number of cycles, and the SM clock moves under load. An H200 at its 700 W
-cap ran 8192^3 GEMMs at 1,980 MHz for their first 20 ms and at about 1,500 MHz from 50 ms on, while copies kept
-1,980 MHz (benchmarks/sustained_load.py); in the fast engine's generations of large batches CLIP and the LM prefill
-ran at 1,600-1,860 MHz, SAM before them at 1,750-1,960 (benchmarks/stage_clocks.py; docs/accuracy.md, "The clocks
+cap ran 8192^3 GEMMs at full speed for their first 20 ms and 17% slower at about 1,500 MHz from 50 ms on, while
+copies kept 1,980 MHz (benchmarks/sustained_load.py); in the fast engine's generations of large batches CLIP and the LM prefill
+ran as low as 1,600 MHz, SAM before them at 1,750-1,960 (benchmarks/stage_clocks.py; docs/accuracy.md, "The clocks
 a stage ran at"). The time model's tables are timed in short replays at the full clock, so a measured point is
 predicted at the clocks it recorded (analytic/predict.py, Prediction.clocks), as it is at its own host speed.
 
@@ -21,11 +21,34 @@ import ctypes
 import statistics
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 PERIOD_S = 0.005  # between readings: several per 10 ms stage, and the GIL is taken about 200 times a second
 NVML_CLOCK_SM = 1
+
+
+_NVML: list = []  # the library, loaded and initialised once per process (NVML counts inits; none is left undone)
+
+
+def _nvml():
+    """libnvidia-ml with the entry points used here typed, initialised once; None where it cannot be."""
+    if not _NVML:
+        lib = None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            lib.nvmlInit_v2.restype = ctypes.c_int
+            lib.nvmlDeviceGetHandleByPciBusId_v2.argtypes = (ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p))
+            lib.nvmlDeviceGetHandleByPciBusId_v2.restype = ctypes.c_int
+            lib.nvmlDeviceGetClockInfo.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint))
+            lib.nvmlDeviceGetClockInfo.restype = ctypes.c_int
+            if lib.nvmlInit_v2() != 0:
+                lib = None
+        except (OSError, AttributeError):  # no library, or one without these entry points
+            lib = None
+        _NVML.append(lib)
+    return _NVML[0]
 
 
 class NvmlClock:
@@ -43,14 +66,11 @@ class NvmlClock:
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             return None
-        try:
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
-            if lib.nvmlInit_v2() != 0:
-                return None
-            handle = ctypes.c_void_p()
-            if lib.nvmlDeviceGetHandleByPciBusId_v2(_smi_target(device).encode(), ctypes.byref(handle)) != 0:
-                return None
-        except (OSError, AttributeError):  # no library, or one without these entry points
+        lib = _nvml()
+        if lib is None:
+            return None
+        handle = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByPciBusId_v2(_smi_target(device).encode(), ctypes.byref(handle)) != 0:
             return None
         reader = cls(lib, handle)
         return reader if reader.read() is not None else None
@@ -69,7 +89,7 @@ class ClockSampler:
     def __init__(self, reader, period_s: float = PERIOD_S):
         self.reader, self.period_s = reader, period_s
         self.samples: list[tuple[float, Any]] = []
-        self._stop = threading.Event()
+        self._stop, self._paused = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-clock-sampler", daemon=True)
 
     @classmethod
@@ -84,9 +104,20 @@ class ClockSampler:
 
     def _run(self):
         while not self._stop.wait(self.period_s):
+            if self._paused.is_set():
+                continue
             value = self.reader.read()
             if value is not None:
                 self.samples.append((time.perf_counter(), value))
+
+    @contextmanager
+    def paused(self):
+        """No readings inside the block (a host-speed probe: it times eager ops, which a reading would delay)."""
+        self._paused.set()
+        try:
+            yield
+        finally:
+            self._paused.clear()
 
     def stop(self) -> None:
         self._stop.set()
@@ -107,7 +138,7 @@ class Anchor:
         torch.cuda.synchronize(device)
         event = torch.cuda.Event(enable_timing=True)
         host = time.perf_counter()
-        event.record()
+        event.record(torch.cuda.current_stream(device))  # the stream the stage timer records on, on `device`
         return cls(host, event)
 
     def spans(self, marks: Iterable) -> list[tuple[str, float, float]]:
@@ -115,6 +146,50 @@ class Anchor:
         the events must have completed: the timer's finish() synchronises)."""
         return [(m.name, self.host_s + self.event.elapsed_time(m.start) / 1e3,
                  self.host_s + self.event.elapsed_time(m.end) / 1e3) for m in marks]
+
+
+class StageClocks:
+    """The SM clock of each stage of the generations timed inside the block, the one way a sweep's points and a
+    dataset run's pages record it:
+
+        with StageClocks(device) as clocks:
+            with clocks.paused():
+                probe the host's speed
+            timed_generation(..., timer=clocks.timer())
+        clocks.result()  # {stage: {mhz, samples}}, or None where no clock can be read (a CPU)
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.sampler: ClockSampler | None = None
+        self._timed: list[tuple[Any, Anchor]] = []
+
+    def __enter__(self) -> "StageClocks":
+        self.sampler = ClockSampler.start(self.device)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.sampler:
+            self.sampler.stop()
+
+    def paused(self):
+        return self.sampler.paused() if self.sampler else nullcontext()
+
+    def timer(self):
+        """A stage timer for the next timed generation, anchored to the host clock where the clock is sampled."""
+        from .timing import StageTimer
+
+        timer = StageTimer(self.device)
+        if self.sampler:
+            self._timed.append((timer, Anchor.now(self.device)))
+        return timer
+
+    def result(self) -> dict[str, dict] | None:
+        """clocks_by_stage over every timer handed out (their generations have finished: their totals synchronised)."""
+        if not self.sampler:
+            return None
+        spans = [span for timer, anchor in self._timed for span in anchor.spans(timer.marks)]
+        return clocks_by_stage(spans, self.sampler.samples) or None
 
 
 def clocks_by_stage(spans: Iterable[tuple[str, float, float]], samples: Iterable[tuple[float, float]],
