@@ -223,3 +223,27 @@ def test_stage_clocks_on_a_cpu_hand_out_plain_timers_and_record_nothing():
             pass
         timer = clocks.timer()
     assert isinstance(timer, StageTimer) and clocks.result() is None
+
+
+def test_a_clock_that_cannot_be_read_never_costs_the_measurement(monkeypatch):
+    from dsocr_core.runtime import gpu_clocks
+
+    def broken(*a, **k):
+        raise RuntimeError("NVML in a state nobody planned for")
+
+    monkeypatch.setattr(gpu_clocks.ClockSampler, "start", classmethod(lambda cls, *a, **k: broken()))
+    with gpu_clocks.StageClocks("cpu") as clocks:
+        timer = clocks.timer()
+    assert timer is not None and clocks.result() is None
+
+    class Sampler:  # a running sampler whose anchor and events fail
+        samples = [(1.0, 1500.0)]
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(gpu_clocks.ClockSampler, "start", classmethod(lambda cls, *a, **k: Sampler()))
+    monkeypatch.setattr(gpu_clocks.Anchor, "now", classmethod(lambda cls, *a, **k: broken()))
+    with gpu_clocks.StageClocks("cpu") as clocks:
+        clocks.timer()
+    assert clocks.result() is None

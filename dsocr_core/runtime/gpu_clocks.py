@@ -165,7 +165,10 @@ class StageClocks:
         self._timed: list[tuple[Any, Anchor]] = []
 
     def __enter__(self) -> "StageClocks":
-        self.sampler = ClockSampler.start(self.device)
+        try:  # the clocks are evidence beside a measurement: failing to read them must never cost the measurement
+            self.sampler = ClockSampler.start(self.device)
+        except Exception:  # noqa: BLE001 - NVML or the driver in a state nobody planned for: no clocks, said so
+            self.sampler = None
         return self
 
     def __exit__(self, *exc) -> None:
@@ -181,14 +184,20 @@ class StageClocks:
 
         timer = StageTimer(self.device)
         if self.sampler:
-            self._timed.append((timer, Anchor.now(self.device)))
+            try:
+                self._timed.append((timer, Anchor.now(self.device)))
+            except Exception:  # noqa: BLE001 - as in __enter__: this generation's clocks are left out
+                pass
         return timer
 
     def result(self) -> dict[str, dict] | None:
         """clocks_by_stage over every timer handed out (their generations have finished: their totals synchronised)."""
         if not self.sampler:
             return None
-        spans = [span for timer, anchor in self._timed for span in anchor.spans(timer.marks)]
+        try:
+            spans = [span for timer, anchor in self._timed for span in anchor.spans(timer.marks)]
+        except Exception:  # noqa: BLE001 - an event that cannot be read (as in __enter__): no clocks
+            return None
         return clocks_by_stage(spans, self.sampler.samples) or None
 
 
