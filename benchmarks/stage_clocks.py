@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vision_kernels import parse_point  # noqa: E402 - this folder is on sys.path when run as a script
 
 DEFAULT_POINTS = "base:1x1:b47,large:1x1:b20,gundam:8x1:b56:t646,gundam-m:5x1:b27:t814,small:1x1:b59:t86,tiny:1x1:b13"
-STAGES = ("sam", "clip", "projector", "prefill", "decode_step")
 
 
 def workload_of(point: dict, decode_steps: int, dtype: str):
@@ -71,6 +70,7 @@ def main(argv=None) -> int:
 
     from dsocr_core.measure.environment import capture_environment
     from dsocr_core.measure.sweep import failure, measure_point
+    from dsocr_core.registry import get_family
     from dsocr_core.runtime.session import Session
 
     preset = "tiny" if args.quick else "full"
@@ -87,7 +87,8 @@ def main(argv=None) -> int:
             row["error"] = failure(exc, w)[1]
             print(f"{label}: {row['error'][:160]}", flush=True)
         else:
-            row["stages_s"] = {s: measured.stages[s]["median_s"] for s in STAGES if s in measured.stages}
+            stages = [s for s in get_family(None).stage_names if s != "decode"] + ["decode_step"]  # timed ones
+            row["stages_s"] = {s: measured.stages[s]["median_s"] for s in stages if s in measured.stages}
             row["stage_clocks"] = measured.stage_clocks
             row["gpu_state"] = measured.gpu_state
             row["predicted_s"] = predictions(args.profile, session.spec, w, measured.stage_clocks)
