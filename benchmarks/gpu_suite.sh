@@ -11,6 +11,10 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 tests=()
 if [ -n "${PART:-}" ]; then
+  # a share that cannot exist is refused before the collection (which imports every test module: 20 s and more)
+  if ! [[ $PART =~ ^([0-9]+)/([0-9]+)$ ]] || (( BASH_REMATCH[1] < 1 || BASH_REMATCH[1] > BASH_REMATCH[2] )); then
+    echo "PART=$PART selects no GPU test (PART is K/N with 1 <= K <= N)"; exit 2
+  fi
   python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider > "$OUT/gpu_tests_collected.txt" 2>&1 ||
     { echo "collecting the GPU tests failed: $OUT/gpu_tests_collected.txt"; tail -5 "$OUT/gpu_tests_collected.txt"; exit 2; }
   mapfile -t tests < <(grep -E '^tests/[^ ]*::' "$OUT/gpu_tests_collected.txt" |
