@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dsocr_core.results.schema import stage_stats  # noqa: E402
 from dsocr_core.runtime.timing import StageTimer  # noqa: E402
-from vision_kernels import parse_point  # noqa: E402 - this folder is on sys.path when run as a script
+from vision_kernels import parse_point, point_arguments  # noqa: E402 - this folder is on sys.path as a script
 
 DEFAULT_POINTS = "base:1x1:b47,base:1x1:b17,small:1x1:b30,gundam-m:6x1:b4,tiny:1x1:b13,gundam:2x2"
 MODES = ("synced", "unsynced")
@@ -74,11 +74,7 @@ def measure(session, inputs, repeats: int) -> dict[str, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--points", default=DEFAULT_POINTS, help="comma list of mode:WxH[:bN][:tN] (default %(default)s)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
-    ap.add_argument("--repeats", type=int, default=10, help="timed prefills per mode and point")
-    ap.add_argument("--out", type=Path, required=True)
+    point_arguments(ap, DEFAULT_POINTS, 10, "timed prefills per mode and point")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vision_kernels import parse_point  # noqa: E402 - this folder is on sys.path when run as a script
+from vision_kernels import parse_point, point_arguments  # noqa: E402 - this folder is on sys.path as a script
 
 DEFAULT_POINTS = "base:1x1:b47,large:1x1:b20,gundam:8x1:b56:t646,gundam-m:5x1:b27:t814,small:1x1:b59:t86,tiny:1x1:b13"
 
@@ -49,13 +49,9 @@ def predictions(profile_path: str | None, spec, workload, stage_clocks) -> dict 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--points", default=DEFAULT_POINTS, help="comma list of mode:WxH[:bN][:tN] (default %(default)s)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed generations per point")
+    point_arguments(ap, DEFAULT_POINTS, 5, "timed generations per point")
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--profile", help="a calibration profile: print each stage's prediction too")
-    ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.decode_steps < 1:
         ap.error("--repeats and --decode-steps must be at least 1")

@@ -56,6 +56,16 @@ def parse_point(text: str) -> dict:
     return {"mode": parts[0], "grid": (w, h), "batch": extra["b"], "text_tokens": extra["t"]}
 
 
+def point_arguments(ap: argparse.ArgumentParser, points: str, repeats: int, repeats_help: str) -> None:
+    """The arguments the point benchmarks share (this one, stage_boundaries, stage_clocks): --points, --device,
+    --quick, --repeats and the required --out."""
+    ap.add_argument("--points", default=points, help="comma list of mode:WxH[:bN][:tN] (default %(default)s)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
+    ap.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    ap.add_argument("--out", type=Path, required=True)
+
+
 def parse_stages(text: str) -> tuple[str, ...]:
     stages = tuple(s for s in text.split(",") if s)
     bad = [s for s in stages if s not in STAGES]
@@ -143,14 +153,10 @@ def predicted_rows(profile_path: str | None, point: dict, spec_preset: str, dtyp
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--points", default=DEFAULT_POINTS,
-                    help="comma list of mode:WxH[:bN][:tN] (default %(default)s)")
+    point_arguments(ap, DEFAULT_POINTS, 10, "timed prefills per point (graphs on)")
     ap.add_argument("--stages", default=DEFAULT_STAGES,
                     help=f"comma list of the stages to time and list, of {', '.join(STAGES)} (default %(default)s)")
     ap.add_argument("--profile", help="calibration profile for the predicted column")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--quick", action="store_true", help="tiny synthetic model, float32 (CPU smoke test)")
-    ap.add_argument("--repeats", type=int, default=10, help="timed prefills per point (graphs on)")
     ap.add_argument("--top", type=int, default=8, help="kernels printed per stage")
     ap.add_argument("--engine-options", default="",
                     help='fast engine options as JSON, e.g. \'{"projector_layout": "per_image"}\' (measured and '
@@ -159,7 +165,6 @@ def main(argv=None) -> int:
                     help="also list the kernels of the graphed stages (their replays under the profiler): a "
                          "graphed stage's time beside its kernels' says what the graph adds (where no kernel is tied "
                          "to a stage in the graphed run, as on an H100 of 2026-11-28, it says so)")
-    ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
     from dsocr_core.measure.environment import capture_environment
