@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # op end times (ms since the first op started) are summarised in these windows
 WINDOWS_MS = (0, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -109,22 +110,12 @@ def make_op(kind: str, size: int, device, dtype):
     raise ValueError(f"unknown op kind {kind!r} (gemm, copy)")
 
 
-def sync(device):
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
 def op_seconds(op, device, n: int = 5) -> float:
-    """One op's time, measured briefly (to know how many make the run's length)."""
+    """One op's time, measured briefly after one untimed call (to know how many make the run's length)."""
+    from session_speed import wall  # this folder is on sys.path
+
     op()
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        op()
-    sync(device)
-    return (time.perf_counter() - t0) / n
+    return wall(lambda: [op() for _ in range(n)], device) / n
 
 
 def windows(ends_ms: list[float], durations_ms: list[float], work: float) -> list[dict]:

@@ -63,7 +63,8 @@ class Prediction:
     # the profile's scaled by this over the profile's own probe; None: the host as fast as when the profile measured
     host_probe_op_s: float | None = None
     # the SM clock each stage of a measured point ran at, ((stage, MHz), ...) (runtime/gpu_clocks.py; at_clocks):
-    # a compute-bound kernel's time is the profile's times its clock over this; None: at the calibration's clock
+    # a compute-bound kernel's time is the profile's times (its clock over this) ** CLOCK_EXPONENT; None: at the
+    # calibration's clock
     clocks: tuple | None = None
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
@@ -156,10 +157,10 @@ def at_host_speed(hw: ProfiledHardware, host_probe_op_s: float | None) -> Profil
 
 
 def at_clocks(hw: ProfiledHardware, stage_clocks: dict | None) -> ProfiledHardware:
-    """`hw`'s prediction at the SM clocks a measured point recorded per stage ({stage: {"mhz", "samples"}} in the
-    stage, runtime/gpu_clocks.clocks_by_stage; None: the calibration's clock). A stage no reading fell in takes
-    the clock of the stage that ran before it (registry.stage_rank: a store keeps the dict sorted by name): a short
-    stage, and the clock moves over tens of milliseconds. Notes are shared as in at_host_speed."""
+    """`hw`'s prediction at the SM clocks a measured point recorded per stage ({stage: {"mhz", "samples"}},
+    runtime/gpu_clocks.clocks_by_stage; None: the calibration's clock). A stage no reading fell in takes the clock
+    of the stage that ran before it (in registry.stage_rank's order: a store keeps the dict sorted by name): it is
+    a short stage, and the clock moves over tens of milliseconds. Notes are shared as in at_host_speed."""
     pairs, last = [], None
     for stage, rec in sorted((stage_clocks or {}).items(), key=lambda kv: (stage_rank(kv[0]), kv[0])):
         mhz = (rec or {}).get("mhz") if isinstance(rec, dict) else None
@@ -354,8 +355,9 @@ class Predictor:
             flop_s, byte_s = np.asarray(rf, dtype=float) / self.P, np.asarray(rb, dtype=float) / self.W
         t = np.maximum(flop_s, byte_s) / self.efficiency(k, dtype)
         if self._clock != 1.0 and not k.table.startswith(MEMORY_TABLES):
-            # a compute-bound kernel runs a number of cycles: at a lower clock it takes longer by the ratio.
-            # Memory-bound ones stream at the memory's clock (an H200's copies: 4.23 TB/s at any SM clock)
+            # a compute-bound kernel runs a number of cycles: at a lower clock it takes longer (clock_ratio).
+            # Bandwidth-bound ones are left as timed: the memory keeps its own clock, and whether their latency
+            # follows the SM clock was not measured (an H200's sustained copies never lowered it)
             t = np.where(flop_s >= byte_s, t * self._clock, t)
         return t - share
 

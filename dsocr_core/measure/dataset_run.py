@@ -222,8 +222,9 @@ def measure_page(session: Session, sample: Sample, settings: ProfileSettings, fl
     gpu = gpu_state.span(gpu_before, gpu_after)
     if gpu is not None:
         extra["gpu_state"] = gpu
-    if clocks.result():
-        extra["stage_clocks"] = clocks.result()
+    stage_clocks = clocks.result()
+    if stage_clocks:
+        extra["stage_clocks"] = stage_clocks
     return PageResult("done", "", assemble_stages([run], flops, decode_step_over="steps"), run.kv_bytes, resolved,
                       extra)
 

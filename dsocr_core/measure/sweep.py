@@ -4,12 +4,11 @@ Per point: the engine's kept state released (each point starts where a fresh pro
 starts: the same cache room, graphs captured anew; compiled functions are kept, they compile per shape), synthetic
 inputs of the target shape, `warmup` untimed runs, `repeats` timed runs (prefill stages and K decode steps),
 medians and spread, the SM clock each stage ran at (runtime/gpu_clocks.py), the engine's state (how the point was
-run: compiled variants, graphs, buckets, cache room),
-then FLOPs in a separate counting pass. After the last point the first one is measured again (`order_check`) and
-the run flagged when the two disagree beyond their spread (see order_check.py). A point is written to the
-store as soon as it is measured, so an interrupt loses nothing already measured and a re-run resumes by
-skipping finished points. An out-of-memory is caught, memory freed, the point recorded as `oom`, and the sweep
-goes on.
+run: compiled variants, graphs, buckets, cache room), then FLOPs in a separate counting pass. After the last point
+the first one is measured again (`order_check`) and the run flagged when the two disagree beyond their spread (see
+order_check.py). A point is written to the store as soon as it is measured, so an interrupt loses nothing already
+measured and a re-run resumes by skipping finished points. An out-of-memory is caught, memory freed, the point
+recorded as `oom`, and the sweep goes on.
 """
 from __future__ import annotations
 

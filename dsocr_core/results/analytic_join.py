@@ -114,8 +114,8 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
 
 
 def stage_totals_as_measured(spec: ModelSpec, workloads: list[Workload], hw: Hardware,
-                                probes: list[float | None], clocks: list[dict | None] | None = None,
-                                ) -> tuple[list[dict], list[str], list[str]]:
+                             probes: list[float | None], clocks: list[dict | None] | None = None,
+                             ) -> tuple[list[dict], list[str], list[str]]:
     """workload_stage_totals under `hw` (a ProfiledHardware) with each workload at the host speed it was measured
     at (`probes`, runtime/host_speed.py; None: the calibration's) and at the SM clocks its stages ran at (`clocks`,
     runtime/gpu_clocks.py, {stage: {mhz, samples}}; None: the calibration's), one evaluation per distinct pair

@@ -2,10 +2,11 @@
 
 Why: a compute-bound kernel's time is a number of cycles, and the SM clock moves under load. An H200 at its 700 W
 cap ran 8192^3 GEMMs at full speed for their first 20 ms and 17% slower at about 1,500 MHz from 50 ms on, while
-copies kept 1,980 MHz (benchmarks/sustained_load.py); in the fast engine's generations of large batches CLIP and the LM prefill
-ran as low as 1,600 MHz, SAM before them at 1,750-1,960 (benchmarks/stage_clocks.py; docs/accuracy.md, "The clocks
-a stage ran at"). The time model's tables are timed in short replays at the full clock, so a measured point is
-predicted at the clocks it recorded (analytic/predict.py, Prediction.clocks), as it is at its own host speed.
+copies kept 1,980 MHz (benchmarks/sustained_load.py); in the fast engine's generations of large batches CLIP and
+the LM prefill ran as low as 1,600 MHz, SAM before them at 1,750-1,960 (benchmarks/stage_clocks.py;
+docs/accuracy.md, "The clocks a stage ran at"). The time model's tables are timed in short replays at the full
+clock, so a measured point is predicted at the clocks it recorded (analytic/predict.py, Prediction.clocks), as it
+is at its own host speed.
 
 NVML is the driver's own library (libnvidia-ml.so.1), called through ctypes: no package is needed, and a reading
 takes microseconds (nvidia-smi takes 20-50 ms, too coarse for a 10 ms stage). Where the library or the GPU cannot be
