@@ -1,6 +1,6 @@
 """The SM clock each stage ran at (runtime/gpu_clocks.py), recorded with every measured point, and a measured point
-predicted at its own clocks (analytic.predict.at_clocks): a compute-bound kernel's time scales with the
-calibration's clock over the point's, a bandwidth-bound kernel's does not. On a CPU nothing is sampled or recorded."""
+predicted at its own clocks (analytic.predict.at_clocks): the cycles of its kernels (a compute-bound kernel's time,
+a bandwidth-bound kernel's beyond its bytes' floor, the launches) scale with the calibration's clock over the point's. On a CPU nothing is sampled or recorded."""
 from __future__ import annotations
 
 import numpy as np
@@ -67,18 +67,36 @@ def test_nothing_is_sampled_on_a_cpu():
     assert NvmlClock.open("cpu") is None and ClockSampler.start("cpu") is None
 
 
-def test_a_compute_bound_kernel_takes_the_clock_ratio_longer_a_bandwidth_bound_one_does_not():
+def test_a_kernels_cycles_take_the_clock_ratio_longer_its_bytes_floor_does_not():
     pred = Predictor(with_profile(H200, _profile(), "fast").prediction)
     gemm = Kernel("gemm", dict(m=8192.0, n=8192.0, k=8192.0), 2.0 * 8192 ** 3, 3 * 8192 * 8192 * 2.0, 1.0)
     thin = Kernel("gemm", dict(m=1.0, n=8192.0, k=8192.0), 2.0 * 8192 ** 2, 8192 * 8192 * 2.0, 1.0)  # a GEMV
-    copy = Kernel("memory.copy", dict(bytes=1e9), 1e12, 1e9, 1.0)  # memory tables never follow the clock
+    copy = Kernel("memory.copy", dict(bytes=1e9), 1e12, 1e9, 1.0)  # a memory table's kernel is bandwidth-bound
     kernels = {"gemm": gemm, "thin": thin, "copy": copy}
     share = {n: max(k.flops / pred.P, k.nbytes / pred.W) for n, k in kernels.items()}
-    base = {n: float(pred._excess(k, "bfloat16")) for n, k in kernels.items()}
+    floor = {"gemm": 0.0, "thin": thin.nbytes / pred.W, "copy": copy.nbytes / pred.W}
+    base = {n: float(pred._excess(k, "bfloat16")) + share[n] for n, k in kernels.items()}
+    assert all(base[n] > floor[n] > 0 or n == "gemm" for n in kernels)  # every kernel has cycles to scale
     pred._clock = 1.25
     for n, k in kernels.items():
         t = float(pred._excess(k, "bfloat16")) + share[n]
-        assert t == pytest.approx((base[n] + share[n]) * (1.25 if n == "gemm" else 1.0), rel=1e-12)
+        assert t == pytest.approx(floor[n] + (base[n] - floor[n]) * 1.25, rel=1e-12), n
+
+
+def test_the_launches_take_the_clock_ratio_longer():
+    """A profile whose kernels run at their roofline (efficiency 1: no time beyond the bytes' floor) and cost 1 us
+    a launch: at a lower clock only the launches' share of a stage grows."""
+    d = uniform_profile(H200.peak_flops, H200.bandwidth, 1.0, 1e-6, kind="cuda").to_dict()
+    d["environment"] = {"sm_clock_max_mhz": 2000.0}
+    hw = with_profile(H200, profile_from_dict(d), "fast")
+    slow = at_clocks(hw, {"decode": {"mhz": 1000.0, "samples": 3}})
+    full, at = evaluate(ModelSpec(), PTS, hw)["decode"], evaluate(ModelSpec(), PTS, slow)["decode"]
+    ratio = 2.0 ** CLOCK_EXPONENT
+    assert float(at["predicted_launch_s"][0]) == pytest.approx(float(full["predicted_launch_s"][0]) * ratio)
+    assert float(full["predicted_launch_s"][0]) > 0
+    grown = float(at["predicted_s"][0] - full["predicted_s"][0])
+    assert grown == pytest.approx(float(full["predicted_launch_s"][0]) * (ratio - 1) + float(
+        at["predicted_kernel_s"][0] - full["predicted_kernel_s"][0]), rel=1e-9)
 
 
 def test_a_point_is_predicted_at_the_clocks_its_stages_ran_at():

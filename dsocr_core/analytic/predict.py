@@ -63,7 +63,8 @@ class Prediction:
     # the profile's scaled by this over the profile's own probe; None: the host as fast as when the profile measured
     host_probe_op_s: float | None = None
     # the SM clock each stage of a measured point ran at, ((stage, MHz), ...) (runtime/gpu_clocks.py; at_clocks):
-    # a compute-bound kernel's time is the profile's times (its clock over this) ** CLOCK_EXPONENT; None: at the
+    # the cycles of a stage's kernels (a compute-bound kernel's time; a bandwidth-bound one's beyond its bytes'
+    # floor; the launches) take (the profile's clock over this) ** CLOCK_EXPONENT times longer; None: at the
     # calibration's clock
     clocks: tuple | None = None
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
@@ -118,11 +119,14 @@ HOST_AS_CALIBRATED = "as calibrated"  # the host issues ops as fast as when the 
 # measured without recording their clocks. Under sustained load a GPU at its power cap runs slower (gpu_clocks.py)
 CLOCKS_AS_CALIBRATED = "the calibration's full SM clock"
 CLOCK_STEP_MHZ = 5.0  # a point's stage clocks are rounded to this: points of a run share a few predictions
-# a compute-bound kernel's time grows as (f_cal / f) ** CLOCK_EXPONENT when the reported SM clock falls from f_cal
-# to f: on an H200 at its power cap, 8192^3 GEMMs ran 1.179-1.206x slower at clocks 1.294-1.333x lower (steady state,
+# time counted in SM cycles grows as (f_cal / f) ** CLOCK_EXPONENT when the reported SM clock falls from f_cal to f:
+# on an H200 at its power cap, 8192^3 GEMMs ran 1.179-1.206x slower at clocks 1.294-1.333x lower (steady state,
 # 100 ms-5 s; benchmarks/sustained_load.py prints the exponent of a GPU: 0.64-0.70 there, median 0.66). The reported
 # clock is a sample of one that moves faster than it is read, and part of a GEMM's time waits on memory, which runs
-# at its own clock. With the exponent 1 SAM's large batches were over-predicted by 2-4% (docs/accuracy.md)
+# at its own clock. With the exponent 1 SAM's large batches were over-predicted by 2-4% (docs/accuracy.md). Cycles
+# are a compute-bound kernel's whole time, a bandwidth-bound kernel's time beyond its bytes at the profile's
+# bandwidth (its ramp, drain and latency: a batched decode step, all bandwidth-bound kernels, ran 1.10-1.15x slower
+# right after GEMMs had lowered the clock to 1,440-1,575 MHz, benchmarks/decode_clocks.py), and the launches' cost
 CLOCK_EXPONENT = 0.66
 
 
@@ -296,8 +300,8 @@ class Predictor:
             prediction.notes.add("the profile has no graph start cost (calibrate --tables launch.graph_start): the "
                                  "projector's and the LM prefill's graphs are predicted without the few us a replay "
                                  "adds (the projector's share of it is largest)")
-        # per stage: the calibration's SM clock over the one the point ran at, to CLOCK_EXPONENT (a compute-bound
-        # kernel's time grows with it; never below 1: the tables ran at the full clock); row() sets self._clock
+        # per stage: the calibration's SM clock over the one the point ran at, to CLOCK_EXPONENT (time counted in
+        # cycles grows with it; never below 1: the tables ran at the full clock); row() sets self._clock
         cal = p.clock_mhz
         if prediction.clocks and cal is None:
             prediction.notes.add("the profile records no calibration clock: the point's measured clocks are not used")
@@ -354,11 +358,13 @@ class Predictor:
             rb = k.nbytes if k.real_bytes is None else k.real_bytes
             flop_s, byte_s = np.asarray(rf, dtype=float) / self.P, np.asarray(rb, dtype=float) / self.W
         t = np.maximum(flop_s, byte_s) / self.efficiency(k, dtype)
-        if self._clock != 1.0 and not k.table.startswith(MEMORY_TABLES):
-            # a compute-bound kernel runs a number of cycles: at a lower clock it takes longer (clock_ratio).
-            # Bandwidth-bound ones are left as timed: the memory keeps its own clock, and whether their latency
-            # follows the SM clock was not measured (an H200's sustained copies never lowered it)
-            t = np.where(flop_s >= byte_s, t * self._clock, t)
+        if self._clock != 1.0:
+            # at a lower SM clock the kernel's cycles take longer (clock_ratio): all of a compute-bound kernel's
+            # time; of a bandwidth-bound one only what it takes beyond its bytes at the profile's bandwidth (the
+            # memory keeps its own clock; a stream's ramp, drain and latency do not)
+            compute = (flop_s >= byte_s) & (not k.table.startswith(MEMORY_TABLES))
+            floor = np.where(compute, 0.0, np.minimum(byte_s, t))
+            t = floor + (t - floor) * self._clock
         return t - share
 
     # ----------------------------------------------------------------------------------------- one call
@@ -393,7 +399,8 @@ class Predictor:
         if self.kernel_overlap or kind in self.separate:  # the kernels' own rooflines, one after another
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
-        launch = launches * self.per_launch + pl.graph_starts * self.graph_start_s
+        # the launches' cost is the GPU's front end working through its queue: cycles, at the row's clock
+        launch = (launches * self.per_launch + pl.graph_starts * self.graph_start_s) * self._clock
         ops = host_ops_by_kind(pl, self.graphs)
         per_op = self.stage_costs.get(host_stage(kind, ctx))
         if per_op is None:
