@@ -26,7 +26,7 @@ out = {"grouping": [], "scatter": [], "combine": []}
 g = torch.Generator().manual_seed(0)
 # (tokens, slots, experts): one token; routed + shared slots of distinct experts; more rows than one chunk; a
 # skewed draw with repeats across tokens; several chunks of a few experts
-for t, k, e in ((1, 8, 66), (37, 8, 66), (700, 8, 66), (300, 3, 10), (5000, 4, 66)):
+for t, k, e in ((1, 8, 66), (37, 8, 66), (700, 8, 66), (300, 3, 10), (1500, 4, 66)):
     if t < 1000:
         skew = torch.arange(e, dtype=torch.float64).add(1).pow(-1.2)
         ids = torch.multinomial(skew.expand(t, e), k, replacement=False, generator=g)
@@ -45,12 +45,15 @@ for t, k, e in ((1, 8, 66), (37, 8, 66), (700, 8, 66), (300, 3, 10), (5000, 4, 6
     got = moe_rows.gather_combine(ys, dest, w, x)
     want = moe.combine_rows(ys, dest, w, x)
     out["combine"].append(float((got - want).abs().max()))
-# more rows than one step of the chunks' offsets scan (1,024 chunks of 256 rows)
-ids = torch.randint(0, 66, (32769, 8), generator=g)
+# more rows than one step of the chunks' offsets scan: its steps are 1,024 chunks of 256 rows, here 8 chunks (the
+# kernel takes the step as a parameter), so 24,000 rows take 12 steps without interpreting 260,000 rows
+scan, moe_rows.GROUP_SCAN = moe_rows.GROUP_SCAN, 8
+ids = torch.randint(0, 66, (3000, 8), generator=g)
 dest, ends = moe_rows.group_rows(ids, 66)
 want_dest, want_ends = moe.group_rows_sorted(ids, 66)
 out["two_scan_steps"] = [ids.numel() > moe_rows.GROUP_CHUNK * moe_rows.GROUP_SCAN, torch.equal(dest, want_dest),
                          torch.equal(ends, want_ends.to(torch.int32))]
+moe_rows.GROUP_SCAN = scan
 # above the kernels' row limit expert_rows groups with torch's formulation, the same places
 t, e, h, im = 9, 6, 16, 8
 ids = torch.stack([torch.randperm(e, generator=g)[:3] for _ in range(t)])
