@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GROUP_MS = 5.0  # steps are grouped so that about one clock reading (every 5 ms) falls in each group
-FULL_CLOCK_SHARE = 0.99  # groups at 99% of the GPU's maximum clock or more are the full-clock reference
+FULL_CLOCK_SHARE = 0.99  # a reading at 99% of the GPU's maximum clock or more is the full clock
 
 
 def step_groups(spans: list[tuple[float, float]], samples: list[tuple[float, float]], group_ms: float = GROUP_MS,
@@ -49,51 +49,81 @@ def step_groups(spans: list[tuple[float, float]], samples: list[tuple[float, flo
     return out
 
 
-def full_clock_fit(runs: list[dict]):
-    """Step ms at the full clock as a function of the cache length: a line through the groups of the runs without a
-    burst (the step grows with the cache it reads; at batch 64 by about 17% from 800 to 1,200 cached tokens)."""
+def bucket_of(run: dict, group: dict, bucket: int) -> int | None:
+    """The cache bucket (its end, in slots) whose graph ran a group's steps, or None where the group straddles two:
+    a step at cache length n runs the graph of the bucket holding position n (fast/engine.py)."""
+    first = run["context_first"] + group["first"]
+    ends = {-(-(n + 1) // bucket) * bucket for n in (first, first + group["steps"] - 1)}
+    return ends.pop() if len(ends) == 1 else None
+
+
+def full_clock_fit(runs: list[dict], bucket: int, full_mhz: float | None = None):
+    """Step ms at the full clock as a function of (cache length, bucket), from the groups of the runs without a
+    burst (whose clock read, where one was, is the full clock's): one intercept per bucket and a slope shared by
+    all (the step's work changes at each bucket edge, e.g. 2.35 -> 2.68 ms at 1,024 slots at batch 64 on an H200,
+    and grows a little with the cache inside a bucket). fit(context, bucket) is None for a bucket no run without a
+    burst reached."""
     import numpy as np
 
-    pts = [(run["context_first"] + g["first"] + g["steps"] / 2, g["step_ms"]) for run in runs
-           if run["burst_ms"] == 0 for g in run["groups"]]
-    if len({x for x, _ in pts}) < 2:
-        level = statistics.median(y for _, y in pts) if pts else None
-        return lambda ctx: level
-    slope, icpt = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
-    return lambda ctx: float(slope * ctx + icpt)
+    by: dict[int, list[tuple[float, float]]] = {}
+    for run in runs:
+        for g in run["groups"] if run["burst_ms"] == 0 else ():
+            b = bucket_of(run, g, bucket)
+            if b is not None and (not full_mhz or not g["mhz"] or g["mhz"] >= FULL_CLOCK_SHARE * full_mhz):
+                by.setdefault(b, []).append((run["context_first"] + g["first"] + g["steps"] / 2, g["step_ms"]))
+    means = {b: (float(np.mean([x for x, _ in v])), float(np.mean([y for _, y in v]))) for b, v in by.items()}
+    sxx = sum((x - means[b][0]) ** 2 for b, v in by.items() for x, _ in v)
+    sxy = sum((x - means[b][0]) * (y - means[b][1]) for b, v in by.items() for x, y in v)
+    slope = sxy / sxx if sxx > 0 else 0.0
+
+    def fit(context: float, b: int | None) -> float | None:
+        return None if b not in means else means[b][1] + slope * (context - means[b][0])
+    return fit
 
 
-def clock_summary(runs: list[dict], full_mhz: float | None) -> dict:
-    """Each group after a burst against the full clock's step at its cache length (full_clock_fit): per bin of the
-    clock read, the median ratio and the exponent x of ratio = (full / clock) ** x; and the first group after each
-    burst alone (its reading was taken while the burst held the clock down: NVML's reading trails the clock by tens
-    of ms, so later groups' readings can be stale)."""
-    full = full_clock_fit(runs)
+def clock_bins(full_mhz: float) -> list[tuple[float, float]]:
+    """Bins of the clock read: 100 MHz wide from 1,500 up to the full clock's share, then the full clock."""
+    top = FULL_CLOCK_SHARE * full_mhz
+    edges = [0.0] + [e for e in (1500.0, 1600.0, 1700.0, 1800.0, 1900.0) if e < top] + [top, 1e9]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def clock_summary(runs: list[dict], full_mhz: float | None, bucket: int) -> dict:
+    """Each group after a burst against the full clock's step at its cache length and bucket (full_clock_fit): per
+    bin of the clock read, the median ratio and the exponent x of ratio = (full / clock) ** x; and the first group
+    after each burst alone (its reading was taken while the burst held the clock down: NVML's reading trails the
+    clock by tens of ms, so later groups' readings can be stale). Groups straddling a bucket edge, or in a bucket no
+    run without a burst reached, are left out."""
     seen = [(run, g) for run in runs if run["burst_ms"] > 0 for g in run["groups"] if g["mhz"]]
-    if not seen or full(0) is None:
-        return {"full_clock_mhz": full_mhz, "bins": [], "first_groups": []}
-    full_mhz = full_mhz or max(g["mhz"] for _, g in seen)
+    full_mhz = full_mhz or max((g["mhz"] for _, g in seen), default=None)
+    full = full_clock_fit(runs, bucket, full_mhz)
 
     def ratio(run, g):
-        return g["step_ms"] / full(run["context_first"] + g["first"] + g["steps"] / 2)
+        ref = full(run["context_first"] + g["first"] + g["steps"] / 2, bucket_of(run, g, bucket))
+        return None if not ref else g["step_ms"] / ref
 
     def exponent(r, mhz):
         return math.log(r) / math.log(full_mhz / mhz) if full_mhz / mhz > 1.01 else None
 
+    compared = [(run, g, ratio(run, g)) for run, g in seen]
+    compared = [(run, g, r) for run, g, r in compared if r is not None]
     bins = []
-    edges = (0, 1500, 1600, 1700, 1800, 1900, FULL_CLOCK_SHARE * full_mhz, 1e9)
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        inside = [(run, g) for run, g in seen if lo <= g["mhz"] < hi]
+    for lo, hi in clock_bins(full_mhz) if full_mhz else ():
+        inside = [(g, r) for _, g, r in compared if lo <= g["mhz"] < hi]
         if inside:
-            mhz = statistics.median(g["mhz"] for _, g in inside)
-            r = statistics.median(ratio(run, g) for run, g in inside)
+            mhz = statistics.median(g["mhz"] for g, _ in inside)
+            r = statistics.median(r for _, r in inside)
             bins.append({"from_mhz": lo, "to_mhz": min(hi, 1e5), "groups": len(inside), "mhz": mhz, "vs_full": r,
                          "exponent": exponent(r, mhz)})
-    firsts = [{"burst_ms": run["burst_ms"], "mhz": run["groups"][0]["mhz"], "vs_full": ratio(run, run["groups"][0]),
-               "exponent": exponent(ratio(run, run["groups"][0]), run["groups"][0]["mhz"])}
-              for run in runs if run["burst_ms"] > 0 and run["groups"] and run["groups"][0]["mhz"]]
-    return {"full_clock_mhz": full_mhz, "full_step_ms_at": {str(c): full(c) for c in (800, 1000, 1200)},
-            "bins": bins, "first_groups": firsts}
+    firsts = []
+    for run in runs:
+        g = run["groups"][0] if run["burst_ms"] > 0 and run["groups"] else None
+        r = ratio(run, g) if g and g["mhz"] else None
+        if r is not None:
+            firsts.append({"burst_ms": run["burst_ms"], "mhz": g["mhz"], "vs_full": r,
+                           "exponent": exponent(r, g["mhz"])})
+    return {"full_clock_mhz": full_mhz, "bucket": bucket, "compared_groups": len(compared),
+            "left_out_groups": len(seen) - len(compared), "bins": bins, "first_groups": firsts}
 
 def timed_steps(fast, token, cache, steps: int, device, anchor) -> list[tuple[float, float]]:
     """`steps` decode steps of the fast engine, each between CUDA events: [(host start, host end)] placed by
@@ -107,11 +137,12 @@ def timed_steps(fast, token, cache, steps: int, device, anchor) -> list[tuple[fl
             fast.engine.decode_step(token, cache)
             at.append(time.perf_counter())
         return list(zip(at[:-1], at[1:]))
+    stream = torch.cuda.current_stream(device)  # the anchor's stream (runtime/gpu_clocks.Anchor), on `device`
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-    marks[0].record()
+    marks[0].record(stream)
     for m in marks[1:]:
         fast.engine.decode_step(token, cache)
-        m.record()
+        m.record(stream)
     torch.cuda.synchronize(device)
     host0, first = (anchor.host_s, anchor.event) if anchor else (0.0, marks[0])
     at = [host0 + first.elapsed_time(m) / 1e3 for m in marks]
@@ -138,8 +169,11 @@ def main(argv=None) -> int:
         grid = tuple(int(x) for x in args.grid.lower().split("x"))
     except ValueError as exc:
         ap.error(f"--batches, --bursts-ms, --grid: {exc}")
-    if not batches or min(batches) < 1 or not bursts or min(bursts) < 0 or len(grid) != 2 or min(grid) < 1:
-        ap.error("--batches: positive sizes; --bursts-ms: lengths of 0 or more; --grid: WxH")
+    if not batches or min(batches) < 1 or not bursts or not all(0 <= b < 1e6 for b in bursts) or len(grid) != 2 \
+            or min(grid) < 1:
+        ap.error("--batches: positive sizes; --bursts-ms: finite lengths of 0 or more; --grid: WxH")
+    if args.gemm_size < 1:
+        ap.error("--gemm-size must be at least 1")
     if args.steps < 1 or args.rounds < 1 or args.idle_s < 0 or args.text_tokens < 1:
         ap.error("--steps, --rounds and --text-tokens must be at least 1, --idle-s not negative")
     import torch
@@ -188,7 +222,7 @@ def main(argv=None) -> int:
                     spans = timed_steps(fast, token, cache, args.steps, device, anchor)
                     runs.append({"round": r, "burst_ms": burst, "context_first": context,
                                  "groups": step_groups(spans, list(sampler.samples) if sampler else [])})
-            summary = clock_summary(runs, full_mhz)
+            summary = clock_summary(runs, full_mhz, fast.engine.bucket)
             result["batches"].append({"batch": b, "prompt_tokens": prompt, "runs": runs, "summary": summary})
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=1, default=str))
@@ -199,7 +233,7 @@ def main(argv=None) -> int:
             sampler.stop()
     print(f"== decode step against the SM clock ({result['environment'].get('device_name')}, full clock "
           f"{full_mhz} MHz; {args.gemm_size}^3 GEMMs of {gemm_s * 1e3:.2f} ms before the steps); 'vs full': the "
-          "step's time over the full clock's at the same cache length")
+          "step's time over the full clock's at the same cache length, in the same bucket")
     print(f"{'batch':>5} {'clock read, MHz':>16} {'groups':>6} {'vs full':>7} {'exponent':>8}")
     for row in result["batches"]:
         s = row["summary"]
@@ -209,8 +243,9 @@ def main(argv=None) -> int:
         if firsts:
             r = statistics.median(f["vs_full"] for f in firsts)
             mhz = statistics.median(f["mhz"] for f in firsts)
-            lines.append(("first after burst", len(firsts), mhz, r, math.log(r) / math.log(full_mhz / mhz)
-                          if full_mhz and full_mhz / mhz > 1.01 else None))
+            top = s["full_clock_mhz"]
+            lines.append(("first after burst", len(firsts), mhz, r, math.log(r) / math.log(top / mhz)
+                          if top and top / mhz > 1.01 else None))
         for label, n, mhz, r, exp in lines:
             exp_text = f"{exp:8.2f}" if exp is not None else "       -"
             print(f"{row['batch']:>5} {label:>17} @{mhz:5.0f} {n:>6} {r:7.3f} {exp_text}")

@@ -1,6 +1,7 @@
 """The SM clock each stage ran at (runtime/gpu_clocks.py), recorded with every measured point, and a measured point
 predicted at its own clocks (analytic.predict.at_clocks): the cycles of its kernels (a compute-bound kernel's time,
-a bandwidth-bound kernel's beyond its bytes' floor, the launches) scale with the calibration's clock over the point's. On a CPU nothing is sampled or recorded."""
+a bandwidth-bound kernel's beyond its bytes' floor, the launches) scale with the calibration's clock over the
+point's. On a CPU nothing is sampled or recorded."""
 from __future__ import annotations
 
 import numpy as np

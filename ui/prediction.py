@@ -240,8 +240,9 @@ def note(settings, mode: str | None = None, run: bool = False) -> str:
     # hardware a roofline beside them uses (a configuration's preset, the sidebar's ceilings, a run's GPU)
     routing = ("the run's own engine, the MoE routing it observed (uniform, assumed, where it recorded none), "
                "each point's host speed (its probe over the calibration's; as calibrated where either has none) and "
-               "the SM clock each of its stages ran at (the kernels' and launches' cycles at the calibration's clock over "
-               "it; the full clock where the point recorded none; the table's predicted_clocks column says which)"
+               "the SM clock each of its stages ran at (the kernels' and launches' cycles at the calibration's clock "
+               "over it; the full clock where the point recorded none; the table's predicted_clocks column says "
+               "which)"
                if run else f"MoE routing {md(c.routing_label)}, every kernel at the calibration's full SM clock (a GPU "
                "at its power cap runs long batches slower)")
     return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode, {routing}: "

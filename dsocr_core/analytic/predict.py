@@ -125,7 +125,7 @@ CLOCK_STEP_MHZ = 5.0  # a point's stage clocks are rounded to this: points of a 
 # clock is a sample of one that moves faster than it is read, and part of a GEMM's time waits on memory, which runs
 # at its own clock. With the exponent 1 SAM's large batches were over-predicted by 2-4% (docs/accuracy.md). Cycles
 # are a compute-bound kernel's whole time, a bandwidth-bound kernel's time beyond its bytes at the profile's
-# bandwidth (its ramp, drain and latency: a batched decode step, all bandwidth-bound kernels, ran 1.10-1.15x slower
+# bandwidth (its ramp, drain and latency: a batched decode step, all bandwidth-bound kernels, ran 1.13-1.20x slower
 # right after GEMMs had lowered the clock to 1,440-1,575 MHz, benchmarks/decode_clocks.py), and the launches' cost
 CLOCK_EXPONENT = 0.66
 
@@ -341,7 +341,7 @@ class Predictor:
         """One planned kernel's device time on its own: its roofline at its table's efficiency plus its launches
         (what a benchmark timing that kernel alone compares with)."""
         own = np.maximum(np.asarray(k.flops, dtype=float) / self.P, np.asarray(k.nbytes, dtype=float) / self.W)
-        return own + self._excess(k, dtype) + np.asarray(k.launches, dtype=float) * self.per_launch
+        return own + self._excess(k, dtype) + np.asarray(k.launches, dtype=float) * self.per_launch * self._clock
 
     def table_name(self, name: str, dtype: str) -> str:
         """The profile's table that times kernel kind `name` (itself, or the fallback the prediction notes)."""
@@ -399,7 +399,8 @@ class Predictor:
         if self.kernel_overlap or kind in self.separate:  # the kernels' own rooflines, one after another
             roof = own + np.maximum(rest_f / self.P, rest_b / self.W)
         launches = launches + pl.rest_launches
-        # the launches' cost is the GPU's front end working through its queue: cycles, at the row's clock
+        # the launches' cost is the GPU's front end working through its queue: cycles, at the row's clock (seen in
+        # graphed decode steps, benchmarks/decode_clocks.py; eager launches are assumed to behave alike)
         launch = (launches * self.per_launch + pl.graph_starts * self.graph_start_s) * self._clock
         ops = host_ops_by_kind(pl, self.graphs)
         per_op = self.stage_costs.get(host_stage(kind, ctx))
@@ -410,7 +411,7 @@ class Predictor:
         host = host + pl.syncs * self.sync_s + pl.graph_launches * self.graph_launch_s
         # the graph's start follows the host's submission, so no host time hides it: it is in the device time
         # (launch) and in the host time the row's overlap compares with it (row() keeps what host exceeds)
-        host = host + pl.graph_starts * self.graph_start_s
+        host = host + pl.graph_starts * self.graph_start_s * self._clock
         return roof, excess, launch, host
 
     def call(self, kind: str, cost: Cost, ctx: dict):
