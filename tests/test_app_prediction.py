@@ -383,3 +383,34 @@ def test_what_if_predictions_take_the_sidebars_routing_profile(data, tmp_path, m
     at.sidebar.selectbox(key="sb_routing").set_value("repo:bad.json").run()
     assert "bad.json: format_version must be 1" in sidebar_text(at)
     assert export_frame(at)["predicted.routing"].eq("uniform (assumed)").all()
+
+
+def test_what_if_predictions_take_the_sidebars_sm_clock(data):
+    """A profile that records its calibration clock offers a what-if SM clock: every stage's kernels' and launches'
+    cycles are priced at it (never above the clock ratio to the exponent), and the export and caption say so; a
+    profile without a calibration clock offers none."""
+    from dsocr_core.analytic.predict import CLOCK_EXPONENT
+
+    raw = load_profile(data / "profiles" / "h200.json").to_dict()
+    raw["environment"] = {**(raw.get("environment") or {}), "sm_clock_max_mhz": 1980.0}
+    profile_from_dict(raw).save(data / "profiles" / "h200_clocked.json")
+    at = pick(goto(make_app(), "analytic"), "repo:h200_clocked.json")
+    full = export_frame(open_tab(at, "an_tab", "Download"))
+    assert full["predicted.clocks"].eq("the calibration's full SM clock (1,980 MHz)").all()
+
+    at.sidebar.number_input(key="sb_sm_clock").set_value(1500).run()
+    assert not at.exception, [e.value for e in at.exception]
+    slow = export_frame(at)
+    assert slow["predicted.clocks"].eq("what-if: SM 1,500 MHz in every stage against the calibration's 1,980 MHz"
+                                       ).all()
+    ratio = (1980 / 1500) ** CLOCK_EXPONENT
+    for stage in ("sam", "prefill", "decode"):
+        assert (slow[f"{stage}.predicted_s"] > full[f"{stage}.predicted_s"]).all(), stage
+        assert (slow[f"{stage}.predicted_s"] <= full[f"{stage}.predicted_s"] * ratio * (1 + 1e-9)).all(), stage
+    assert "what-if SM clock of 1,500 MHz" in plain(page_text(open_tab(at, "an_tab", "Time")))
+
+    pick(at, H200)  # the uniform test profile records no calibration clock
+    assert not [n for n in at.sidebar.number_input if n.key == "sb_sm_clock"]
+    assert "records no calibration clock" in sidebar_text(at)
+    assert export_frame(open_tab(at, "an_tab", "Download"))["predicted.clocks"].eq(
+        "the calibration's full SM clock").all()

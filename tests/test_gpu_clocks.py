@@ -266,3 +266,49 @@ def test_a_clock_that_cannot_be_read_never_costs_the_measurement(monkeypatch):
     with gpu_clocks.StageClocks("cpu") as clocks:
         clocks.timer()
     assert clocks.result() is None
+
+
+def test_a_what_if_clock_prices_every_stage_at_it_and_says_so():
+    from dsocr_core.analytic.predict import at_sm_clock
+    from dsocr_core.spec import SpecError
+
+    hw = with_profile(H200, _profile(2000.0), "fast")
+    full = _predicted(hw)
+    slow = at_sm_clock(hw, 1502.0)
+    assert slow.prediction.clock_label() == ("what-if: SM 1,500 MHz in every stage against the calibration's "
+                                             "2,000 MHz")  # rounded to 5 MHz
+    at = _predicted(slow)
+    ratio = (2000 / 1500) ** CLOCK_EXPONENT
+    assert all(full[s] < at[s] <= full[s] * ratio * (1 + 1e-12) for s in STAGES), (full, at)
+    assert at_sm_clock(slow, None).prediction.clock_label() == CLOCKS_AS_CALIBRATED + " (2,000 MHz)"
+    assert _predicted(at_sm_clock(hw, 2500.0)) == pytest.approx(full, rel=1e-12)  # above the full clock: as timed
+    # a measured point's prediction takes its own clocks (or none): the what-if clock never leaks into it
+    measured = at_clocks(slow, {"sam": {"mhz": 1800.0, "samples": 4}})
+    assert measured.prediction.clock_label().startswith("measured with the point: SM sam 1,800")
+    assert not at_clocks(slow, None).prediction.clocks
+    for bad in (0, -1.0, float("nan"), float("inf"), "1500"):
+        with pytest.raises(SpecError, match="positive number of MHz"):
+            at_sm_clock(hw, bad)
+    # a profile that records no calibration clock cannot move its tables: said in the notes, priced as timed
+    bare = at_sm_clock(with_profile(H200, _profile(None), "fast"), 1500.0)
+    assert _predicted(bare) == pytest.approx(_predicted(with_profile(H200, _profile(None), "fast")), rel=1e-12)
+    assert any("records no calibration clock" in n for n in bare.prediction.notes)
+
+
+def test_the_cli_takes_a_what_if_clock(tmp_path, capsys):
+    from dsocr_core.cli import main
+
+    path = tmp_path / "h200.json"
+    _profile(2000.0).save(path)
+    args = ["analytic", "--spec", "tiny", "--batch", "4", "--decode-steps", "2", "--profile", str(path),
+            "--session-mode", "fast"]
+    assert main(args + ["--sm-clock", "1500"]) == 0
+    assert "what-if: SM 1,500 MHz in every stage against the calibration's 2,000 MHz" in capsys.readouterr().out
+    assert main(args + ["--sm-clock", "fast"]) == 2
+    assert "--sm-clock: a number of MHz" in capsys.readouterr().err
+    assert main(["analytic", "--spec", "tiny", "--sm-clock", "1500"]) == 2
+    assert "--sm-clock needs --profile" in capsys.readouterr().err
+    bare = tmp_path / "bare.json"
+    _profile(None).save(bare)
+    assert main(["analytic", "--spec", "tiny", "--profile", str(bare), "--sm-clock", "1500"]) == 2
+    assert "records no calibration clock" in capsys.readouterr().err

@@ -234,7 +234,7 @@ def _capacity(v: View) -> None:
 
 
 PROFILE_COLUMNS = ("predicted.profile", "predicted.derived", "predicted.device_kind", "predicted.session_mode",
-                   "predicted.engine", "predicted.routing")
+                   "predicted.engine", "predicted.routing", "predicted.clocks")
 
 
 def _profile_columns(v: View) -> dict:

@@ -26,7 +26,8 @@ from pathlib import Path
 import streamlit as st
 
 from dsocr_core.analytic.known_misses import DOC, known_misses
-from dsocr_core.analytic.predict import UNIFORM_ROUTING, prediction_gaps, profile_hardware, with_profile
+from dsocr_core.analytic.predict import (UNIFORM_ROUTING, at_sm_clock, prediction_gaps, profile_hardware,
+                                         with_profile)
 from dsocr_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
 from dsocr_core.spec import Hardware
@@ -64,6 +65,8 @@ class ProfileChoice:
     routing_mtime_ns: int = 0
     routing_label: str = UNIFORM_ROUTING
     derived_tables: tuple[str, ...] = ()  # tables of a measured profile derived from another GPU's, not measured
+    clock_mhz: float | None = None  # the clock the profile's tables were timed at (None: not recorded, or derived)
+    sm_clock_mhz: float | None = None  # the what-if SM clock of every stage (None: the calibration's full clock)
 
 
 # ------------------------------------------------------------------------------------------- folders
@@ -151,7 +154,8 @@ def choose(path: Path, origin: str) -> ProfileChoice:
         raise ProfileError(f"{path.name} cannot predict: no table times {', '.join(gaps)} (the calibration stopped "
                            "before it measured them); calibrate again with a larger budget")
     return ProfileChoice(str(path), mtime, describe(prof), prof.derived, prof.device.get("kind", "?"), origin,
-                         derived_tables=tuple(f"`{t}` (from {md(src)})" for t, src in prof.derived_tables.items()))
+                         derived_tables=tuple(f"`{t}` (from {md(src)})" for t, src in prof.derived_tables.items()),
+                         clock_mhz=prof.clock_mhz)
 
 
 def _refuse_quick(profile: Profile, name: str) -> None:
@@ -211,12 +215,15 @@ def predicted_hardware(settings) -> Hardware | None:
 
 def key(settings, mode: str | None = None) -> str | None:
     """The cache key of the prediction: JSON of (profile path, file mtime, session mode, routing profile path,
-    its mtime), or None without a profile. `mode`: a stored run's own session mode instead of the sidebar's (a
-    run's prediction then takes the run's engine and observed routing, results.analytic_join.run_prediction)."""
+    its mtime, what-if SM clock), or None without a profile. `mode`: a stored run's own session mode instead of the
+    sidebar's (a run's prediction then takes the run's engine, observed routing and recorded clocks,
+    results.analytic_join.run_prediction: the what-if clock is left out)."""
     c = getattr(settings, "profile", None)
     if c is None:
         return None
-    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode, c.routing_path, c.routing_mtime_ns])
+    clock = None if mode else c.sm_clock_mhz
+    return json.dumps([c.path, c.mtime_ns, mode or settings.model.session_mode, c.routing_path, c.routing_mtime_ns,
+                       clock])
 
 
 def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
@@ -224,10 +231,11 @@ def attach(hw: Hardware | None, pkey: str | None) -> Hardware | None:
     own ceilings (for joins that only read the predicted time, not the roofline)."""
     if pkey is None:
         return hw
-    path, mtime, mode, routing_path, routing_mtime = json.loads(pkey)
+    path, mtime, mode, routing_path, routing_mtime, clock = json.loads(pkey)
     prof = _load(path, mtime)
     routing = None if routing_path is None else routing_choice.load(routing_path, routing_mtime)
-    return with_profile(hw if hw is not None else profile_hardware(prof), prof, mode, routing=routing)
+    return at_sm_clock(with_profile(hw if hw is not None else profile_hardware(prof), prof, mode, routing=routing),
+                       clock)
 
 
 def note(settings, mode: str | None = None, run: bool = False) -> str:
@@ -243,10 +251,17 @@ def note(settings, mode: str | None = None, run: bool = False) -> str:
                "the SM clock each of its stages ran at (the kernels' and launches' cycles at the calibration's clock "
                "over it; the full clock where the point recorded none; the table's predicted_clocks column says "
                "which)"
-               if run else f"MoE routing {md(c.routing_label)}, every kernel at the calibration's full SM clock (a GPU "
-               "at its power cap runs long batches slower)")
+               if run else f"MoE routing {md(c.routing_label)}, " + clock_note(c))
     return (f"Predicted with **{md(c.label)}**, {mode or settings.model.session_mode} session mode, {routing}: "
             "times on the profile's device, whichever hardware the roofline beside them uses.")
+
+
+def clock_note(choice: ProfileChoice) -> str:
+    """What a what-if prediction says about the SM clock it is at."""
+    if choice.sm_clock_mhz and choice.clock_mhz:
+        return (f"every stage at a what-if SM clock of {choice.sm_clock_mhz:,.0f} MHz (the kernels' and launches' "
+                f"cycles at the calibration's {choice.clock_mhz:,.0f} MHz over it)")
+    return "every kernel at the calibration's full SM clock (a GPU at its power cap runs long batches slower)"
 
 
 def show_misses(settings, mode: str | None = None, max_batch: int = 1, stages=None) -> None:
@@ -294,11 +309,28 @@ def render(side, gpu) -> ProfileChoice | None:
             side.warning("Some tables of this profile are DERIVED from another GPU's, not measured on this one: "
                          + ", ".join(choice.derived_tables) + ".")
         path, mtime, label = routing_choice.render(side)
-        choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label)
+        choice = replace(choice, routing_path=path, routing_mtime_ns=mtime, routing_label=label,
+                         sm_clock_mhz=_clock_input(side, choice))
     if hidden:
         side.caption(md(NOT_OFFERED + ", ".join(hidden)))
     _calibrate_panel(side, gpu)
     return choice
+
+
+def _clock_input(side, choice: ProfileChoice) -> float | None:
+    """The what-if SM clock (MHz) of every stage, or None (the calibration's full clock; a profile that records no
+    calibration clock offers none)."""
+    if not choice.clock_mhz:
+        side.caption("This profile records no calibration clock: its predictions stay at its tables' clock.")
+        return None
+    mhz = side.number_input("What-if SM clock (MHz)", min_value=0, max_value=5000, value=0,
+                            step=10, key="sb_sm_clock",
+                            help=f"0: the calibration's full clock ({choice.clock_mhz:,.0f} MHz). A GPU at its "
+                                 "power cap under large batches runs lower (an H200 about 1,500-1,700 MHz): the "
+                                 "what-if predictions then price every kernel's and launch's cycles at this clock "
+                                 "(above the full clock: as calibrated). Measured runs are predicted at the clocks "
+                                 "they recorded.")
+    return float(mhz) if mhz else None
 
 
 def _calibrate_panel(side, gpu) -> None:

@@ -38,7 +38,7 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "a what-if prediction (at the full clock) of batch 16-64 is 5-11% fast there (2026-11-28, seeds 80-"
                    "82: LM prefill 5.7-10.0% median, CLIP 5.4-8.0%, the decode step 3-10%); a measured point is "
                    "predicted at the clocks its stages ran at (seeds 80-83: LM prefill 2.0-4.1%, CLIP 2.3-6.1%, TPOT "
-                   "0.7-4.5%, median)")
+                   "0.7-4.5%, median); a what-if SM clock (the sidebar's, analytic --sm-clock) prices a capped clock")
 PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by "
              "2-10% (median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
              "over (H200). Its kernels are priced within a few percent at small batches and 3-16% under at 8,000-"

@@ -30,6 +30,7 @@ gives the size of the difference per stage.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +38,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from ..engines import EngineSpec, as_engine
-from ..registry import stage_rank
+from ..registry import stage_names, stage_rank
 from ..spec import Hardware, SpecError
 from .cost import FIELDS as COST_FIELDS, Cost, Row
 from .kernels import EVERY_ROW, Call, Kernel, host_ops_by_kind
@@ -67,6 +68,8 @@ class Prediction:
     # floor; the launches) take (the profile's clock over this) ** CLOCK_EXPONENT times longer; None: at the
     # calibration's clock
     clocks: tuple | None = None
+    # the clocks are a what-if (at_sm_clock: every stage at one clock the user chose), not a point's measurement
+    clocks_what_if: bool = False
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
     def __post_init__(self):
@@ -101,6 +104,8 @@ class Prediction:
         cal = self.profile.clock_mhz
         if not self.clocks or cal is None:
             return CLOCKS_AS_CALIBRATED + (f" ({cal:,.0f} MHz)" if cal else "")
+        if self.clocks_what_if:
+            return f"what-if: SM {self.clocks[0][1]:,.0f} MHz in every stage against the calibration's {cal:,.0f} MHz"
         stages = ", ".join(f"{s} {mhz:,.0f}" for s, mhz in self.clocks)
         return f"measured with the point: SM {stages} MHz against the calibration's {cal:,.0f} MHz"
 
@@ -173,9 +178,29 @@ def at_clocks(hw: ProfiledHardware, stage_clocks: dict | None) -> ProfiledHardwa
             pairs.append((stage, CLOCK_STEP_MHZ * round(float(last) / CLOCK_STEP_MHZ)))
     clocks = tuple(pairs) or None
     pred = hw.prediction
-    if pred.clocks == clocks:
+    if pred.clocks == clocks and not pred.clocks_what_if:
         return hw
-    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, notes=pred.notes)})
+    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, clocks_what_if=False,
+                                                       notes=pred.notes)})
+
+
+def at_sm_clock(hw: ProfiledHardware, mhz: float | None) -> ProfiledHardware:
+    """`hw`'s what-if prediction with every stage at the SM clock `mhz` (None: the calibration's), e.g. the clock a
+    GPU holds at its power cap under sustained large batches (an H200: about 1,500-1,700 MHz against 1,980; see
+    benchmarks/sustained_load.py). Above the calibration's clock every kernel stays as timed. A measured point's
+    prediction takes its own clocks instead (at_clocks), whatever was asked here."""
+    if mhz is None:
+        clocks = None
+    else:
+        if not isinstance(mhz, (int, float)) or not math.isfinite(mhz) or mhz <= 0:
+            raise SpecError(f"a what-if SM clock is a positive number of MHz, got {mhz!r}")
+        step = CLOCK_STEP_MHZ * round(float(mhz) / CLOCK_STEP_MHZ) or CLOCK_STEP_MHZ
+        clocks = tuple((stage, step) for stage in stage_names() if stage != "vision")
+    pred = hw.prediction
+    if pred.clocks == clocks and pred.clocks_what_if == (clocks is not None):
+        return hw
+    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, clocks_what_if=clocks is not None,
+                                                       notes=pred.notes)})
 
 
 def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:
@@ -304,7 +329,8 @@ class Predictor:
         # cycles grows with it; never below 1: the tables ran at the full clock); row() sets self._clock
         cal = p.clock_mhz
         if prediction.clocks and cal is None:
-            prediction.notes.add("the profile records no calibration clock: the point's measured clocks are not used")
+            prediction.notes.add("the profile records no calibration clock (a derived or CPU profile): the SM clocks "
+                                 "asked for are not used")
         self.clock_ratio = ({s: max(cal / mhz, 1.0) ** CLOCK_EXPONENT for s, mhz in prediction.clocks}
                             if prediction.clocks and cal else {})
         self._clock = 1.0

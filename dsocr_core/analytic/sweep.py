@@ -26,6 +26,7 @@ def sweep_columns(spec: ModelSpec, pts: Points, hardware: Hardware | None = None
         cols["predicted.session_mode"] = np.full(pts.size, pred.session_mode)
         cols["predicted.engine"] = np.full(pts.size, pred.engine.label())  # kind and any non-default option
         cols["predicted.routing"] = np.full(pts.size, pred.routing_label())  # uniform (assumed) or observed
+        cols["predicted.clocks"] = np.full(pts.size, pred.clock_label())  # the calibration's, or a what-if clock
         # a CPU profile predicts CPU runs, not a GPU: the kind travels with every row, not only in the label
         cols["predicted.device_kind"] = np.full(pts.size, pred.profile.device.get("kind"))
     return cols

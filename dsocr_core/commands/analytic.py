@@ -51,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--routing", metavar="FILE",
                    help="with --profile: the MoE routing a measured run observed (a routing profile, saved with "
                         "runs RUN --save-routing FILE); default uniform routing (assumed)")
+    p.add_argument("--sm-clock", metavar="MHZ",
+                   help="with --profile: predict every stage at this SM clock (what-if; e.g. about 1,500-1,700 on an "
+                        "H200 at its power cap under large batches); default the calibration's full clock")
     p.add_argument("--work", default="engine", help=argparse.SUPPRESS)  # engine | analytic (see analytic/predict)
     p.add_argument("--overlap", default="row", help=argparse.SUPPRESS)  # row | kernel (see analytic/predict)
     p.set_defaults(func=run)
@@ -119,10 +122,11 @@ def _hardware(name: str):
 def _with_profile(hw, args):
     """The hardware plus the calibration profile's prediction (--profile), or the hardware alone."""
     if not args.profile:
-        if args.routing:
-            raise SpecError("--routing needs --profile: the routing changes the predicted time, not the roofline")
+        for flag, given in (("--routing", args.routing), ("--sm-clock", args.sm_clock)):
+            if given:
+                raise SpecError(f"{flag} needs --profile: it changes the predicted time, not the roofline")
         return hw
-    from ..analytic.predict import with_profile
+    from ..analytic.predict import at_sm_clock, with_profile
     from ..analytic.routing import load_routing
     from ..calibration.profile import load_profile
 
@@ -136,7 +140,17 @@ def _with_profile(hw, args):
         from ..analytic.known_misses import QUICK
 
         print(f"warning: {args.profile} is a quick profile, not a predictor: {QUICK}", file=sys.stderr)
-    return with_profile(hw, profile, engine, work, overlap, routing)
+    clock = None
+    if args.sm_clock is not None:
+        try:
+            clock = float(args.sm_clock)
+        except ValueError:
+            raise SpecError(f"--sm-clock: a number of MHz, got {args.sm_clock!r}") from None
+    hw = with_profile(hw, profile, engine, work, overlap, routing)
+    if clock is not None and profile.clock_mhz is None:
+        raise SpecError(f"--sm-clock: {args.profile} records no calibration clock (a derived or CPU profile), so "
+                        "its tables cannot be moved to another clock")
+    return at_sm_clock(hw, clock)
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -178,7 +192,8 @@ def _print_tables(result: dict, per_module: bool) -> None:
               f"{cap['pages_per_s']:,.2f} pages/s = {cap['pages_per_day']:,.0f} pages/day per GPU, "
               f"memory {cap['memory_bytes'] / 1e9:,.2f} GB ({'fits' if cap['fits'] else 'does NOT fit'}; {MEMORY_SCOPE})")
     if pred:
-        print(f"predicted ({pred['engine_label']} mode, {pred['label']}, routing {pred['routing']}): TTFT "
+        print(f"predicted ({pred['engine_label']} mode, {pred['label']}, routing {pred['routing']}, "
+              f"{pred['clocks']}): TTFT "
               f"{cap['predicted_ttft_s'] * 1e3:,.3f} ms, TPOT {cap['predicted_tpot_s'] * 1e3:,.4f} ms, "
               f"{cap['predicted_pages_per_s']:,.2f} pages/s = {cap['predicted_pages_per_day']:,.0f} pages/day")
         for note in pred["notes"]:
@@ -236,7 +251,8 @@ def run(args) -> int:
         if pred is not None:
             msg["prediction"] = pred.summary()
         print(json.dumps(msg) if args.json else f"wrote {n} points to {path}"
-              + (f" (predicted with {pred.profile.label()}, {pred.engine.label()} engine)" if pred is not None else ""))
+              + (f" (predicted with {pred.profile.label()}, {pred.engine.label()} engine, {pred.clock_label()})"
+                 if pred is not None else ""))
         return 0
     if many:
         raise SpecError("several values given: add --sweep OUT.csv or --sweep OUT.json to evaluate the grid")
