@@ -7,6 +7,7 @@ import pytest
 from dsocr_core.analytic import stage_totals
 from dsocr_core.analytic.models import COLUMNS, model_summary, models_on_pages
 from dsocr_core.analytic.predict import with_profile
+from dsocr_core.calibration.profile import profile_from_dict
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec, Workload
 from dsocr_core.spec_v2 import OCR2Spec
@@ -40,3 +41,19 @@ def test_fast_prediction_of_v2_is_made_in_the_reference_mode_and_says_so():
     modes = long.groupby("model")["predicted_mode"].first()
     assert modes["deepseek-ocr"] == "fast" and modes["deepseek-ocr2"] == "reference"
     assert long["predicted_s"].notna().all()
+
+
+def test_a_what_if_clock_reaches_every_model_and_its_export():
+    """The reference-mode prediction of a model the fast engine does not run keeps the what-if SM clock (and the
+    routing) of the fast one, and every row names both."""
+    from dsocr_core.analytic.predict import at_sm_clock
+
+    raw = _profile().to_dict()
+    raw["environment"] = {"sm_clock_max_mhz": 2000.0}
+    hw = with_profile(H200, profile_from_dict(raw), "fast")
+    full, slow = (models_on_pages([(1024, 1024)], h) for h in (hw, at_sm_clock(hw, 1000.0)))
+    totals = lambda t: t[t["stage"] == "total"].set_index("model")["predicted_s"]  # noqa: E731
+    assert (totals(slow) > totals(full) * (1 + 1e-6)).all()  # both models: DeepSeek-OCR 2 in the reference mode too
+    assert slow["predicted_clocks"].eq("what-if: SM 1,000 MHz in every stage against the calibration's 2,000 MHz"
+                                       ).all()
+    assert full["predicted_routing"].eq("uniform (assumed)").all()

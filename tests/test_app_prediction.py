@@ -414,3 +414,17 @@ def test_what_if_predictions_take_the_sidebars_sm_clock(data):
     assert "records no calibration clock" in sidebar_text(at)
     assert export_frame(open_tab(at, "an_tab", "Download"))["predicted.clocks"].eq(
         "the calibration's full SM clock").all()
+
+
+def test_a_what_if_clock_below_any_gpus_is_refused_in_the_sidebar(data):
+    raw = load_profile(data / "profiles" / "h200.json").to_dict()
+    raw["environment"] = {**(raw.get("environment") or {}), "sm_clock_max_mhz": 1980.0}
+    profile_from_dict(raw).save(data / "profiles" / "h200_clocked.json")
+    at = pick(goto(make_app(), "analytic"), "repo:h200_clocked.json")
+    at.sidebar.number_input(key="sb_sm_clock").set_value(40).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "below any GPU's" in sidebar_text(at)
+    assert export_frame(open_tab(at, "an_tab", "Download"))["predicted.clocks"].eq(
+        "the calibration's full SM clock (1,980 MHz)").all()
+    at.sidebar.number_input(key="sb_sm_clock").set_value(1503).run()
+    assert "what-if SM clock of 1,505 MHz" in plain(page_text(open_tab(at, "an_tab", "Time")))  # as predicted

@@ -286,9 +286,10 @@ def test_a_what_if_clock_prices_every_stage_at_it_and_says_so():
     measured = at_clocks(slow, {"sam": {"mhz": 1800.0, "samples": 4}})
     assert measured.prediction.clock_label().startswith("measured with the point: SM sam 1,800")
     assert not at_clocks(slow, None).prediction.clocks
-    for bad in (0, -1.0, float("nan"), float("inf"), "1500"):
-        with pytest.raises(SpecError, match="positive number of MHz"):
+    for bad in (0, -1.0, 99.0, 5001, float("nan"), float("inf"), "1500", True):
+        with pytest.raises(SpecError, match="a number of MHz from 100 to 5,000"):
             at_sm_clock(hw, bad)
+    assert at_sm_clock(hw, np.int64(1500)).prediction.clocks[0][1] == 1500.0
     # a profile that records no calibration clock cannot move its tables: said in the notes, priced as timed
     bare = at_sm_clock(with_profile(H200, _profile(None), "fast"), 1500.0)
     assert _predicted(bare) == pytest.approx(_predicted(with_profile(H200, _profile(None), "fast")), rel=1e-12)

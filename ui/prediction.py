@@ -7,8 +7,9 @@ $DSOCR_STORE's or `data/`), and an upload. A malformed file is an error naming t
 and the pages fall back to the roofline alone.
 
 The pages' cached functions (ui/resources.py) never take the Profile object as an argument (st.cache_data would
-hash its tables on every call): they take `key(settings)`, the JSON text of (path, file mtime, session mode), and
-build the predicting Hardware inside (`attach`), from a profile loaded once per (path, mtime).
+hash its tables on every call): they take `key(settings)`, the JSON text of (path, file mtime, session mode, routing
+profile path and mtime, what-if SM clock), and build the predicting Hardware inside (`attach`), from a profile loaded
+once per (path, mtime).
 
 Nothing here imports torch (the sidebar is drawn on every page): calibration/profile.py and analytic/predict.py
 need none, and the microbenchmarks are imported by the background job only.
@@ -26,8 +27,8 @@ from pathlib import Path
 import streamlit as st
 
 from dsocr_core.analytic.known_misses import DOC, known_misses
-from dsocr_core.analytic.predict import (UNIFORM_ROUTING, at_sm_clock, prediction_gaps, profile_hardware,
-                                         with_profile)
+from dsocr_core.analytic.predict import (UNIFORM_ROUTING, WHAT_IF_MHZ, at_sm_clock, prediction_gaps,
+                                         profile_hardware, what_if_mhz, with_profile)
 from dsocr_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, load_profile
 from dsocr_core.results.schema import default_path
 from dsocr_core.spec import Hardware
@@ -259,8 +260,8 @@ def note(settings, mode: str | None = None, run: bool = False) -> str:
 def clock_note(choice: ProfileChoice) -> str:
     """What a what-if prediction says about the SM clock it is at."""
     if choice.sm_clock_mhz and choice.clock_mhz:
-        return (f"every stage at a what-if SM clock of {choice.sm_clock_mhz:,.0f} MHz (the kernels' and launches' "
-                f"cycles at the calibration's {choice.clock_mhz:,.0f} MHz over it)")
+        return (f"every stage at a what-if SM clock of {what_if_mhz(choice.sm_clock_mhz):,.0f} MHz (the kernels' and "
+                f"launches' cycles at the calibration's {choice.clock_mhz:,.0f} MHz over it)")
     return "every kernel at the calibration's full SM clock (a GPU at its power cap runs long batches slower)"
 
 
@@ -323,13 +324,17 @@ def _clock_input(side, choice: ProfileChoice) -> float | None:
     if not choice.clock_mhz:
         side.caption("This profile records no calibration clock: its predictions stay at its tables' clock.")
         return None
-    mhz = side.number_input("What-if SM clock (MHz)", min_value=0, max_value=5000, value=0,
+    mhz = side.number_input("What-if SM clock (MHz)", min_value=0, max_value=int(WHAT_IF_MHZ[1]), value=0,
                             step=10, key="sb_sm_clock",
                             help=f"0: the calibration's full clock ({choice.clock_mhz:,.0f} MHz). A GPU at its "
                                  "power cap under large batches runs lower (an H200 about 1,500-1,700 MHz): the "
                                  "what-if predictions then price every kernel's and launch's cycles at this clock "
                                  "(above the full clock: as calibrated). Measured runs are predicted at the clocks "
                                  "they recorded.")
+    if mhz and mhz < WHAT_IF_MHZ[0]:
+        side.error(f"A what-if SM clock of {mhz} MHz is below any GPU's ({WHAT_IF_MHZ[0]:,.0f} MHz at least): "
+                   "predicting at the calibration's full clock.")
+        return None
     return float(mhz) if mhz else None
 
 

@@ -4,6 +4,7 @@ One vectorised sweep per family; the long table lines the families' stages up fo
 family lacks, CLIP or the encoder, has rows for the other family only)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import pandas as pd
@@ -11,11 +12,12 @@ import pandas as pd
 from ..registry import FAMILIES, stage_labels, stage_rank
 from ..spec import Hardware
 from .points import Points
-from .predict import with_profile
+from ..engines import as_engine
 from .sweep import sweep_table
 
 COLUMNS = ("model", "model_label", "page", "mode", "grid", "image_slots", "sequence", "stage", "stage_label",
-           "flops", "bytes", "time_s", "bound", "predicted_s", "predicted_mode")
+           "flops", "bytes", "time_s", "bound", "predicted_s", "predicted_mode", "predicted_routing",
+           "predicted_clocks")
 
 
 def models_on_pages(pages: Sequence[tuple[int, int]], hardware: Hardware | None = None, *, preset: str = "full",
@@ -32,8 +34,10 @@ def models_on_pages(pages: Sequence[tuple[int, int]], hardware: Hardware | None 
     for name in models or tuple(FAMILIES):
         fam = FAMILIES[name]
         hw, mode = hardware, None if pred is None else pred.session_mode
-        if pred is not None and mode == "fast" and not fam.fast_engine:
-            hw, mode = with_profile(hardware, pred.profile, "reference", pred.work, pred.overlap), "reference"
+        if pred is not None and mode == "fast" and not fam.fast_engine:  # the same prediction on the reference
+            # engine: its routing, host speed and clocks kept
+            hw = hardware.model_copy(update={"prediction": replace(pred, engine=as_engine("reference"))})
+            mode = "reference"
         pts = Points.grid(mode=fam.default_mode, images=[tuple(p) for p in pages], text_tokens=[text_tokens],
                           batch=[batch], decode_steps=[decode_steps], dtype=dtype, attn=attn, logits=logits)
         table = sweep_table(fam.preset(preset), pts, hw)
@@ -47,7 +51,9 @@ def models_on_pages(pages: Sequence[tuple[int, int]], hardware: Hardware | None 
                 "model": name, "model_label": fam.label, "page": page, "mode": table["mode"], "grid": grid,
                 "image_slots": table["image_slots"], "sequence": table["sequence"], "stage": stage,
                 "stage_label": labels[stage], "flops": col("flops"), "bytes": col("bytes"), "time_s": col("time_s"),
-                "bound": col("bound"), "predicted_s": col("predicted_s"), "predicted_mode": mode}))
+                "bound": col("bound"), "predicted_s": col("predicted_s"), "predicted_mode": mode,
+                "predicted_routing": None if pred is None else pred.routing_label(),
+                "predicted_clocks": None if pred is None else pred.clock_label()}))
     out = pd.concat(parts, ignore_index=True)
     rank = {"page": {f"{w}x{h}": i for i, (w, h) in enumerate(pages)},  # the pages in the order given
             "stage": {s: (stage_rank(s), s) for s in out["stage"].unique()}}

@@ -31,6 +31,7 @@ gives the size of the difference per stage.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -184,18 +185,27 @@ def at_clocks(hw: ProfiledHardware, stage_clocks: dict | None) -> ProfiledHardwa
                                                        notes=pred.notes)})
 
 
+WHAT_IF_MHZ = (100.0, 5000.0)  # what a what-if SM clock may be: any GPU's clock lies between
+
+
+def what_if_mhz(mhz) -> float | None:
+    """A what-if SM clock as predictions use it (rounded to CLOCK_STEP_MHZ, like a point's), None for None; a
+    SpecError for anything but a number of MHz in WHAT_IF_MHZ."""
+    if mhz is None:
+        return None
+    lo, hi = WHAT_IF_MHZ
+    if isinstance(mhz, bool) or not isinstance(mhz, numbers.Real) or not math.isfinite(mhz) or not lo <= mhz <= hi:
+        raise SpecError(f"a what-if SM clock is a number of MHz from {lo:,.0f} to {hi:,.0f}, got {mhz!r}")
+    return CLOCK_STEP_MHZ * round(float(mhz) / CLOCK_STEP_MHZ)
+
+
 def at_sm_clock(hw: ProfiledHardware, mhz: float | None) -> ProfiledHardware:
     """`hw`'s what-if prediction with every stage at the SM clock `mhz` (None: the calibration's), e.g. the clock a
     GPU holds at its power cap under sustained large batches (an H200: about 1,500-1,700 MHz against 1,980; see
     benchmarks/sustained_load.py). Above the calibration's clock every kernel stays as timed. A measured point's
     prediction takes its own clocks instead (at_clocks), whatever was asked here."""
-    if mhz is None:
-        clocks = None
-    else:
-        if not isinstance(mhz, (int, float)) or not math.isfinite(mhz) or mhz <= 0:
-            raise SpecError(f"a what-if SM clock is a positive number of MHz, got {mhz!r}")
-        step = CLOCK_STEP_MHZ * round(float(mhz) / CLOCK_STEP_MHZ) or CLOCK_STEP_MHZ
-        clocks = tuple((stage, step) for stage in stage_names() if stage != "vision")
+    step = what_if_mhz(mhz)
+    clocks = None if step is None else tuple((stage, step) for stage in stage_names() if stage != "vision")
     pred = hw.prediction
     if pred.clocks == clocks and pred.clocks_what_if == (clocks is not None):
         return hw
