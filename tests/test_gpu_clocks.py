@@ -313,3 +313,24 @@ def test_the_cli_takes_a_what_if_clock(tmp_path, capsys):
     _profile(None).save(bare)
     assert main(["analytic", "--spec", "tiny", "--profile", str(bare), "--sm-clock", "1500"]) == 2
     assert "records no calibration clock" in capsys.readouterr().err
+
+
+def test_a_derived_profiles_points_are_scaled_against_their_gpus_full_clock():
+    """A derived profile's tables stand for the target GPU at its full clock: a measured run's points are predicted
+    at their clocks against that GPU's full clock (the run's environment), and without it not at all."""
+    from dsocr_core.calibration.derive import derive_profile
+
+    prof = derive_profile(_profile(2000.0), "h200", source_hardware="h100-sxm")
+    assert prof.derived and prof.clock_mhz is None
+    recorded = {"prefill": {"mhz": 1000.0, "samples": 3}}
+    bare = at_clocks(with_profile(H200, prof, "fast"), recorded)
+    assert _predicted(bare) == pytest.approx(_predicted(with_profile(H200, prof, "fast")), rel=1e-12)
+    assert any("records no calibration clock" in n for n in bare.prediction.notes)
+    run = at_clocks(with_profile(H200, prof, "fast", gpu_clock_mhz=2000.0), recorded)
+    assert run.prediction.clock_label() == "measured with the point: SM prefill 1,000 MHz against the run's GPU's " \
+                                           "full 2,000 MHz"
+    full, at = _predicted(with_profile(H200, prof, "fast", gpu_clock_mhz=2000.0)), _predicted(run)
+    assert full["prefill"] < at["prefill"] and at["sam"] == pytest.approx(full["sam"], rel=1e-12)
+    # a measured profile keeps its own calibration clock whatever the run's GPU says
+    measured = with_profile(H200, _profile(2000.0), "fast", gpu_clock_mhz=1000.0).prediction
+    assert measured.calibration_clock() == 2000.0

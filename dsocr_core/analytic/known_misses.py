@@ -13,9 +13,10 @@ QUICK = ("its tables are the quick grids (kernel shapes up to 128 wide, a smoke 
          "it does not predict (a GPU profile measured with the full grids does)")
 CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs only (the plans price a GPU's "
        "kernels and launches): its predictions are untested")
-DERIVED = ("it is DERIVED (scaled from another GPU's tables): on 16 held-out H100 sets predicted from the H200's "
-           "profile, TTFT misses by 0.9-4.7% (median), TPOT by 2.8-6.8%, the LM prefill by up to 12%, the projector "
-           "by 9-25% (under); on 8 H200 sets from the H100's, TPOT 4.7-9.1%, the LM prefill up to 23%")
+DERIVED = ("it is DERIVED (scaled from another GPU's tables): on 18 held-out H100 sets predicted from the H200's "
+           "profile, TTFT misses by 0.9-4.7% (median), TPOT by 2.2-6.8%, the LM prefill by up to 12%, the projector "
+           "by 2-26% (under); on 16 H200 sets from the H100's, TPOT 4.5-8.9%, the LM prefill up to 23%; a what-if "
+           "SM clock cannot move its tables (it records no calibration clock)")
 REFERENCE = ("the reference session mode misses the 15% target in its LM prefill and projector, and elsewhere off the "
              "machine its host costs were measured on: it is host-bound at small batches and its host differs "
              "between machines of the same kind by up to 1.5x. On H100 random points (2026-11-27) with that "

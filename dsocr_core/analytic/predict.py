@@ -71,6 +71,9 @@ class Prediction:
     clocks: tuple | None = None
     # the clocks are a what-if (at_sm_clock: every stage at one clock the user chose), not a point's measurement
     clocks_what_if: bool = False
+    # the full SM clock of the GPU a measured run ran on (its environment's maximum): a DERIVED profile's tables
+    # stand for that GPU at its full clock, so its points' clocks are scaled against this (calibration_clock)
+    gpu_clock_mhz: float | None = None
     notes: set = field(default_factory=set, compare=False)  # fallbacks taken (a table missing from the profile)
 
     def __post_init__(self):
@@ -100,15 +103,23 @@ class Prediction:
             return HOST_AS_CALIBRATED
         return f"measured with the point: {', '.join(ratios)} the calibration's host time per op"
 
+    def calibration_clock(self) -> float | None:
+        """The SM clock the tables stand for: the profile's calibration clock; for a derived profile (whose tables
+        are another GPU's, scaled to this one's ceilings) the full clock of the GPU the run ran on, where known."""
+        if self.profile.derived:
+            return self.gpu_clock_mhz
+        return self.profile.clock_mhz
+
     def clock_label(self) -> str:
         """The clocks the prediction is at: the calibration's, or the point's per stage against it."""
-        cal = self.profile.clock_mhz
+        cal = self.calibration_clock()
+        whose = "the run's GPU's full" if self.profile.derived else "the calibration's"
         if not self.clocks or cal is None:
             return CLOCKS_AS_CALIBRATED + (f" ({cal:,.0f} MHz)" if cal else "")
         if self.clocks_what_if:
-            return f"what-if: SM {self.clocks[0][1]:,.0f} MHz in every stage against the calibration's {cal:,.0f} MHz"
+            return f"what-if: SM {self.clocks[0][1]:,.0f} MHz in every stage against {whose} {cal:,.0f} MHz"
         stages = ", ".join(f"{s} {mhz:,.0f}" for s, mhz in self.clocks)
-        return f"measured with the point: SM {stages} MHz against the calibration's {cal:,.0f} MHz"
+        return f"measured with the point: SM {stages} MHz against {whose} {cal:,.0f} MHz"
 
     def summary(self) -> dict:
         """What every export says about the prediction (the profile's label travels with it)."""
@@ -145,11 +156,16 @@ class ProfiledHardware(Hardware):
 
 
 def with_profile(hw: Hardware, profile, engine: "EngineSpec | str" = "reference", work: str = "engine",
-                 overlap: str = "row", routing=None, host_probe_op_s: float | None = None) -> ProfiledHardware:
+                 overlap: str = "row", routing=None, host_probe_op_s: float | None = None,
+                 gpu_clock_mhz: float | None = None) -> ProfiledHardware:
     """`hw` plus a prediction from `profile` for `engine` (an EngineSpec, or a session mode: its default
-    options), under `routing` (None: uniform), at the host speed `host_probe_op_s` (None: the calibration's)."""
+    options), under `routing` (None: uniform), at the host speed `host_probe_op_s` (None: the calibration's), for
+    a measured run on a GPU whose full SM clock is `gpu_clock_mhz` (Prediction.gpu_clock_mhz; None: unknown)."""
+    gpu = float(gpu_clock_mhz) if isinstance(gpu_clock_mhz, numbers.Real) and not isinstance(gpu_clock_mhz, bool) \
+        and math.isfinite(gpu_clock_mhz) and gpu_clock_mhz > 0 else None
     return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, as_engine(engine), work, overlap,
-                                                                     routing, host_probe_op_s))
+                                                                     routing, host_probe_op_s,
+                                                                     gpu_clock_mhz=gpu))
 
 
 def at_host_speed(hw: ProfiledHardware, host_probe_op_s: float | None) -> ProfiledHardware:
@@ -337,10 +353,10 @@ class Predictor:
                                  "adds (the projector's share of it is largest)")
         # per stage: the calibration's SM clock over the one the point ran at, to CLOCK_EXPONENT (time counted in
         # cycles grows with it; never below 1: the tables ran at the full clock); row() sets self._clock
-        cal = p.clock_mhz
+        cal = prediction.calibration_clock()
         if prediction.clocks and cal is None:
-            prediction.notes.add("the profile records no calibration clock (a derived or CPU profile): the SM clocks "
-                                 "asked for are not used")
+            prediction.notes.add("the profile records no calibration clock (a derived profile predicting no measured "
+                                 "run, or a CPU profile): the SM clocks asked for are not used")
         self.clock_ratio = ({s: max(cal / mhz, 1.0) ** CLOCK_EXPONENT for s, mhz in prediction.clocks}
                             if prediction.clocks and cal else {})
         self._clock = 1.0

@@ -110,7 +110,8 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
     engine, _ = run_engine(run)
     routing = observed_routing(run, points, spec)
     base = Hardware(**prediction.model_dump())
-    return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing)
+    gpu_clock = (run.get("environment") or {}).get("sm_clock_max_mhz")  # a derived profile's tables stand for it
+    return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing, gpu_clock_mhz=gpu_clock)
 
 
 def stage_totals_as_measured(spec: ModelSpec, workloads: list[Workload], hw: Hardware,

@@ -92,8 +92,9 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
         raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
     spec = fam.preset(preset)
     engine = entry.get("engine") or engine_before_records(mode)  # the engine the points ran on
+    env = entry.get("measured_environment") or result.get("environment") or {}  # the GPU the points ran on
     hw = with_profile(profile_hardware(profile), profile, engine, settings.get("work", "engine"),
-                      settings.get("overlap", "row"), routing)
+                      settings.get("overlap", "row"), routing, gpu_clock_mhz=env.get("sm_clock_max_mhz"))
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
     preds = predicted_stages(spec, workloads, hw, [p.get("host_probe_op_s") if host_speed else None for p in done],
