@@ -167,16 +167,17 @@ def held_out_workloads(quick: bool, steps: int, dtype: str, logits: str, groups:
 
 def predicted(spec, workload, profile, engine, work: str, overlap: str = "row",
               routing=None, host_probe_op_s: float | None = None, stage_clocks: dict | None = None,
-              ) -> dict[str, float]:
+              gpu_clock_mhz: float | None = None) -> dict[str, float]:
     """Predicted seconds per stage of one workload (ttft = vision + prefill, tpot = decode / steps) on `engine`
     (an EngineSpec, or a session mode: its default options), under `routing` (None: uniform), at the host speed
-    the point was measured at (None: the calibration's)."""
+    the point was measured at (None: the calibration's) and the SM clocks its stages ran at (None: the
+    calibration's), on a GPU of full clock `gpu_clock_mhz` (what a derived profile's tables stand for)."""
     from dsocr_core.analytic.predict import profile_hardware, with_profile
     from dsocr_core.results.prediction_check import predicted_stages
 
     return predicted_stages(spec, [workload], with_profile(profile_hardware(profile), profile, engine, work,
-                                                           overlap, routing), [host_probe_op_s],
-                            [stage_clocks])[0]
+                                                           overlap, routing, gpu_clock_mhz=gpu_clock_mhz),
+                            [host_probe_op_s], [stage_clocks])[0]
 
 
 def measured(store, run_id: str) -> list[dict]:
@@ -386,6 +387,8 @@ def main(argv: list[str] | None = None) -> dict:
 
             routing = observed_routing(store.get_run(run_id), store.points(run_id), spec)
         engine = run_engine(store.get_run(run_id))[0]  # the engine the points ran on, options and all
+        # the full SM clock of the GPU the points ran on: a derived profile's tables stand for it (Prediction)
+        gpu_clock = (store.get_run(run_id).get("environment") or {}).get("sm_clock_max_mhz")
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]
@@ -393,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
                 rows.append({"workload": w.model_dump(mode="json"), "status": rec["status"], "error": {}})
                 continue
             probe, clocks = rec["host_probe_op_s"], rec["stage_clocks"]
-            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing, probe, clocks)
+            pred = predicted(spec, w, profile, engine, args.work, args.overlap, routing, probe, clocks, gpu_clock)
             meas = rec["stages"]
             err = relative_errors(pred, meas)
             row = {"workload": w.model_dump(mode="json"), "status": "done", "measured_s": meas, "predicted_s": pred,
