@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> dict:
             routing = observed_routing(store.get_run(run_id), store.points(run_id), spec)
         engine = run_engine(store.get_run(run_id))[0]  # the engine the points ran on, options and all
         # the full SM clock of the GPU the points ran on: a derived profile's tables stand for it (Prediction)
-        gpu_clock = (store.get_run(run_id).get("environment") or {}).get("sm_clock_max_mhz")
+        env = store.get_run(run_id).get("environment")
+        gpu_clock = env.get("sm_clock_max_mhz") if isinstance(env, dict) else None
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]

@@ -35,8 +35,9 @@ def workload_of(point: dict, decode_steps: int, dtype: str):
                     text_tokens=point["text_tokens"], decode_steps=decode_steps, logits="last", dtype=dtype)
 
 
-def predictions(profile_path: str | None, spec, workload, stage_clocks) -> dict | None:
-    """{"full_clock": {stage: s}, "at_clocks": {stage: s}} of the fast engine's defaults, or None without a profile."""
+def predictions(profile_path: str | None, spec, workload, stage_clocks, gpu_clock_mhz=None) -> dict | None:
+    """{"full_clock": {stage: s}, "at_clocks": {stage: s}} of the fast engine's defaults, or None without a profile
+    (`gpu_clock_mhz`: this GPU's full SM clock, what a derived profile's tables stand for)."""
     if not profile_path:
         return None
     from dsocr_core.calibration.profile import load_profile
@@ -44,7 +45,8 @@ def predictions(profile_path: str | None, spec, workload, stage_clocks) -> dict 
 
     prof = load_profile(profile_path)
     return {"full_clock": predicted(spec, workload, prof, "fast", "engine"),
-            "at_clocks": predicted(spec, workload, prof, "fast", "engine", stage_clocks=stage_clocks)}
+            "at_clocks": predicted(spec, workload, prof, "fast", "engine", stage_clocks=stage_clocks,
+                                   gpu_clock_mhz=gpu_clock_mhz)}
 
 
 def main(argv=None) -> int:
@@ -87,7 +89,8 @@ def main(argv=None) -> int:
             row["stages_s"] = {s: measured.stages[s]["median_s"] for s in stages if s in measured.stages}
             row["stage_clocks"] = measured.stage_clocks
             row["gpu_state"] = measured.gpu_state
-            row["predicted_s"] = predictions(args.profile, session.spec, w, measured.stage_clocks)
+            row["predicted_s"] = predictions(args.profile, session.spec, w, measured.stage_clocks,
+                                             result["environment"].get("sm_clock_max_mhz"))
             cells = []
             for s, t in row["stages_s"].items():
                 clock = (measured.stage_clocks or {}).get("decode" if s == "decode_step" else s) or {}

@@ -334,3 +334,28 @@ def test_a_derived_profiles_points_are_scaled_against_their_gpus_full_clock():
     # a measured profile keeps its own calibration clock whatever the run's GPU says
     measured = with_profile(H200, _profile(2000.0), "fast", gpu_clock_mhz=1000.0).prediction
     assert measured.calibration_clock() == 2000.0
+
+
+def test_a_shipped_runs_gpu_clock_reaches_a_derived_profiles_prediction():
+    """accuracy_errors takes the full SM clock of the GPU a result's points ran on from its measured environment:
+    with a derived profile, seed 82's points whose prefill ran below the full clock are predicted slower than without
+    it, and a clock no GPU has is taken as unknown."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from dsocr_core.calibration.derive import derive_profile
+    from dsocr_core.calibration.profile import load_profile
+    from dsocr_core.results.prediction_check import accuracy_errors
+
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "docs" / "results" / "h200_prediction_accuracy_random82_fast_2026-11-28.json"
+                         ).read_text())
+    assert result["modes"]["fast"]["measured_environment"]["sm_clock_max_mhz"] == 1980.0
+    prof = derive_profile(load_profile(root / "data" / "profiles" / "h100.json"), "h200")
+    with_clock = accuracy_errors(result, prof, "fast")
+    bare = copy.deepcopy(result)
+    bare["modes"]["fast"]["measured_environment"]["sm_clock_max_mhz"] = 19_800_000  # a unit mix-up: unknown
+    without = accuracy_errors(bare, prof, "fast")
+    pairs = [(a["predicted_s"]["prefill"], b["predicted_s"]["prefill"]) for a, b in zip(with_clock, without)]
+    assert all(a >= b for a, b in pairs) and sum(a > b * 1.02 for a, b in pairs) >= 4  # the points at low clocks

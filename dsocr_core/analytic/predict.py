@@ -106,8 +106,8 @@ class Prediction:
     def calibration_clock(self) -> float | None:
         """The SM clock the tables stand for: the profile's calibration clock; for a derived profile (whose tables
         are another GPU's, scaled to this one's ceilings) the full clock of the GPU the run ran on, where known."""
-        if self.profile.derived:
-            return self.gpu_clock_mhz
+        if self.profile.derived:  # a what-if clock cannot move them: nothing says which clock they stand for
+            return None if self.clocks_what_if else self.gpu_clock_mhz
         return self.profile.clock_mhz
 
     def clock_label(self) -> str:
@@ -115,7 +115,7 @@ class Prediction:
         cal = self.calibration_clock()
         whose = "the run's GPU's full" if self.profile.derived else "the calibration's"
         if not self.clocks or cal is None:
-            return CLOCKS_AS_CALIBRATED + (f" ({cal:,.0f} MHz)" if cal else "")
+            return CLOCKS_AS_CALIBRATED + (f" ({cal:,.0f} MHz)" if cal and not self.profile.derived else "")
         if self.clocks_what_if:
             return f"what-if: SM {self.clocks[0][1]:,.0f} MHz in every stage against {whose} {cal:,.0f} MHz"
         stages = ", ".join(f"{s} {mhz:,.0f}" for s, mhz in self.clocks)
@@ -161,8 +161,10 @@ def with_profile(hw: Hardware, profile, engine: "EngineSpec | str" = "reference"
     """`hw` plus a prediction from `profile` for `engine` (an EngineSpec, or a session mode: its default
     options), under `routing` (None: uniform), at the host speed `host_probe_op_s` (None: the calibration's), for
     a measured run on a GPU whose full SM clock is `gpu_clock_mhz` (Prediction.gpu_clock_mhz; None: unknown)."""
-    gpu = float(gpu_clock_mhz) if isinstance(gpu_clock_mhz, numbers.Real) and not isinstance(gpu_clock_mhz, bool) \
-        and math.isfinite(gpu_clock_mhz) and gpu_clock_mhz > 0 else None
+    try:  # anything but a clock any GPU could have (a unit mix-up, a string) is unknown, not a huge ratio
+        gpu = what_if_mhz(gpu_clock_mhz)
+    except SpecError:
+        gpu = None
     return ProfiledHardware(**hw.model_dump(), prediction=Prediction(profile, as_engine(engine), work, overlap,
                                                                      routing, host_probe_op_s,
                                                                      gpu_clock_mhz=gpu))
@@ -355,8 +357,8 @@ class Predictor:
         # cycles grows with it; never below 1: the tables ran at the full clock); row() sets self._clock
         cal = prediction.calibration_clock()
         if prediction.clocks and cal is None:
-            prediction.notes.add("the profile records no calibration clock (a derived profile predicting no measured "
-                                 "run, or a CPU profile): the SM clocks asked for are not used")
+            prediction.notes.add("the profile records no calibration clock (a CPU profile, or a derived one for a run "
+                                 "that recorded no full SM clock, or a what-if): the SM clocks asked for are not used")
         self.clock_ratio = ({s: max(cal / mhz, 1.0) ** CLOCK_EXPONENT for s, mhz in prediction.clocks}
                             if prediction.clocks and cal else {})
         self._clock = 1.0

@@ -110,7 +110,9 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
     engine, _ = run_engine(run)
     routing = observed_routing(run, points, spec)
     base = Hardware(**prediction.model_dump())
-    gpu_clock = (run.get("environment") or {}).get("sm_clock_max_mhz")  # a derived profile's tables stand for it
+    env = run.get("environment")
+    gpu_clock = env.get("sm_clock_max_mhz") if isinstance(env, dict) else None  # a derived profile's tables stand
+    # for that GPU at its full clock
     return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing, gpu_clock_mhz=gpu_clock)
 
 

@@ -92,9 +92,10 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
         raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
     spec = fam.preset(preset)
     engine = entry.get("engine") or engine_before_records(mode)  # the engine the points ran on
-    env = entry.get("measured_environment") or result.get("environment") or {}  # the GPU the points ran on
+    env = entry.get("measured_environment")  # the GPU the points ran on (not the machine that predicted them)
+    gpu_clock = env.get("sm_clock_max_mhz") if isinstance(env, dict) else None
     hw = with_profile(profile_hardware(profile), profile, engine, settings.get("work", "engine"),
-                      settings.get("overlap", "row"), routing, gpu_clock_mhz=env.get("sm_clock_max_mhz"))
+                      settings.get("overlap", "row"), routing, gpu_clock_mhz=gpu_clock)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
     workloads = [Workload(**p["workload"]) for p in done]
     preds = predicted_stages(spec, workloads, hw, [p.get("host_probe_op_s") if host_speed else None for p in done],
