@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sustained_load import exponent_of  # noqa: E402 - this folder is on sys.path as a script
+
 GROUP_MS = 5.0  # steps are grouped so that about one clock reading (every 5 ms) falls in each group
 FULL_CLOCK_SHARE = 0.99  # a reading at 99% of the GPU's maximum clock or more is the full clock
 
@@ -102,9 +104,6 @@ def clock_summary(runs: list[dict], full_mhz: float | None, bucket: int) -> dict
         ref = full(run["context_first"] + g["first"] + g["steps"] / 2, bucket_of(run, g, bucket))
         return None if not ref else g["step_ms"] / ref
 
-    def exponent(r, mhz):
-        return math.log(r) / math.log(full_mhz / mhz) if full_mhz / mhz > 1.01 else None
-
     compared = [(run, g, ratio(run, g)) for run, g in seen]
     compared = [(run, g, r) for run, g, r in compared if r is not None]
     bins = []
@@ -114,14 +113,14 @@ def clock_summary(runs: list[dict], full_mhz: float | None, bucket: int) -> dict
             mhz = statistics.median(g["mhz"] for g, _ in inside)
             r = statistics.median(r for _, r in inside)
             bins.append({"from_mhz": lo, "to_mhz": min(hi, 1e5), "groups": len(inside), "mhz": mhz, "vs_full": r,
-                         "exponent": exponent(r, mhz)})
+                         "exponent": exponent_of(r, full_mhz, mhz)})
     firsts = []
     for run in runs:
         g = run["groups"][0] if run["burst_ms"] > 0 and run["groups"] else None
         r = ratio(run, g) if g and g["mhz"] else None
         if r is not None:
             firsts.append({"burst_ms": run["burst_ms"], "mhz": g["mhz"], "vs_full": r,
-                           "exponent": exponent(r, g["mhz"])})
+                           "exponent": exponent_of(r, full_mhz, g["mhz"])})
     return {"full_clock_mhz": full_mhz, "bucket": bucket, "compared_groups": len(compared),
             "left_out_groups": len(seen) - len(compared), "bins": bins, "first_groups": firsts}
 
@@ -243,9 +242,7 @@ def main(argv=None) -> int:
         if firsts:
             r = statistics.median(f["vs_full"] for f in firsts)
             mhz = statistics.median(f["mhz"] for f in firsts)
-            top = s["full_clock_mhz"]
-            lines.append(("first after burst", len(firsts), mhz, r, math.log(r) / math.log(top / mhz)
-                          if top and top / mhz > 1.01 else None))
+            lines.append(("first after burst", len(firsts), mhz, r, exponent_of(r, s["full_clock_mhz"], mhz)))
         for label, n, mhz, r, exp in lines:
             exp_text = f"{exp:8.2f}" if exp is not None else "       -"
             print(f"{row['batch']:>5} {label:>17} @{mhz:5.0f} {n:>6} {r:7.3f} {exp_text}")

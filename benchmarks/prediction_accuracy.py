@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsocr_core.engines import SESSION_MODES, run_engine  # noqa: E402
 from dsocr_core.measure import order_check as order_checks  # noqa: E402
+from dsocr_core.measure.environment import full_sm_clock_mhz  # noqa: E402
 from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes  # noqa: E402
 from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
@@ -388,8 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
             routing = observed_routing(store.get_run(run_id), store.points(run_id), spec)
         engine = run_engine(store.get_run(run_id))[0]  # the engine the points ran on, options and all
         # the full SM clock of the GPU the points ran on: a derived profile's tables stand for it (Prediction)
-        env = store.get_run(run_id).get("environment")
-        gpu_clock = env.get("sm_clock_max_mhz") if isinstance(env, dict) else None
+        gpu_clock = full_sm_clock_mhz(store.get_run(run_id).get("environment"))
         rows = []
         for rec in measured(store, run_id):
             w = rec["workload"]

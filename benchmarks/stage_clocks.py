@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     except (argparse.ArgumentTypeError, SpecError, ValueError) as exc:
         ap.error(str(exc))
 
-    from dsocr_core.measure.environment import capture_environment
+    from dsocr_core.measure.environment import capture_environment, full_sm_clock_mhz
     from dsocr_core.measure.sweep import failure, measure_point
     from dsocr_core.registry import get_family
     from dsocr_core.runtime.session import Session
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
             row["stage_clocks"] = measured.stage_clocks
             row["gpu_state"] = measured.gpu_state
             row["predicted_s"] = predictions(args.profile, session.spec, w, measured.stage_clocks,
-                                             result["environment"].get("sm_clock_max_mhz"))
+                                             full_sm_clock_mhz(result["environment"]))
             cells = []
             for s, t in row["stages_s"].items():
                 clock = (measured.stage_clocks or {}).get("decode" if s == "decode_step" else s) or {}

@@ -144,6 +144,14 @@ def clocks_in_windows(samples, start_host: float, rows: list[dict]) -> None:
         row["slowdowns"] = sorted({r for s in inside for r in slowdowns(s)})
 
 
+def exponent_of(slowdown: float, full_mhz: float | None, mhz: float | None, least_fall: float = 1.01) -> float | None:
+    """x in slowdown = (full_mhz / mhz) ** x: how closely a time follows the clock; None where the clock fell by
+    less than `least_fall` (or either clock is unknown), too little to tell."""
+    if not full_mhz or not mhz or full_mhz / mhz <= least_fall:
+        return None
+    return math.log(slowdown) / math.log(full_mhz / mhz)
+
+
 def clock_exponents(rows: list[dict], full_mhz: float | None) -> None:
     """Adds each window's `clock_exponent`: op time grows as (full clock / clock) ** exponent, against the fastest
     window of the first 20 ms (before any clock could fall), for windows from 50 ms on whose clock fell by more than
@@ -151,19 +159,18 @@ def clock_exponents(rows: list[dict], full_mhz: float | None) -> None:
     cool = [r["throughput"] for r in rows if r["to_ms"] <= 20]
     best = max(cool) if cool else rows[0]["throughput"]
     for row in rows:
-        mhz = row.get("sm_clock_mhz")
-        fell = bool(full_mhz and mhz and row["from_ms"] >= 50 and full_mhz / mhz > 1.02)
-        row["clock_exponent"] = math.log(best / row["throughput"]) / math.log(full_mhz / mhz) if fell else None
+        late = row["from_ms"] >= 50
+        row["clock_exponent"] = exponent_of(best / row["throughput"], full_mhz, row.get("sm_clock_mhz"), 1.02) \
+            if late else None
 
 
 def torch_max_clock(device) -> float | None:
     """The GPU's maximum SM clock (MHz) as the environment records it (None on a CPU)."""
     if device.type != "cuda":
         return None
-    from dsocr_core.measure.environment import capture_environment
+    from dsocr_core.measure.environment import capture_environment, full_sm_clock_mhz
 
-    v = capture_environment(str(device)).get("sm_clock_max_mhz")
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+    return full_sm_clock_mhz(capture_environment(str(device)))
 
 
 def sustained(kind: str, size: int, seconds: float, idle_s: float, device, dtype) -> dict:

@@ -188,18 +188,29 @@ def at_clocks(hw: ProfiledHardware, stage_clocks: dict | None) -> ProfiledHardwa
     """`hw`'s prediction at the SM clocks a measured point recorded per stage ({stage: {"mhz", "samples"}},
     runtime/gpu_clocks.clocks_by_stage; None: the calibration's clock). A stage no reading fell in takes the clock
     of the stage that ran before it (in registry.stage_rank's order: a store keeps the dict sorted by name): it is
-    a short stage, and the clock moves over tens of milliseconds. Notes are shared as in at_host_speed."""
+    a short stage, and the clock moves over tens of milliseconds."""
     pairs, last = [], None
     for stage, rec in sorted((stage_clocks or {}).items(), key=lambda kv: (stage_rank(kv[0]), kv[0])):
         mhz = (rec or {}).get("mhz") if isinstance(rec, dict) else None
         last = mhz if isinstance(mhz, (int, float)) and mhz > 0 else last
         if last is not None:
-            pairs.append((stage, CLOCK_STEP_MHZ * round(float(last) / CLOCK_STEP_MHZ)))
-    clocks = tuple(pairs) or None
+            pairs.append((stage, _rounded_clock(last)))
+    return _with_clocks(hw, tuple(pairs) or None, what_if=False)
+
+
+def _rounded_clock(mhz: float) -> float:
+    """A clock as predictions use it: to CLOCK_STEP_MHZ, so that the points of a run share a few predictions."""
+    return CLOCK_STEP_MHZ * round(float(mhz) / CLOCK_STEP_MHZ)
+
+
+def _with_clocks(hw: ProfiledHardware, clocks: tuple | None, what_if: bool) -> ProfiledHardware:
+    """`hw`'s prediction at `clocks` ((stage, MHz), ...), a what-if or a point's; `hw` itself where it already is.
+    Notes are shared as in at_host_speed."""
+    what_if = what_if and clocks is not None
     pred = hw.prediction
-    if pred.clocks == clocks and not pred.clocks_what_if:
+    if pred.clocks == clocks and pred.clocks_what_if == what_if:
         return hw
-    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, clocks_what_if=False,
+    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, clocks_what_if=what_if,
                                                        notes=pred.notes)})
 
 
@@ -214,7 +225,7 @@ def what_if_mhz(mhz) -> float | None:
     lo, hi = WHAT_IF_MHZ
     if isinstance(mhz, bool) or not isinstance(mhz, numbers.Real) or not math.isfinite(mhz) or not lo <= mhz <= hi:
         raise SpecError(f"a what-if SM clock is a number of MHz from {lo:,.0f} to {hi:,.0f}, got {mhz!r}")
-    return CLOCK_STEP_MHZ * round(float(mhz) / CLOCK_STEP_MHZ)
+    return _rounded_clock(mhz)
 
 
 def at_sm_clock(hw: ProfiledHardware, mhz: float | None) -> ProfiledHardware:
@@ -224,11 +235,7 @@ def at_sm_clock(hw: ProfiledHardware, mhz: float | None) -> ProfiledHardware:
     prediction takes its own clocks instead (at_clocks), whatever was asked here."""
     step = what_if_mhz(mhz)
     clocks = None if step is None else tuple((stage, step) for stage in stage_names() if stage != "vision")
-    pred = hw.prediction
-    if pred.clocks == clocks and pred.clocks_what_if == (clocks is not None):
-        return hw
-    return hw.model_copy(update={"prediction": replace(pred, clocks=clocks, clocks_what_if=clocks is not None,
-                                                       notes=pred.notes)})
+    return _with_clocks(hw, clocks, what_if=True)
 
 
 def profile_hardware(profile, memory_gb: float | None = None) -> Hardware:

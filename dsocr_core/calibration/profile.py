@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from .. import jsonfile
+from ..measure.environment import full_sm_clock_mhz
 from ..spec import DTYPE_BYTES, SpecError
 from .schema import HOST_KINDS, ProfileModel, TableModel, first_problem
 
@@ -321,10 +322,7 @@ class Profile:
         """The SM clock the tables were timed at: the calibration GPU's full clock (its environment's maximum SM
         clock; the tables are short replays, which run there: benchmarks/sustained_load.py). None where it was
         not recorded (a CPU) and for a derived profile (its tables are another GPU's, scaled)."""
-        if self.derived:
-            return None
-        v = (self.raw.get("environment") or {}).get("sm_clock_max_mhz")  # not the clock at capture: an idle GPU's is
-        return float(v) if isinstance(v, (int, float)) and v > 0 else None  # a few hundred MHz
+        return None if self.derived else full_sm_clock_mhz(self.raw.get("environment"))
 
     @property
     def host_stage_costs(self) -> dict[str, float]:

@@ -146,11 +146,11 @@ def _with_profile(hw, args):
             clock = float(args.sm_clock)
         except ValueError:
             raise SpecError(f"--sm-clock: a number of MHz, got {args.sm_clock!r}") from None
-    hw = with_profile(hw, profile, engine, work, overlap, routing)
-    if clock is not None and profile.clock_mhz is None:
+    hw = at_sm_clock(with_profile(hw, profile, engine, work, overlap, routing), clock)
+    if clock is not None and hw.prediction.calibration_clock() is None:
         raise SpecError(f"--sm-clock: {args.profile} records no calibration clock (a derived or CPU profile), so "
                         "its tables cannot be moved to another clock")
-    return at_sm_clock(hw, clock)
+    return hw
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -183,6 +183,14 @@ def _clock_facts(env: dict, missing: dict) -> None:
             missing[field] = why
 
 
+def full_sm_clock_mhz(environment) -> float | None:
+    """The maximum SM clock (MHz) an environment record names (capture_environment's sm_clock_max_mhz: the clock a
+    GPU's short kernel replays run at, not the idle clock at capture), or None where it names none (a CPU, a record
+    older than the field, anything but a mapping holding a positive number)."""
+    v = environment.get("sm_clock_max_mhz") if isinstance(environment, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
 def parse_nvidia_smi_csv(text: str) -> list[dict[str, Any]]:
     """Rows of `nvidia-smi --query-gpu=<_SMI_QUERY fields> --format=csv,noheader,nounits` as dicts of our names.
     "[N/A]" / "N/A" / "[Not Supported]" become None; clocks and power become floats."""

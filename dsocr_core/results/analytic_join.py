@@ -20,6 +20,7 @@ from ..analytic.predict import at_clocks, at_host_speed
 from ..analytic.routing import Routing, calls_of_record, routing_from_calls
 from ..engines import run_engine
 from ..hardware import run_ceilings
+from ..measure.environment import full_sm_clock_mhz
 from ..registry import mode_info
 from ..spec import Hardware, ModelSpec, Workload
 from .runs import run_spec
@@ -110,10 +111,8 @@ def run_prediction(run: dict, points: pd.DataFrame, prediction: Hardware, spec: 
     engine, _ = run_engine(run)
     routing = observed_routing(run, points, spec)
     base = Hardware(**prediction.model_dump())
-    env = run.get("environment")
-    gpu_clock = env.get("sm_clock_max_mhz") if isinstance(env, dict) else None  # a derived profile's tables stand
-    # for that GPU at its full clock
-    return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing, gpu_clock_mhz=gpu_clock)
+    return with_profile(base, pred.profile, engine, pred.work, pred.overlap, routing,  # a derived profile's tables
+                        gpu_clock_mhz=full_sm_clock_mhz(run.get("environment")))  # stand for that GPU's full clock
 
 
 def stage_totals_as_measured(spec: ModelSpec, workloads: list[Workload], hw: Hardware,

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..analytic.routing import routing_from_dict
 from ..engines import engine_before_records
+from ..measure.environment import full_sm_clock_mhz
 from ..registry import family_of, get_family, stage_names
 from ..spec import Hardware, ModelSpec, SpecError, Workload
 from .analytic_join import compare_run, stage_totals_as_measured, workload_stage_totals
@@ -92,8 +93,8 @@ def accuracy_errors(result: Mapping[str, Any], profile, mode: str, routing=None,
         raise SpecError(f"settings.synthetic must be one of {', '.join(fam.presets)}, got {preset!r}")
     spec = fam.preset(preset)
     engine = entry.get("engine") or engine_before_records(mode)  # the engine the points ran on
-    env = entry.get("measured_environment")  # the GPU the points ran on (not the machine that predicted them)
-    gpu_clock = env.get("sm_clock_max_mhz") if isinstance(env, dict) else None
+    # the GPU the points ran on (not the machine that predicted them)
+    gpu_clock = full_sm_clock_mhz(entry.get("measured_environment"))
     hw = with_profile(profile_hardware(profile), profile, engine, settings.get("work", "engine"),
                       settings.get("overlap", "row"), routing, gpu_clock_mhz=gpu_clock)
     done = [p for p in entry.get("points", []) if p.get("status") == "done"]
