@@ -5,7 +5,10 @@ side by side on the GPU this runs on:
             order, two CUTLASS grouped GEMMs, the rows gathered back: about 23 kernels per MoE layer
   triton    fast/triton_kernels.route_rows + moe_gemv: a routing kernel, then one program per (expert, block of
             output rows) over every token that chose the expert, straight from the routing ids: 3 kernels and the
-            combine, each touched expert's weights read once
+            combine, each touched expert's weights read once (expert_fusion 'separate', the engine until 2026-11-28)
+  fused     the same experts with route_hidden (the routing kernel computes the router logits) and the weighted
+            combine + residual in the down kernel's last programs: 3 kernels a MoE layer after the norm, where
+            'triton' runs 5 (the engine's default since 2026-11-28, expert_fusion 'fused')
 
 For each batch: the graphed step's median time (what a serving stack's step costs), the kernels per step and their
 device time (torch.profiler, graphs off), and the Triton path's teacher-forced token parity with the reference
@@ -41,7 +44,9 @@ from dsocr_core.spec import ModelSpec, tiny_spec  # noqa: E402
 
 NGRAM = 20
 # the engine each variant runs (the plan the time model prices for it)
-ENGINES = {"grouped": {"moe": "grouped"}, "triton": {"moe": "triton"}, "gather": {"moe": "gather"}}
+ENGINES = {"grouped": {"moe": "grouped"}, "triton": {"moe": "triton", "expert_fusion": "separate"},
+           "fused": {"moe": "triton", "expert_fusion": "fused"}, "gather": {"moe": "gather"}}
+TRITON_VARIANTS = ("triton", "fused")
 
 
 def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path: str | None = None,
@@ -122,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny spec, few steps (smoke test, any device)")
     ap.add_argument("--batches", default="2,4,8,16,32,64")
     ap.add_argument("--steps", type=int, default=48, help="graphed steps timed per batch and variant")
-    ap.add_argument("--variants", default=None, help="comma list of grouped, triton, gather (default: grouped,"
-                    "triton on a GPU; grouped,gather on a CPU)")
+    ap.add_argument("--variants", default=None, help="comma list of grouped, triton, fused, gather (default: "
+                    "grouped,triton,fused on a GPU; grouped,gather on a CPU)")
     ap.add_argument("--blocks", default=f"{triton_kernels.MOE_BLOCK_N}x{triton_kernels.MOE_BLOCK_K}",
                     help="Triton (rows x reduction) blocks to try, e.g. 16x256,32x128 (default: the engine's)")
     ap.add_argument("--profile-batches", default="8")
@@ -135,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    variants = (args.variants or ("grouped,triton" if cuda else "grouped,gather")).split(",")
-    if "triton" in variants and not (cuda and triton_kernels.HAS_TRITON):
-        ap.error("the triton variant needs a CUDA device and Triton")
+    variants = (args.variants or ("grouped,triton,fused" if cuda else "grouped,gather")).split(",")
+    unknown = sorted(set(variants) - set(ENGINES))
+    if unknown:
+        ap.error(f"unknown variants {unknown}: choose from {', '.join(ENGINES)}")
+    if set(variants) & set(TRITON_VARIANTS) and not (cuda and triton_kernels.HAS_TRITON):
+        ap.error("the triton and fused variants need a CUDA device and Triton")
     if args.quick:
         args.steps = min(args.steps, 4)
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:18s} b{b:<3d} {times[str(b)]:8.3f} ms/step", flush=True)
             if str(b) in args.profile_batches.split(","):
                 out["kernels"].setdefault(name, {})[str(b)] = kernels_per_step(ref.with_mode(
-                    "fast", moe=variant, graphs=False), inputs)
+                    "fast", **ENGINES[variant], graphs=False), inputs)
             if variant != "grouped" and block in (None, blocks[0]) and str(b) in args.parity_batches.split(","):
                 par = compare(ref, session, inputs, args.parity_steps, NGRAM)
                 tf = par.get("teacher_forced", {})

@@ -77,10 +77,10 @@ def test_resolution_on_the_cpu_is_the_engines(tiny_model):
         got = FastEngine(tiny_model, **opts).describe()
         r = EngineSpec.of("fast", opts).validated().resolved("cpu")
         assert (r.graphs, r.compile, r.compile_vision, r.compile_prefill, r.fused, r.attention, r.bucket,
-                r.graph_steps, r.clip_packed, r.sam_attention, r.moe_rows) == (
+                r.graph_steps, r.clip_packed, r.sam_attention, r.moe_rows, r.expert_fusion) == (
             got["cuda_graphs"], got["compile"], got["compile_vision"], got["compile_prefill"], got["fused_decode_b1"],
             got["attention"], got["bucket"], got["graph_steps"], got["clip_packed"], got["sam_attention"],
-            got["moe_rows"])
+            got["moe_rows"], got["expert_fusion"])
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +181,17 @@ def test_the_plan_takes_the_engines_decode_path_at_every_batch():
         "predicted_launch_s"][0]
     moe_layers = spec.num_hidden_layers - spec.first_k_dense_replace
     # per MoE layer, besides the router GEMM both run: 2 grouped GEMMs + moe_rows' 7 (memset, counts, offsets,
-    # places, copy, SwiGLU, combine) + 12 routing kernels + the gate row's 3 against 2 expert launches + 1 combine
-    # + 2 routing kernels (the router GEMM's split-K reduction, the routing kernel)
-    assert grouped - by_expert == pytest.approx(4 * moe_layers * (24 - 5))
+    # places, copy, SwiGLU, combine) + 12 routing kernels + the gate row's 3 against 2 expert launches (the combine
+    # in the down kernel's last programs) and the routing kernel that computes the logits (the router GEMM's place)
+    assert grouped - by_expert == pytest.approx(4 * moe_layers * (24 - 2))
     torch_rows = _stages(EngineSpec.of("fast", {"gather_max_rows": 8, "moe_rows": "torch"}), pts,
                          graph_kernel_s=1.0)["decode"]["predicted_launch_s"][0]
-    assert torch_rows - by_expert == pytest.approx(4 * moe_layers * (22 - 5))  # 17 Inductor kernels instead
+    assert torch_rows - by_expert == pytest.approx(4 * moe_layers * (22 - 2))  # 17 Inductor kernels instead
+    # expert_fusion 'separate' (every run before 2026-11-28): + the router GEMM's reduction, the routing kernel
+    # beside the GEMM and the combine, 3 launches a MoE layer more
+    separate = _stages(EngineSpec.of("fast", {"expert_fusion": "separate"}), pts, graph_kernel_s=1.0)["decode"][
+        "predicted_launch_s"][0]
+    assert separate - by_expert == pytest.approx(4 * moe_layers * 3)
 
 
 def test_clip_mlp_sam_block_lm_attention_and_projector_kernels_get_no_overlap_credit(monkeypatch):
@@ -286,6 +291,7 @@ def test_results_without_an_engine_record_are_predicted_on_the_engine_of_their_t
     old = engine_before_records("fast")
     assert old.options["gather_max_rows"] == 8
     assert old.options["projector_layout"] == "per_image" and old.options["moe_rows"] == "torch"
+    assert old.options["expert_fusion"] == "separate"
     assert list(old.kernel_plan("cuda").decode_paths(np.array([1, 8]), ModelSpec())) == ["fused", "grouped"]
     assert engine_before_records("reference") == EngineSpec.of("reference")
 
@@ -323,11 +329,21 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     # moe_rows: every description stored before it ran Inductor's rows ('torch'), with either layout
     assert FastOptions.from_stored(old)["moe_rows"] == "torch"
     with_layout = {**old, "projector_layout": "gather"}
-    assert FastOptions.from_stored(with_layout) == {**with_layout, "moe_rows": "torch"}
+    assert FastOptions.from_stored(with_layout) == {**with_layout, "moe_rows": "torch", "expert_fusion": "separate"}
     assert EngineSpec.from_dict(stored).options["moe_rows"] == "auto"  # written with it (only the layout removed)
     del stored["options"]["moe_rows"]
     assert EngineSpec.from_dict(stored).options["moe_rows"] == "torch"
     assert EngineSpec.from_dict(fresh).options["moe_rows"] == "auto"  # written with it: kept
+    # expert_fusion: every description stored before it ran the router GEMM and the combine separately
+    assert FastOptions.from_stored(old)["expert_fusion"] == "separate"
+    assert EngineSpec.from_dict(stored).options["expert_fusion"] == "auto"  # written with it
+    del stored["options"]["expert_fusion"]
+    assert EngineSpec.from_dict(stored).options["expert_fusion"] == "separate"
+    assert EngineSpec.from_dict(fresh).options["expert_fusion"] == "auto"
+    assert EngineSpec.of("fast").validated().resolved("cuda").expert_fusion == "fused"
+    assert EngineSpec.of("fast").validated().resolved("cpu").expert_fusion == "separate"
+    with pytest.raises(SpecError, match="expert_fusion"):
+        EngineSpec.of("fast", {"expert_fusion": "fused"}).kernel_plan("cpu")
 
 
 def test_the_projector_layout_reaches_the_plan():

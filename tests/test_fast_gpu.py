@@ -134,6 +134,43 @@ def test_routing_kernel_and_by_expert_kernels_equal_the_torch_moe(tokens):
     assert float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
 
 
+@pytest.mark.parametrize("tokens", [2, 8, 33, 64])
+def test_fused_routing_and_combine_equal_the_torch_moe(tokens):
+    """expert_fusion='fused' (the engine's default on a GPU): route_hidden computes the float32 router logits
+    itself, and the down kernel's last program of each block combines the slots and adds the residual. Against
+    the torch router and the separate kernels + torch combine: the same expert ids, weights to float32 rounding, the
+    combined rows to bf16 rounding; replayed from a CUDA graph three times, the same bits (the arrival counters
+    reset themselves)."""
+    from dsocr_core.fast.moe import combine, route, with_shared
+    from dsocr_core.fast.triton_kernels import moe_gemv, route_hidden
+
+    gen = torch.Generator(device="cuda").manual_seed(100 + tokens)
+    rnd = lambda *shape, s: torch.randn(*shape, device="cuda", generator=gen) * s  # noqa: E731
+    experts, hidden, inner = 64, 1280, 896
+    w13 = rnd(experts + 2, 2 * inner, hidden, s=0.03).bfloat16()
+    w2 = rnd(experts + 2, hidden, inner, s=0.03).bfloat16()
+    gate, h, x = rnd(experts, hidden, s=0.03), rnd(tokens, hidden, s=1.0).bfloat16(), rnd(tokens, hidden, s=1.0)
+    x = x.bfloat16()
+    want_w, want_ids = with_shared(*route(h, gate, 6, False, 1.0), experts, 2)
+    w, ids = route_hidden(h, gate, 6, 2, False, 1.0)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)
+    want = (x + combine(moe_gemv(h, ids, w13, w2), w)).float()
+    got = moe_gemv(h, ids, w13, w2, w, x).float()
+    assert float((got - want).abs().max()) <= 0.01 * float(want.abs().max())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gw, gids = route_hidden(h, gate, 6, 2, False, 1.0)
+        gout = moe_gemv(h, gids, w13, w2, gw, x)
+    runs = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        runs.append(gout.clone())
+    assert all(torch.equal(r, runs[0]) for r in runs) and torch.equal(gids, ids)
+    assert torch.equal(runs[0].float(), got)
+
+
 def test_early_loads_under_programmatic_dependent_launch_change_no_bit(sessions):
     """The fused kernels load their weights, and after the q/k/v and routed gate/up kernels' late launch also the
     position, earlier steps' cache slots and the chosen experts, before waiting for the previous kernel

@@ -106,6 +106,25 @@ out["moe_b3_step_max_abs_diff"] = float((by_expert.decode_step(tok3, q1.cache)
 out["moe_b3_impl"] = by_expert.engine._states[3].moe_impl
 out["moe_b3_triton"] = by_expert.generate(few_b3, max_new_tokens=6, no_repeat_ngram_size=0).generated_ids
 out["moe_b3_gather"] = torch_moe.generate(few_b3, max_new_tokens=6, no_repeat_ngram_size=0).generated_ids
+# the same with the routing kernel computing the logits and the combine + residual in the down kernel
+fused_moe = ref.with_mode("fast", bucket=32, moe="triton", expert_fusion="fused")
+q3 = fused_moe.prefill(few_b3, room=4)
+q2 = torch_moe.prefill(few_b3, room=4)
+out["fused_moe_b3_step_max_abs_diff"] = float((fused_moe.decode_step(tok3, q3.cache)
+                                               - torch_moe.decode_step(tok3, q2.cache)).abs().max())
+out["fused_moe_b3_fusion"] = fused_moe.describe()["engine"]["expert_fusion"]
+out["fused_moe_b3"] = fused_moe.generate(few_b3, max_new_tokens=6, no_repeat_ngram_size=0).generated_ids
+# the kernels alone, against torch at batch 5: the routing from the normalised rows, the combine + residual
+from dsocr_core.fast import moe as torch_moe_ops, triton_kernels as tk
+torch.manual_seed(0)
+h, gate, x = torch.randn(5, 96), torch.randn(8, 96), torch.randn(5, 96)
+w13, w2 = torch.randn(10, 64, 96) * 0.1, torch.randn(10, 96, 32) * 0.1
+wk, ik = tk.route_hidden(h, gate, 2, 2, True, 1.5)
+wt, it = torch_moe_ops.with_shared(*torch_moe_ops.route(h, gate, 2, True, 1.5), 8, 2)
+out["route_hidden_ids_equal"] = bool((ik == it).all())
+out["route_hidden_weight_diff"] = float((wk - wt).abs().max())
+want = x + torch_moe_ops.combine(tk.moe_gemv(h, ik, w13, w2), wk)
+out["combine_diffs"] = [float((tk.moe_gemv(h, ik, w13, w2, wk, x) - want).abs().max()) for _ in range(2)]
 print("RESULT " + json.dumps(out))
 """
 
@@ -133,6 +152,17 @@ def test_by_expert_moe_kernels_equal_the_torch_experts_at_batch_3(result):
     assert result["moe_b3_impl"] == "triton"
     assert result["moe_b3_step_max_abs_diff"] < 1e-5
     assert result["moe_b3_triton"] == result["moe_b3_gather"]
+
+
+def test_fused_routing_and_combine_equal_the_torch_experts_at_batch_3(result):
+    """expert_fusion='fused': the routing kernel computes the router logits itself and the down kernel's last
+    program of each block combines the slots and adds the residual; the counters reset themselves, so a second
+    call gives the same answer."""
+    assert result["fused_moe_b3_fusion"] == "fused"
+    assert result["fused_moe_b3_step_max_abs_diff"] < 1e-5
+    assert result["fused_moe_b3"] == result["moe_b3_gather"]
+    assert result["route_hidden_ids_equal"] and result["route_hidden_weight_diff"] < 1e-6
+    assert max(result["combine_diffs"]) < 1e-6
 
 
 def test_fused_generation_under_graph_first_call_semantics(result):

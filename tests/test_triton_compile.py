@@ -15,8 +15,10 @@ ROUTER = {"x_ptr": "*bf16", "ln_ptr": "*bf16", "g_ptr": "*fp32", "lg_ptr": "*fp3
           "scale": "fp32", "swe": "i32"}
 UP = {"x_ptr": "*bf16", "ids_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "K8": "i32",
       "sxt": "i32", "swe": "i32", "swn": "i32"}
-DOWN = {"a_ptr": "*bf16", "ids_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "K8": "i32",
-        "swe": "i32", "swn": "i32"}
+DOWN = {"a_ptr": "*bf16", "ids_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16", "wts_ptr": "*fp32",
+        "res_ptr": "*bf16", "x_ptr": "*bf16", "cnt_ptr": "*i32", "T": "i32", "K8": "i32", "swe": "i32", "swn": "i32"}
+ROUTE_HIDDEN = {"h_ptr": "*bf16", "g_ptr": "*fp32", "lg_ptr": "*fp32", "cnt_ptr": "*i32", "ids_ptr": "*i64",
+                "wts_ptr": "*fp32", "scale": "fp32", "sht": "i32"}
 
 
 def _compile(fn, signature: dict, constexprs: dict):
@@ -54,6 +56,8 @@ def test_both_routers_compile(kernels, norm):
     routing = {"E": 64, "EP": 64, "K": 6, "SHARED": 2, "NORM": norm}
     assert _compile(tk._route_rows, {"lg_ptr": "*fp32", "ids_ptr": "*i64", "wts_ptr": "*fp32", "scale": "fp32"},
                     routing).asm["cubin"]
+    hidden = dict(routing, H=1280, BE=tk.ROUTE_EXPERTS, BK=2048)
+    assert _compile(tk._route_hidden, ROUTE_HIDDEN, hidden).asm["cubin"]
     for pdl in (False, True):
         fused = dict(routing, H=1280, I=896, BE=1, BK=2048, BN_UP=8, BK_UP=256, PDL=pdl)
         assert _compile(dk._router, ROUTER, fused).asm["cubin"]
@@ -65,8 +69,9 @@ def test_the_by_expert_kernels_compile_up_to_their_token_tile(kernels):
     _, tk, max_tokens, (bn, bk) = kernels
     for tp in (16, max_tokens):
         shapes = {"H": 1280, "I": 896, "BN": bn, "BK": bk, "TP": tp, "KP": 8}
-        for fn, sig in ((tk._moe_up, UP), (tk._moe_down, DOWN)):
-            k = _compile(fn, sig, shapes)
+        for fn, sig, extra in ((tk._moe_up, UP, {}), (tk._moe_down, DOWN, {"COMBINE": False}),
+                               (tk._moe_down, DOWN, {"COMBINE": True})):
+            k = _compile(fn, sig, {**shapes, **extra})
             assert k.asm["cubin"] and k.metadata.shared <= 228 * 1024
 
 

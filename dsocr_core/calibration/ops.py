@@ -307,9 +307,11 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
 
 
 def _moe_gemv_op(nbytes: int, dev: str, rnd):
-    """The fast engine's by-expert MoE kernels (triton_kernels.moe_gemv: gate/up + SwiGLU, then down; two
-    launches) as batched decode runs them: MOE_TOKENS rows of MOE_SLOTS slots spread over as many distinct experts
-    as make `nbytes` of weights (each row's slots distinct, every expert chosen by about as many rows)."""
+    """The fast engine's by-expert MoE kernels (triton_kernels.moe_gemv: gate/up + SwiGLU, then down with the
+    weighted combine + residual in its last programs; two launches) as batched decode runs them by default
+    (expert_fusion 'fused'; profiles measured before 2026-11-28 timed the down kernel without the combine):
+    MOE_TOKENS rows of MOE_SLOTS slots spread over as many distinct experts as make `nbytes` of weights (each row's
+    slots distinct, every expert chosen by about as many rows)."""
     import torch
 
     from ..fast.triton_kernels import moe_gemv
@@ -320,9 +322,11 @@ def _moe_gemv_op(nbytes: int, dev: str, rnd):
     k = min(MOE_SLOTS, n)
     tokens = max(MOE_TOKENS, -(-n // k))  # enough slots to reach every one of the n experts (9 rows for 66)
     ids = (torch.arange(tokens, device=dev)[:, None] * k + torch.arange(k, device=dev)[None, :]) % n
+    weights = torch.full((tokens, k), 1.0 / k, device=dev)
     make = lambda: (rnd(tokens, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731
-                    rnd(n, FUSED_WIDTH, MOE_INNER))
-    return make, lambda x: moe_gemv(x[0], ids, x[1], x[2]), n * MOE_EXPERT_BYTES + tokens * FUSED_WIDTH * 2, 2
+                    rnd(n, FUSED_WIDTH, MOE_INNER), rnd(tokens, FUSED_WIDTH))
+    return (make, lambda x: moe_gemv(x[0], ids, x[1], x[2], weights, x[3]),
+            n * MOE_EXPERT_BYTES + tokens * FUSED_WIDTH * 2, 2)
 
 
 def _group_rows_op(nbytes: int, dev: str):

@@ -72,7 +72,7 @@ class FastEngine:
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
                  graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "gather",
-                 moe_rows: str = "auto"):
+                 moe_rows: str = "auto", expert_fusion: str = "auto"):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -84,6 +84,8 @@ class FastEngine:
         self.projector_layout = projector_layout
         if moe_rows not in ("auto", "torch", "triton"):
             raise ValueError(f"moe_rows must be 'auto', 'torch' or 'triton', got {moe_rows!r}")
+        if expert_fusion not in ("auto", "fused", "separate"):
+            raise ValueError(f"expert_fusion must be 'auto', 'fused' or 'separate', got {expert_fusion!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -111,6 +113,12 @@ class FastEngine:
                              "and torch.library.triton_op")
         # the grouped MoE's grouping, copy into expert order and weighted combine + residual (fast/moe_rows.py)
         self.moe_rows = ("triton" if self.triton and HAS_ROW_KERNELS else "torch") if moe_rows == "auto" else moe_rows
+        if expert_fusion == "fused" and not (self.triton or interpreted):
+            raise ValueError("expert_fusion 'fused' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
+        # batched decode's by-expert MoE: 'fused' routes inside one kernel from the normalised rows (router GEMM
+        # included) and combines the slots + residual inside the down kernel; 'separate', the router GEMM compiled
+        # with the step, the routing kernel, and the combine as an Inductor kernel (every run before 2026-11-28)
+        self.expert_fusion = ("fused" if self.triton else "separate") if expert_fusion == "auto" else expert_fusion
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
         sm90 = self.triton and torch.cuda.get_device_capability(self.device)[0] >= 9
@@ -427,6 +435,12 @@ class FastEngine:
                 torch._dynamo.maybe_mark_dynamic(o, 0)
             if not lw.moe:
                 x = fns["dense"](x, o, lw.wo, lw.ln2, lw.w13, lw.w2)
+            elif st.moe_impl == "triton" and self.expert_fusion == "fused":  # two Triton launches after the norm
+                from .triton_kernels import moe_gemv, route_hidden
+                x, h = fns["attn_out"](x, o, lw.wo, lw.ln2)
+                w, ids = route_hidden(h, lw.gate, self.cfg.k, self.cfg.shared_slots, self.cfg.norm_topk_prob,
+                                      self.cfg.scale)
+                x = moe_gemv(h, ids, lw.w13, lw.w2, w, x)
             elif st.moe_impl == "triton":  # routing in one kernel, then the experts by expert: no routing glue
                 from .triton_kernels import moe_gemv, route_rows
                 x, h, logits = fns["logits"](x, o, lw.wo, lw.ln2, lw.gate)
@@ -490,6 +504,7 @@ class FastEngine:
             "cuda_graphs": self.graphs, "compile": self.compile, "compile_vision": self.compile_vision,
             "compile_prefill": self.compile_prefill, "clip_packed": self.clip_packed,
             "projector_layout": self.projector_layout, "moe_rows": self.moe_rows,
+            "expert_fusion": self.expert_fusion,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
             "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl,

@@ -104,6 +104,8 @@ def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch"
     moe(x, o, wo, ln2, w13, w2, gate) -> x: the same with the MoE (moe_impl 'grouped' or 'gather')
     logits(x, o, wo, ln2, gate) -> (x, h, float32 router logits): up to the router, for external routing and
         expert kernels (triton_kernels.route_rows, moe_gemv)
+    attn_out(x, o, wo, ln2) -> (x, h): o_proj + residual and the normalised rows, for routing that computes its
+        own logits (triton_kernels.route_hidden)
     combine(x, y, weights) -> x: weighted sum of per-slot expert outputs + residual
     final(x, norm, lm_head) -> float32 logits [B, V]
     No host sync anywhere; pos (long [1]) and the RoPE tables stay on the device."""
@@ -143,5 +145,5 @@ def make_decode_fns(cfg: LMConfig, moe_impl: str, gemv: str, topk: str = "torch"
     def final(x, norm, lm_head):
         return F.linear(rms_norm(x, norm, cfg.eps), lm_head).float()
 
-    return {"embed": embed, "pre": pre, "dense": dense, "moe": moe, "logits": logits_fn, "combine": combine_fn,
-            "final": final}
+    return {"embed": embed, "pre": pre, "dense": dense, "moe": moe, "logits": logits_fn, "attn_out": attn_out,
+            "combine": combine_fn, "final": final}

@@ -50,6 +50,11 @@ class FastOptions(BaseModel):
     # the by-expert kernels): 'triton', fast/moe_rows.py's kernels; 'torch', the formulation Inductor compiles, which
     # every run measured before this option existed ran ('auto': Triton's on a GPU)
     moe_rows: Literal["auto", "torch", "triton"] = "auto"
+    # batched decode's by-expert MoE (batch 2-64): 'fused', the router GEMM inside the routing kernel and the weighted
+    # combine + residual inside the down kernel (two launches after the norm); 'separate', the router GEMM compiled
+    # with the step, a routing kernel and Inductor's combine (five), which every run measured before this option
+    # existed ran ('auto': 'fused' on a GPU)
+    expert_fusion: Literal["auto", "fused", "separate"] = "auto"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
     compile_options: dict | None = None
@@ -66,7 +71,7 @@ class FastOptions(BaseModel):
         option was written before that option existed: it gets what the engine did then ('per_image' layout,
         torch's MoE rows), not today's default."""
         if OPTIONS_BEFORE_PROJECTOR_LAYOUT <= set(options):  # a whole description: options added since are theirs
-            before = {"projector_layout": "per_image", "moe_rows": "torch"}
+            before = {"projector_layout": "per_image", "moe_rows": "torch", "expert_fusion": "separate"}
             return {**{k: v for k, v in before.items() if k not in options}, **options}
         return options
 
@@ -81,6 +86,8 @@ class FastOptions(BaseModel):
             raise SpecError("fast engine option moe: 'triton' needs a CUDA device and Triton")
         if self.moe_rows == "triton" and not triton:
             raise SpecError("fast engine option moe_rows: 'triton' needs a CUDA device and Triton")
+        if self.expert_fusion == "fused" and not triton:
+            raise SpecError("fast engine option expert_fusion: 'fused' needs a CUDA device and Triton")
         compile_ = cuda if self.compile is None else self.compile
         attention = self.attention
         if attention == "auto":
@@ -95,7 +102,8 @@ class FastOptions(BaseModel):
             sam_attention="fold" if self.sam_attention == "auto" else self.sam_attention,
             clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda,
             projector_layout=self.projector_layout,
-            moe_rows=("triton" if triton else "torch") if self.moe_rows == "auto" else self.moe_rows)
+            moe_rows=("triton" if triton else "torch") if self.moe_rows == "auto" else self.moe_rows,
+            expert_fusion=("fused" if triton else "separate") if self.expert_fusion == "auto" else self.expert_fusion)
 
 
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
@@ -145,6 +153,7 @@ class ResolvedFast:
     cuda: bool = False
     projector_layout: str = "gather"
     moe_rows: str = "torch"
+    expert_fusion: str = "separate"
 
     def decode_moe(self, batch, slots: int) -> str:
         """decode_moe for this engine (Triton is assumed wherever CUDA is, as the plan assumes)."""

@@ -14,6 +14,9 @@ What the options decide here:
 * `moe_rows`: 'triton' runs the grouped MoE's grouping, its copy into expert order and its weighted combine as
   fast/moe_rows.py's kernels, priced with SwiGLU by their bytes; 'torch' as the kernels Inductor compiles (a
   remainder of 17 launches);
+* `expert_fusion`: batched decode's by-expert MoE either routes in one kernel that computes the logits and
+  combines the slots + residual inside the down kernel ('fused'), or runs the router GEMM, a routing kernel and the
+  combine as kernels of their own ('separate');
 * `sam_attention`: 'fold' folds the relative-position bias into q/k so a flash kernel runs (no dense mask);
   'dense' runs the reference's dense-mask SDPA.
 Options the plan does not model (the decode experts' and attention's kernel choice outside the fused step, eager
@@ -134,7 +137,7 @@ class FastPlan:
         if k in ("lm.input_layernorm", "lm.post_attention_layernorm", "lm.norm"):
             return _rms(c)
         if k.startswith("lm.mlp"):
-            return _by_expert_mlp(c) if c.path == "triton" else _mlp(c, self.o.moe_rows)
+            return _by_expert_mlp(c, self.o.expert_fusion) if c.path == "triton" else _mlp(c, self.o.moe_rows)
         if k == "lm.embed_tokens":
             if c.fused:  # the embedding row is read inside the first q/k/v kernel; graph_steps steps per replay
                 return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
@@ -545,13 +548,21 @@ def _by_expert_bytes(c: Call) -> tuple[float, float]:
     return (experts * 2 * im * h + t * h + slots * im) * dt, (experts * im * h + slots * (im + h)) * dt
 
 
-def _by_expert_mlp(c: Call) -> Plan:
+def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
     """Decode at a batch size the engine runs with Triton's routing and by-expert kernels (fast/options.decode_moe):
-    the router GEMM and one routing kernel, then one gate/up + SwiGLU launch and one down launch over the routed and the
-    shared experts together (one program per expert and block of output rows, each touched expert read once), and
-    the weighted combine + residual. No routing data is prepared."""
+    the routing, then one gate/up + SwiGLU launch and one down launch over the routed and the shared experts
+    together (one program per expert and block of output rows, each touched expert read once). No routing data is
+    prepared. fusion 'separate': the router GEMM, its reduction and one routing kernel, and the weighted combine +
+    residual as a kernel of its own; 'fused' (triton_kernels.route_hidden, moe_gemv's combine): one routing kernel
+    that computes the logits, priced like the fused batch-1 router by the bytes it streams, and the combine inside
+    the down kernel, whose table (`memory.moe_gemv`) times the two expert launches as the engine runs them."""
     if c.kind == "lm.mlp.dense":
         return _mlp(c)
+    if c.kind == "lm.mlp.gate" and fusion == "fused":
+        t, h, e = c.b * c.sq, c.spec.hidden_size, c.spec.n_routed_experts
+        gate = router(c)
+        gate.table, gate.coords = FUSED_GEMV, dict(bytes=(e * h + t * e) * FP32 + t * h * c.dt)
+        return Plan([gate], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
     if c.kind == "lm.mlp.gate":  # the float32 router GEMM (cuBLAS splits K: the GEMM and its reduction), then
         # softmax, top-k and the shared ids in one kernel: three kernels a layer in the H100's batched traces
         return Plan([router(c)], rest_launches=2.0)
@@ -560,7 +571,7 @@ def _by_expert_mlp(c: Call) -> Plan:
     if c.kind == "lm.mlp.experts":
         r = routed_experts(c)
         r.read_routed_weights()
-        gu, down, rest = r.gu, r.down, 1.0  # the combine
+        gu, down, rest = r.gu, r.down, 0.0 if fusion == "fused" else 1.0  # the combine
     elif c.kind == "lm.mlp.shared_experts":
         gu, down = swiglu(c, s.shared_intermediate_size)
         gu.launches = down.launches = 0.0  # inside the routed experts' launches

@@ -121,6 +121,31 @@ if HAS_TRITON:
         pick_experts(lg, i, ids_ptr + row, wts_ptr + row, scale, E, K, SHARED, NORM)
 
     @triton.jit
+    def _route_hidden(h_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, scale, sht, E: tl.constexpr,
+                      EP: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, H: tl.constexpr,
+                      BE: tl.constexpr, BK: tl.constexpr):
+        """Program (t, p): row t's float32 router logits of experts p*BE .. p*BE+BE-1, h[t] . gate[e] (gate in
+        float32, like the reference router), the whole row as one tile (BK >= H) so every load is issued at once;
+        the last of row t's programs to finish (an arrival counter per row, reset by it) routes the row from all E
+        logits (pick_experts). The router GEMM, its reduction and route_rows in one launch."""
+        t = tl.program_id(0)
+        e = tl.program_id(1) * BE + tl.arange(0, BE)
+        em = e < E
+        k = tl.arange(0, BK)
+        km = k < H
+        w = tl.load(g_ptr + e[:, None] * H + k[None, :], mask=em[:, None] & km[None, :], other=0.0)
+        hv = tl.load(h_ptr + t * sht + k, mask=km, other=0.0).to(tl.float32)
+        tl.store(lg_ptr + t * E + e, tl.sum(w * hv[None, :], axis=1), mask=em)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
+        if done == tl.num_programs(1) - 1:
+            i = tl.arange(0, EP)
+            lg = tl.load(lg_ptr + t * E + i, mask=i < E, other=float("-inf"), cache_modifier=".cg")
+            row = t * (K + SHARED)
+            pick_experts(lg, i, ids_ptr + row, wts_ptr + row, scale, E, K, SHARED, NORM)
+            tl.store(cnt_ptr + t, 0)
+
+    @triton.jit
     def _token_hits(ids_ptr, e, T, K8, TP: tl.constexpr, KP: tl.constexpr):
         """Which of the T tokens chose expert e (hit [TP]) and in which of its K8 slots (slot [TP]). A token
         chooses an expert at most once (top-k ids are distinct, the shared experts have their own ids), so an
@@ -160,15 +185,21 @@ if HAS_TRITON:
             tl.store(out_ptr + rows[None, :] * I + n[:, None], a.to(dt), mask=nm[:, None] & hit[None, :])
 
     @triton.jit
-    def _moe_down(a_ptr, ids_ptr, w_ptr, out_ptr, T, K8, swe, swn, H: tl.constexpr, I: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, KP: tl.constexpr):
+    def _moe_down(a_ptr, ids_ptr, w_ptr, out_ptr, wts_ptr, res_ptr, x_ptr, cnt_ptr, T, K8, swe, swn,
+                  H: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
+                  KP: tl.constexpr, COMBINE: tl.constexpr):
+        """Program (e, nb): expert e's down projection of output rows nb*BN.. for every token that chose it, each
+        (token, slot) output rounded to the model dtype into out. COMBINE: the last program of block nb to finish
+        (an arrival counter per block, over every expert's program, reset by it) reads the block's slot outputs
+        of every token back, sums them weighted in float32 in slot order, rounds the sum to the model dtype and
+        adds it to the residual (res) into x: the weighted combine + residual without a launch of its own."""
         e = tl.program_id(0)
         nb = tl.program_id(1)
+        n = nb * BN + tl.arange(0, BN)
+        nm = n < H
         t, hit, slot = _token_hits(ids_ptr, e, T, K8, TP, KP)
         if tl.max(hit.to(tl.int32), axis=0) > 0:
             rows = t * K8 + slot
-            n = nb * BN + tl.arange(0, BN)
-            nm = n < H
             acc = tl.zeros([BN, TP], dtype=tl.float32)
             base = w_ptr + e.to(tl.int64) * swe
             for k0 in range(0, I, BK):
@@ -179,6 +210,22 @@ if HAS_TRITON:
                 acc = tl.dot(w, at, acc, input_precision="ieee")
             tl.store(out_ptr + rows[None, :] * H + n[:, None], acc.to(out_ptr.dtype.element_ty),
                      mask=nm[:, None] & hit[None, :])
+        if COMBINE:
+            tl.debug_barrier()
+            done = tl.atomic_add(cnt_ptr + nb, 1, sem="acq_rel")
+            if done == tl.num_programs(0) - 1:
+                tm = t < T
+                m = tm[:, None] & nm[None, :]
+                total = tl.zeros([TP, BN], dtype=tl.float32)
+                for j in tl.static_range(KP):  # slot order; slots past K8 (KP is K8's power of two) add zeros
+                    mj = tm & (j < K8)
+                    y = tl.load(out_ptr + (t * K8 + j)[:, None] * H + n[None, :], mask=mj[:, None] & nm[None, :],
+                                other=0.0, cache_modifier=".cg").to(tl.float32)
+                    total += y * tl.load(wts_ptr + t * K8 + j, mask=mj, other=0.0)[:, None]
+                dt = x_ptr.dtype.element_ty
+                r = tl.load(res_ptr + t[:, None] * H + n[None, :], mask=m, other=0.0).to(tl.float32)
+                tl.store(x_ptr + t[:, None] * H + n[None, :], (r + total.to(dt).to(tl.float32)).to(dt), mask=m)
+                tl.store(cnt_ptr + nb, 0)
 
 
 def next_pow2(n: int) -> int:
@@ -205,15 +252,20 @@ def decode_attention_splitkv(q: torch.Tensor, keys: torch.Tensor, values: torch.
     return out
 
 
-def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+             weights: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], ids [T, K] -> per-slot expert outputs [T, K, H] in x's dtype (SwiGLU experts). One program per
     (expert, block of output rows) over every token that chose the expert: each touched expert's weights are
     read once whatever the batch, and no routing data is prepared (no sort, no scan, no gather).
+    With `weights` [T, K] (float32) and `residual` [T, H]: residual + the weighted combine of the slots, [T, H],
+    done by the down kernel's last program of each block of output rows (no combine launch).
     Preconditions: each row's K ids are distinct (top-k ids and the shared experts' ids are; a repeated id would
     send two slots to one output row) and T <= options.BY_EXPERT_MAX_TOKENS (ValueError otherwise)."""
     t, k = ids.shape
     if t > BY_EXPERT_MAX_TOKENS:
         raise ValueError(f"moe_gemv takes up to {BY_EXPERT_MAX_TOKENS} tokens (its per-expert token tile), got {t}")
+    if (weights is None) != (residual is None):
+        raise ValueError("moe_gemv combines with both weights and residual, or with neither")
     hdim = x.shape[1]
     inner = w2.shape[2]
     experts = w13.shape[0]
@@ -224,10 +276,62 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Te
         x, ids, w13, act, t, k, x.stride(0), w13.stride(0), w13.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N,
         BK=MOE_BLOCK_K, TP=tp, KP=kp, num_warps=4, num_stages=3)
     out = torch.empty(t * k, hdim, dtype=x.dtype, device=x.device)
-    _moe_down[(experts, triton.cdiv(hdim, MOE_BLOCK_N))](
-        act, ids, w2, out, t, k, w2.stride(0), w2.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N, BK=MOE_BLOCK_K,
-        TP=tp, KP=kp, num_warps=4, num_stages=3)
-    return out.view(t, k, hdim)
+    blocks = triton.cdiv(hdim, MOE_BLOCK_N)
+    combine = weights is not None
+    if combine:
+        weights, residual = weights.float().contiguous(), residual.contiguous()
+        combined = torch.empty_like(residual)
+        counts = arrival_counters(x.device, "moe_down", blocks)
+    else:  # unused pointers
+        weights = residual = combined = counts = out
+    _moe_down[(experts, blocks)](
+        act, ids, w2, out, weights, residual, combined, counts, t, k, w2.stride(0), w2.stride(1), H=hdim,
+        I=inner, BN=MOE_BLOCK_N, BK=MOE_BLOCK_K, TP=tp, KP=kp, COMBINE=combine, num_warps=4, num_stages=3)
+    return combined if combine else out.view(t, k, hdim)
+
+
+# arrival counters of the kernels whose last program merges the others' results, per (device, kernel): zeros
+# kept for good (each merging program resets its counter, so every launch finds them zero), created outside any
+# CUDA-graph capture (a graph's pool would reclaim them), so a captured launch reads the same buffer on every replay
+_COUNTERS: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, kernel: str, n: int) -> torch.Tensor:
+    """At least n int32 zeros for `kernel`'s arrival counters on `device` (see _COUNTERS)."""
+    key = (str(device), kernel)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{kernel}: its arrival counters must be created before a CUDA graph is captured "
+                               "(run the work once eagerly first, as graphs.Captured does)")
+        _COUNTERS[key] = have = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
+    return have
+
+
+# experts per program of route_hidden (4 fp32 rows of 2,048 lanes: 64 registers a thread on 4 warps)
+ROUTE_EXPERTS = 4
+
+
+def route_hidden(h: torch.Tensor, gate: torch.Tensor, k: int, shared: int, norm_topk_prob: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised hidden states h [T, H] and the float32 router weight [E, H] -> (weights float32 [T, k + shared],
+    ids long [T, k + shared]): the router GEMM, moe.route and moe.with_shared in one launch (ROUTE_EXPERTS experts
+    a program, each row routed by its last program). The logits' float32 sums and the softmax follow Triton's
+    order, so logits and weights can differ from torch's in the last bits (a near-tie could pick the other
+    expert: a rounding difference, like the fused batch-1 router's)."""
+    t, hdim = h.shape
+    e = gate.shape[0]
+    if t > BY_EXPERT_MAX_TOKENS:
+        raise ValueError(f"route_hidden takes up to {BY_EXPERT_MAX_TOKENS} tokens (its arrival counters), got {t}")
+    h = h.contiguous()
+    logits = torch.empty(t, e, dtype=torch.float32, device=h.device)
+    ids = torch.empty(t, k + shared, dtype=torch.long, device=h.device)
+    weights = torch.empty(t, k + shared, dtype=torch.float32, device=h.device)
+    _route_hidden[(t, triton.cdiv(e, ROUTE_EXPERTS))](
+        h, gate.float().contiguous(), logits, arrival_counters(h.device, "route_hidden", t), ids, weights, scale,
+        h.stride(0), E=e, EP=next_pow2(e), K=k, SHARED=shared, NORM=norm_topk_prob, H=hdim, BE=ROUTE_EXPERTS,
+        BK=next_pow2(hdim), num_warps=4)
+    return weights, ids
 
 
 def route_rows(logits: torch.Tensor, k: int, shared: int, norm_topk_prob: bool,
