@@ -288,6 +288,8 @@ def _candidates(name: str, dtype: str) -> list[tuple[str, Any]]:
     # weight-streaming kernels' table, and what that falls back to
     if name in ("memory.fused_lm_head", "memory.moe_gemv"):
         return [(name, same), *_candidates("memory.fused_gemv", dtype)]
+    if name == "memory.moe_gemv_combine":  # profiles made before it: the same kernels without the combine
+        return [(name, same), *_candidates("memory.moe_gemv", dtype)]
     if name == "bias.strided":  # profiles made before the bias tables: by bytes (the kernels carry both), a copy
         return [(name, same), ("memory.copy", same), ("memory.elementwise", same)]
     if name == "memory.projector_cat":  # profiles made before it: the reference's cat (reads through a transpose)
@@ -307,7 +309,7 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "linear", "attent
                "attention.flash", "attention.flash.causal", "attention.default", "attention.default.causal",
                "attention.eager", "attention.eager.causal", "attention.sdpa_bias", "attention.split_kv",
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
-               "memory.moe_gemv", "memory.fused_attention", "memory.fused_lm_head", "memory.transposed_cat",
+               "memory.moe_gemv", "memory.moe_gemv_combine", "memory.fused_attention", "memory.fused_lm_head", "memory.transposed_cat",
                "memory.projector_cat", "memory.gather_rows", "memory.group_rows", "memory.cast",
                "memory.permuted_copy", "memory.permuted_add", "bias.broadcast", "bias.strided")
 

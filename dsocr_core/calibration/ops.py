@@ -106,8 +106,8 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         nbytes = max(int(c["bytes"]), 64)
         if what.startswith("fused_"):
             return _fused_op(what, nbytes, dev, rnd)
-        if what == "moe_gemv":
-            return _moe_gemv_op(nbytes, dev, rnd)
+        if what in ("moe_gemv", "moe_gemv_combine"):
+            return _moe_gemv_op(nbytes, dev, rnd, combine=what == "moe_gemv_combine")
         if what == "group_rows":
             return _group_rows_op(nbytes, dev)
         if what == "copy":
@@ -306,12 +306,12 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
     return make, attend, 2 * h * splits * chunk * d * 2, 1
 
 
-def _moe_gemv_op(nbytes: int, dev: str, rnd):
-    """The fast engine's by-expert MoE kernels (triton_kernels.moe_gemv: gate/up + SwiGLU, then down with the
-    weighted combine + residual in its last programs; two launches) as batched decode runs them by default
-    (expert_fusion 'fused'; profiles measured before 2026-11-28 timed the down kernel without the combine):
-    MOE_TOKENS rows of MOE_SLOTS slots spread over as many distinct experts as make `nbytes` of weights (each row's
-    slots distinct, every expert chosen by about as many rows)."""
+def _moe_gemv_op(nbytes: int, dev: str, rnd, combine: bool = False):
+    """The fast engine's by-expert MoE kernels (triton_kernels.moe_gemv: gate/up + SwiGLU, then down; two
+    launches) as batched decode runs them: MOE_TOKENS rows of MOE_SLOTS slots spread over as many distinct experts
+    as make `nbytes` of weights (each row's slots distinct, every expert chosen by about as many rows). combine
+    (memory.moe_gemv_combine, expert_fusion 'fused'): the down kernel's last programs also combine the slots with
+    their weights and add the residual."""
     import torch
 
     from ..fast.triton_kernels import moe_gemv
@@ -325,8 +325,11 @@ def _moe_gemv_op(nbytes: int, dev: str, rnd):
     weights = torch.full((tokens, k), 1.0 / k, device=dev)
     make = lambda: (rnd(tokens, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731
                     rnd(n, FUSED_WIDTH, MOE_INNER), rnd(tokens, FUSED_WIDTH))
-    return (make, lambda x: moe_gemv(x[0], ids, x[1], x[2], weights, x[3]),
-            n * MOE_EXPERT_BYTES + tokens * FUSED_WIDTH * 2, 2)
+    if combine:
+        run = lambda x: moe_gemv(x[0], ids, x[1], x[2], weights, x[3])  # noqa: E731
+    else:
+        run = lambda x: moe_gemv(x[0], ids, x[1], x[2])  # noqa: E731
+    return make, run, n * MOE_EXPERT_BYTES + tokens * FUSED_WIDTH * 2, 2
 
 
 def _group_rows_op(nbytes: int, dev: str):
@@ -575,7 +578,7 @@ def kernel_count(name: str) -> int:
         impl = name.split(".")[1]
         return ATTN_KERNELS["eager.causal" if impl == "eager" and kind == "attention_causal" else impl]
     # the by-expert MoE's gate/up and down launches; the grouping's memset and three kernels
-    return {"memory.moe_gemv": 2, "memory.group_rows": 4}.get(name, 1)
+    return {"memory.moe_gemv": 2, "memory.moe_gemv_combine": 2, "memory.group_rows": 4}.get(name, 1)
 
 
 def input_bytes(name: str, c: dict, st: Settings):

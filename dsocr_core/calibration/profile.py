@@ -91,7 +91,7 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat",
-                "projector_cat", "moe_gemv", "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast",
+                "projector_cat", "moe_gemv", "moe_gemv_combine", "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast",
                 "fused_lm_head")
 # cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles
 # made before it price it on the elementwise table
@@ -117,7 +117,9 @@ BIAS_KINDS = ("broadcast", "strided")
 # against fused_gemv's 2.9);
 # profiles made before it price it on fused_gemv.
 # moe_gemv: its by-expert MoE kernels of batched decode (fast/triton_kernels.py), by weight bytes read, the same way;
-# profiles without it price them on fused_gemv. group_rows: its MoE grouping kernels (fast/moe_rows.py), by the
+# profiles without it price them on fused_gemv. moe_gemv_combine: the same two launches with the weighted combine +
+# residual in the down kernel's last programs (expert_fusion 'fused', 2026-11-28); profiles made before it price them
+# on moe_gemv, which lacks the combine's few microseconds. group_rows: its MoE grouping kernels (fast/moe_rows.py), by the
 # one-hot work of their two passes over the rows (calibration/ops.GROUP_BYTES_PER_ROW a row); profiles without it
 # price that work on elementwise
 # split_kv: the fast engine's batched decode attention (fast/triton_kernels.decode_attention_splitkv, one query a

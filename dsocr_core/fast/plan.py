@@ -52,6 +52,9 @@ FUSED_LM_HEAD = "memory.fused_lm_head"
 # the by-expert Triton experts of batched decode (triton_kernels.moe_gemv), by the bytes a launch streams; a profile
 # without the table falls back to memory.fused_gemv
 MOE_GEMV = "memory.moe_gemv"
+# the same with the weighted combine + residual in the down kernel (expert_fusion 'fused'); a profile without the
+# table falls back to memory.moe_gemv
+MOE_GEMV_COMBINE = "memory.moe_gemv_combine"
 # gathers of whole rows (index_select), the projector's layout; a profile without the table falls back to
 # memory.elementwise
 GATHER_ROWS = "memory.gather_rows"
@@ -555,7 +558,7 @@ def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
     prepared. fusion 'separate': the router GEMM, its reduction and one routing kernel, and the weighted combine +
     residual as a kernel of its own; 'fused' (triton_kernels.route_hidden, moe_gemv's combine): one routing kernel
     that computes the logits, priced like the fused batch-1 router by the bytes it streams, and the combine inside
-    the down kernel, whose table (`memory.moe_gemv`) times the two expert launches as the engine runs them."""
+    the down kernel, on a table of its own (`memory.moe_gemv_combine`) that times the two expert launches so."""
     if c.kind == "lm.mlp.dense":
         return _mlp(c)
     if c.kind == "lm.mlp.gate" and fusion == "fused":
@@ -578,7 +581,7 @@ def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
         rest = 0.0
     else:
         raise KeyError(c.kind)
-    gu.table = down.table = MOE_GEMV
+    gu.table = down.table = MOE_GEMV_COMBINE if fusion == "fused" else MOE_GEMV
     # the table times the two launches together (calibration/ops.py): each is looked up at the pair's bytes
     gu.coords = down.coords = dict(bytes=up_bytes + down_bytes)
     if c.kind == "lm.mlp.experts":
