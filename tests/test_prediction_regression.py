@@ -109,6 +109,8 @@ ACCURACY = {
         "H200 random, seed 82, batch 16-64, held out": ("h200_prediction_accuracy_random82_fast_2026-11-28.json", None),
         "H200 random, seed 83, batch 16-64, no order check, held out": (
             "h200_prediction_accuracy_random83_fast_2026-11-28.json", None),
+        "H200 random, seed 84, fused MoE kernels, held out": (
+            "h200_prediction_accuracy_random84_fast_2026-11-28.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -376,7 +378,7 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
         assert prof.derived
         sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
                 if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
-        assert len(sets) == {"H100": 18, "H200": 16}[gpu]  # the table's header
+        assert len(sets) == {"H100": 18, "H200": 17}[gpu]  # the table's header
         for column, file, keep in sets:
             summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
             for stage, limit in stated_now[gpu].items():
@@ -395,10 +397,10 @@ SUMMARY_SETS = {
                                          "H100 random, seed 69, lm_head table, held out",
                                          "H100 random, seed 73, attention by length, held out",
                                          "H100 random, seed 75, projector cat measured, held out")),
-    "fast, H200": ("Fast session mode", ("H200 random, seed 79, stage clocks recorded, held out",
-                                         "H200 random, seed 80, batch 20-64, stage clocks, held out",
+    "fast, H200": ("Fast session mode", ("H200 random, seed 80, batch 20-64, stage clocks, held out",
                                          "H200 random, seed 81, batch 16-64, stage clocks, held out",
-                                         "H200 random, seed 82, batch 16-64, held out")),
+                                         "H200 random, seed 82, batch 16-64, held out",
+                                         "H200 random, seed 84, fused MoE kernels, held out")),
     "reference, H100": ("Reference session mode", ("H100 random, seed 48, own host costs",
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),

@@ -15,7 +15,7 @@ CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs 
        "kernels and launches): its predictions are untested")
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on 18 held-out H100 sets predicted from the H200's "
            "profile, TTFT misses by 0.9-4.7% (median), TPOT by 2.2-6.8%, the LM prefill by up to 12%, the projector "
-           "by 2-26% (under); on 16 H200 sets from the H100's, TPOT 4.5-8.9%, the LM prefill up to 23%; a what-if "
+           "by 2-26% (under); on 17 H200 sets from the H100's, TPOT 4.5-8.9%, the LM prefill up to 23%; a what-if "
            "SM clock cannot move its tables (it records no calibration clock)")
 REFERENCE = ("the reference session mode misses the 15% target in its LM prefill and projector, and elsewhere off the "
              "machine its host costs were measured on: it is host-bound at small batches and its host differs "
@@ -38,7 +38,7 @@ BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill meas
                    "700 W cap runs large batches' CLIP and LM prefill as low as 1,600 MHz instead of the tables' 1,980: "
                    "a what-if prediction (at the full clock) of batch 16-64 is 5-11% fast there (2026-11-28, seeds 80-"
                    "82: LM prefill 5.7-10.0% median, CLIP 5.4-8.0%, the decode step 3-10%); a measured point is "
-                   "predicted at the clocks its stages ran at (seeds 80-83: LM prefill 2.0-4.1%, CLIP 2.3-6.1%, TPOT "
+                   "predicted at the clocks its stages ran at (seeds 80-84: LM prefill 2.0-4.1%, CLIP 2.3-6.1%, TPOT "
                    "0.7-4.5%, median); a what-if SM clock (the sidebar's, analytic --sm-clock) prices a capped clock")
 PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by "
              "2-10% (median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
