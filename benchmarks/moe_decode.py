@@ -8,7 +8,7 @@ side by side on the GPU this runs on:
             combine, each touched expert's weights read once (expert_fusion 'separate', the engine until 2026-11-28)
   fused     the same experts with route_hidden (the routing kernel computes the router logits) and the weighted
             combine + residual in the down kernel's last programs: 3 kernels a MoE layer after the norm, where
-            'triton' runs 5 (the engine's default since 2026-11-28, expert_fusion 'fused')
+            'triton' runs 6 (the engine's default since 2026-11-28, expert_fusion 'fused')
 
 For each batch: the graphed step's median time (what a serving stack's step costs), the kernels per step and their
 device time (torch.profiler, graphs off), and the Triton path's teacher-forced token parity with the reference
@@ -91,7 +91,10 @@ def step_ms(session: Session, inputs, steps: int) -> float:
 
 
 def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
-    """Kernel launches and device time per step with graphs off (the graph replays the same kernels)."""
+    """Kernel launches and device time per step with graphs off (the graph replays the same kernels). On a GPU the
+    kernels are the profiler's device events themselves: the Triton kernels the engine launches directly have no
+    launching torch op, so a table read through the ops (measure.operators.group_events) would leave them out."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     pre = session.prefill(inputs, room=steps + 16)
@@ -104,10 +107,15 @@ def kernels_per_step(session: Session, inputs, steps: int = 10) -> dict:
             session.engine.decode_step(token, cache)
         if session.device.type == "cuda":
             torch.cuda.synchronize()
-    ops, _ = group_events(prof.events())  # the kernels (on a CPU: the ops), as every kernel table here reads them
-    # kernels only, as the shipped figures counted them (copies and fills aside)
-    ops = ops[(ops.device == ("cuda" if session.device.type == "cuda" else "cpu"))
-              & ~ops.operator.str.startswith(("Memcpy", "Memset"))]
+    if session.device.type == "cuda":  # every kernel the device ran, copies and fills aside
+        import pandas as pd
+
+        rows = [{"operator": e.name, "calls": 1, "self_us": e.time_range.elapsed_us()} for e in prof.events()
+                if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+        ops = pd.DataFrame(rows, columns=["operator", "calls", "self_us"])
+    else:  # the ops
+        ops, _ = group_events(prof.events())
+        ops = ops[ops.device == "cpu"]
     ops = ops.groupby("operator", as_index=False)[["calls", "self_us"]].sum().sort_values("self_us", ascending=False)
     experts = ops[ops.operator.str.contains("moe|grouped|cutlass", case=False)]
     return {"kernels_per_step": float(ops.calls.sum()) / steps, "busy_us_per_step": float(ops.self_us.sum()) / steps,
@@ -157,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                   {"source": "synthetic", "detail": "seed 0 (random weights)", "synthetic": True})
     out: dict = {"benchmark": "moe_decode", "quick": args.quick, "environment": capture_environment(str(device)),
                  "step_ms": {}, "kernels": {}, "parity": {}}
-    runs = [(v, None) for v in variants if v != "triton"] + [("triton", b) for b in blocks if "triton" in variants]
+    # in the order given (a variant's place in the run can favour it: run them both ways round to compare)
+    runs = [(v, b) for v in variants for b in (blocks if v in TRITON_VARIANTS else [None])]
     engine_blocks = triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K
     for variant, block in runs:
-        name = variant if block is None else f"triton {block[0]}x{block[1]}"
+        name = variant if block is None else f"{variant} {block[0]}x{block[1]}"
         if block is not None:  # read by moe_gemv when a graph is captured
             triton_kernels.MOE_BLOCK_N, triton_kernels.MOE_BLOCK_K = block
         session = ref.with_mode("fast", **ENGINES[variant])

@@ -91,8 +91,8 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat",
-                "projector_cat", "moe_gemv", "moe_gemv_combine", "gather_rows", "permuted_copy", "permuted_add", "group_rows", "cast",
-                "fused_lm_head")
+                "projector_cat", "moe_gemv", "moe_gemv_combine", "gather_rows", "permuted_copy", "permuted_add",
+                "group_rows", "cast", "fused_lm_head")
 # cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles
 # made before it price it on the elementwise table
 # transposed_cat: DeepSeek-OCR's projector input as the reference model builds it, a cat of [rows, 1024] with the

@@ -435,7 +435,7 @@ class FastEngine:
                 torch._dynamo.maybe_mark_dynamic(o, 0)
             if not lw.moe:
                 x = fns["dense"](x, o, lw.wo, lw.ln2, lw.w13, lw.w2)
-            elif st.moe_impl == "triton" and self.expert_fusion == "fused":  # two Triton launches after the norm
+            elif st.moe_impl == "triton" and self.expert_fusion == "fused":  # 3 Triton launches after the norm
                 from .triton_kernels import moe_gemv, route_hidden
                 x, h = fns["attn_out"](x, o, lw.wo, lw.ln2)
                 w, ids = route_hidden(h, lw.gate, self.cfg.k, self.cfg.shared_slots, self.cfg.norm_topk_prob,

@@ -11,9 +11,10 @@ Python. Here the counts never leave the device, so the whole layer can be captur
   running sum down the rows (each row's rank inside its expert) give every row its place, in the order a stable
   sort would give (on an H200 torch.sort's radix sort cost 26 us per layer at batch 64).
 * `triton` (decode at batch 2-64 on a GPU; batch 1 is the fused step): the engine routes with
-  triton_kernels.route_rows and runs triton_kernels.moe_gemv, one program per (expert, block of output rows) over
-  every token that chose the expert, reading its weight tile in place: each touched expert's weights are read
-  once, nothing copied, no routing data prepared (this module's route/combine are not used for it).
+  triton_kernels.route_hidden (or route_rows, expert_fusion 'separate') and runs triton_kernels.moe_gemv, one
+  program per (expert, block of output rows) over every token that chose the expert, reading its weight tile in
+  place: each touched expert's weights are read once, nothing copied, no routing data prepared; with 'fused' its
+  down kernel also does the weighted combine + residual (this module's route/combine are not used for it).
 * `gather`: each (token, slot) row multiplies its expert's weights gathered by id (`bmm` copies the chosen
   weights first, `reduce` is a multiply-sum Inductor can fuse). CPU path and fallback.
 

@@ -51,9 +51,9 @@ class FastOptions(BaseModel):
     # every run measured before this option existed ran ('auto': Triton's on a GPU)
     moe_rows: Literal["auto", "torch", "triton"] = "auto"
     # batched decode's by-expert MoE (batch 2-64): 'fused', the router GEMM inside the routing kernel and the weighted
-    # combine + residual inside the down kernel (two launches after the norm); 'separate', the router GEMM compiled
-    # with the step, a routing kernel and Inductor's combine (five), which every run measured before this option
-    # existed ran ('auto': 'fused' on a GPU)
+    # combine + residual inside the down kernel (three launches after the norm: routing, gate/up, down); 'separate',
+    # the router GEMM and its split-K reduction compiled with the step, a routing kernel, gate/up, down and
+    # Inductor's combine (six), which every run measured before this option existed ran ('auto': 'fused' on a GPU)
     expert_fusion: Literal["auto", "fused", "separate"] = "auto"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
@@ -69,7 +69,8 @@ class FastOptions(BaseModel):
         """Options read back from a stored engine description. EngineSpec.to_dict writes every option of its
         time, so a description holding every option of the set before projector_layout existed but not a later
         option was written before that option existed: it gets what the engine did then ('per_image' layout,
-        torch's MoE rows), not today's default."""
+        torch's MoE rows, the batched decode's router GEMM and combine as kernels of their own), not today's
+        default."""
         if OPTIONS_BEFORE_PROJECTOR_LAYOUT <= set(options):  # a whole description: options added since are theirs
             before = {"projector_layout": "per_image", "moe_rows": "torch", "expert_fusion": "separate"}
             return {**{k: v for k, v in before.items() if k not in options}, **options}

@@ -10,6 +10,10 @@
   every row that chose it (an expert has at most one row per token, so a [rows, tokens] tile on the tensor cores),
   the SwiGLU applied in the first kernel, rounded like the reference (gate, up, silu(gate) and the product in the
   model dtype). The grouped path instead prepares routing data in ~19 kernels per layer (docs/fast-mode.md).
+* `route_hidden` + `moe_gemv(..., weights, residual)` (engine option expert_fusion 'fused'): the routing kernel
+  computes the float32 router logits itself (no router GEMM), and the down kernel's last program of each block of
+  output rows combines the slots with their weights and adds the residual (no combine kernel): three launches a MoE
+  layer after the norm, where route_rows' path takes six.
 
 Importing this module never fails: without Triton (CPU machines, CI) `HAS_TRITON` is False and the engine uses
 its torch formulations. With TRITON_INTERPRET=1 the kernels run on CPU tensors (slowly), which is how the CPU
@@ -121,6 +125,15 @@ if HAS_TRITON:
         pick_experts(lg, i, ids_ptr + row, wts_ptr + row, scale, E, K, SHARED, NORM)
 
     @triton.jit
+    def _last_to_arrive(cnt_ptr, programs):
+        """True in the last of `programs` programs to call this on the counter at cnt_ptr: each program's stores
+        before the call are visible to that program (a CTA barrier, then one acquire-release atomic at GPU scope;
+        it reads them with .cg loads, past L1). The last program must reset the counter to 0 when done, so that
+        every launch, and every replay of a captured one, finds it at zero."""
+        tl.debug_barrier()
+        return tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == programs - 1
+
+    @triton.jit
     def _route_hidden(h_ptr, g_ptr, lg_ptr, cnt_ptr, ids_ptr, wts_ptr, scale, sht, E: tl.constexpr,
                       EP: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, H: tl.constexpr,
                       BE: tl.constexpr, BK: tl.constexpr):
@@ -136,9 +149,7 @@ if HAS_TRITON:
         w = tl.load(g_ptr + e[:, None] * H + k[None, :], mask=em[:, None] & km[None, :], other=0.0)
         hv = tl.load(h_ptr + t * sht + k, mask=km, other=0.0).to(tl.float32)
         tl.store(lg_ptr + t * E + e, tl.sum(w * hv[None, :], axis=1), mask=em)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
-        if done == tl.num_programs(1) - 1:
+        if _last_to_arrive(cnt_ptr + t, tl.num_programs(1)):
             i = tl.arange(0, EP)
             lg = tl.load(lg_ptr + t * E + i, mask=i < E, other=float("-inf"), cache_modifier=".cg")
             row = t * (K + SHARED)
@@ -191,8 +202,9 @@ if HAS_TRITON:
         """Program (e, nb): expert e's down projection of output rows nb*BN.. for every token that chose it, each
         (token, slot) output rounded to the model dtype into out. COMBINE: the last program of block nb to finish
         (an arrival counter per block, over every expert's program, reset by it) reads the block's slot outputs
-        of every token back, sums them weighted in float32 in slot order, rounds the sum to the model dtype and
-        adds it to the residual (res) into x: the weighted combine + residual without a launch of its own."""
+        of every token back, sums them weighted in float32 in slot order, rounds the sum to the experts' output
+        dtype and adds it to the residual (res) into x, as `x + moe.combine(y, w)` does: the weighted combine +
+        residual without a launch of its own."""
         e = tl.program_id(0)
         nb = tl.program_id(1)
         n = nb * BN + tl.arange(0, BN)
@@ -211,9 +223,7 @@ if HAS_TRITON:
             tl.store(out_ptr + rows[None, :] * H + n[:, None], acc.to(out_ptr.dtype.element_ty),
                      mask=nm[:, None] & hit[None, :])
         if COMBINE:
-            tl.debug_barrier()
-            done = tl.atomic_add(cnt_ptr + nb, 1, sem="acq_rel")
-            if done == tl.num_programs(0) - 1:
+            if _last_to_arrive(cnt_ptr + nb, tl.num_programs(0)):
                 tm = t < T
                 m = tm[:, None] & nm[None, :]
                 total = tl.zeros([TP, BN], dtype=tl.float32)
@@ -222,9 +232,9 @@ if HAS_TRITON:
                     y = tl.load(out_ptr + (t * K8 + j)[:, None] * H + n[None, :], mask=mj[:, None] & nm[None, :],
                                 other=0.0, cache_modifier=".cg").to(tl.float32)
                     total += y * tl.load(wts_ptr + t * K8 + j, mask=mj, other=0.0)[:, None]
-                dt = x_ptr.dtype.element_ty
+                summed = total.to(out_ptr.dtype.element_ty).to(tl.float32)  # combine() returns y's dtype
                 r = tl.load(res_ptr + t[:, None] * H + n[None, :], mask=m, other=0.0).to(tl.float32)
-                tl.store(x_ptr + t[:, None] * H + n[None, :], (r + total.to(dt).to(tl.float32)).to(dt), mask=m)
+                tl.store(x_ptr + t[:, None] * H + n[None, :], (r + summed).to(x_ptr.dtype.element_ty), mask=m)
                 tl.store(cnt_ptr + nb, 0)
 
 
@@ -266,6 +276,9 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Te
         raise ValueError(f"moe_gemv takes up to {BY_EXPERT_MAX_TOKENS} tokens (its per-expert token tile), got {t}")
     if (weights is None) != (residual is None):
         raise ValueError("moe_gemv combines with both weights and residual, or with neither")
+    if weights is not None and (tuple(weights.shape) != (t, k) or tuple(residual.shape) != (t, x.shape[1])):
+        raise ValueError(f"moe_gemv: weights {tuple(weights.shape)} and residual {tuple(residual.shape)} must be "
+                         f"[{t}, {k}] and [{t}, {x.shape[1]}] (the ids' rows and slots, x's rows and width)")
     hdim = x.shape[1]
     inner = w2.shape[2]
     experts = w13.shape[0]
@@ -292,24 +305,27 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Te
 
 # arrival counters of the kernels whose last program merges the others' results, per (device, kernel): zeros
 # kept for good (each merging program resets its counter, so every launch finds them zero), created outside any
-# CUDA-graph capture (a graph's pool would reclaim them), so a captured launch reads the same buffer on every replay
-_COUNTERS: dict[tuple[str, str], torch.Tensor] = {}
+# CUDA-graph capture (a graph's pool would reclaim them), so a captured launch reads the same buffer on every
+# replay. A larger buffer replaces a smaller one for later launches, and the smaller one is kept too: graphs
+# captured with it still hold its address. One stream at a time: two launches sharing counters concurrently would
+# leave them non-zero (the engine runs its steps on one stream).
+_COUNTERS: dict[tuple[str, str], list[torch.Tensor]] = {}
 
 
 def arrival_counters(device: torch.device, kernel: str, n: int) -> torch.Tensor:
     """At least n int32 zeros for `kernel`'s arrival counters on `device` (see _COUNTERS)."""
-    key = (str(device), kernel)
-    have = _COUNTERS.get(key)
-    if have is None or have.numel() < n:
+    held = _COUNTERS.setdefault((str(device), kernel), [])
+    if not held or held[-1].numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"{kernel}: its arrival counters must be created before a CUDA graph is captured "
                                "(run the work once eagerly first, as graphs.Captured does)")
-        _COUNTERS[key] = have = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
-    return have
+        held.append(torch.zeros(max(n, 64), dtype=torch.int32, device=device))
+    return held[-1]
 
 
-# experts per program of route_hidden (4 fp32 rows of 2,048 lanes: 64 registers a thread on 4 warps)
-ROUTE_EXPERTS = 4
+# experts per program of route_hidden (4 fp32 rows of 2,048 lanes: 64 registers a thread on 4 warps), and the widest
+# hidden size it takes as one tile (wider rows would spill registers: route_rows' path serves them)
+ROUTE_EXPERTS, ROUTE_MAX_HIDDEN = 4, 4096
 
 
 def route_hidden(h: torch.Tensor, gate: torch.Tensor, k: int, shared: int, norm_topk_prob: bool,
@@ -321,8 +337,9 @@ def route_hidden(h: torch.Tensor, gate: torch.Tensor, k: int, shared: int, norm_
     expert: a rounding difference, like the fused batch-1 router's)."""
     t, hdim = h.shape
     e = gate.shape[0]
-    if t > BY_EXPERT_MAX_TOKENS:
-        raise ValueError(f"route_hidden takes up to {BY_EXPERT_MAX_TOKENS} tokens (its arrival counters), got {t}")
+    if hdim > ROUTE_MAX_HIDDEN:
+        raise ValueError(f"route_hidden loads a row as one tile, up to {ROUTE_MAX_HIDDEN} wide; got {hdim} (use "
+                         "expert_fusion='separate')")
     h = h.contiguous()
     logits = torch.empty(t, e, dtype=torch.float32, device=h.device)
     ids = torch.empty(t, k + shared, dtype=torch.long, device=h.device)
