@@ -44,15 +44,18 @@ STATED_MAX = {"grouped": 0.26, "triton 64x64": 0.12}
 # the shipped H200 run of both by-expert variants (2026-11-28, docs/fast-mode.md "Batched decode: the router GEMM
 # and the combine inside the MoE kernels"), predicted with the H200 profile as committed (its memory.moe_gemv_combine
 # table was measured after this run) and the routing those weights take: the largest error the docs state, +1 point
-SHIPPED_H200 = ROOT / "docs" / "results" / "h200_expert_fusion_2026-11-28" / "moe_decode.json"
-STATED_MAX_H200 = {"fused": 0.041 + 0.01, "triton 64x64": 0.028 + 0.01}
+# (the first run, the new variant first, and the second, the old one first; the second's batch 64 is the -7%)
+H200_RUNS = ROOT / "docs" / "results" / "h200_expert_fusion_2026-11-28"
+STATED_MAX_H200 = {"moe_decode.json": {"fused": 0.041 + 0.01, "triton 64x64": 0.028 + 0.01},
+                   "moe_decode_reversed.json": {"fused 64x64": 0.068 + 0.01, "triton 64x64": 0.032 + 0.01}}
 
 
-def test_the_shipped_h200_steps_of_both_expert_fusions_are_predicted_within_the_stated_errors():
+@pytest.mark.parametrize("run", sorted(STATED_MAX_H200))
+def test_the_shipped_h200_steps_of_both_expert_fusions_are_predicted_within_the_stated_errors(run):
     md = _script()
-    measured = json.loads(SHIPPED_H200.read_text())["step_ms"]
-    assert set(measured) == set(STATED_MAX_H200)
-    for variant, worst in STATED_MAX_H200.items():
+    measured = json.loads((H200_RUNS / run).read_text())["step_ms"]
+    assert set(measured) == set(STATED_MAX_H200[run])
+    for variant, worst in STATED_MAX_H200[run].items():
         for batch, ms in measured[variant].items():
             got = md.predicted_step_ms(str(ROOT / "data/profiles/h200.json"), variant, int(batch),
                                        str(ROOT / "data/routing/h200_synthetic_decode.json"))
