@@ -165,7 +165,8 @@ def options_help() -> str:
 # What a fast engine ran before runs and accuracy results recorded their engine (2026-11-26): batched decode on the
 # grouped GEMMs (gather_max_rows 8, the default of the time), the projector laying each image out with the
 # reference's cats (projector_layout 'per_image', the only layout then), Inductor's MoE rows (moe_rows 'torch'), the
-# batched decode's router GEMM and combine as kernels of their own (expert_fusion 'separate')
+# batched decode's router GEMM and combine as kernels of their own (expert_fusion 'separate'), the batched greedy
+# choice on the host (batched_choice 'host', the default)
 ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image",
                                                               "moe_rows": "torch", "expert_fusion": "separate"}}}
 

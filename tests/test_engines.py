@@ -77,10 +77,10 @@ def test_resolution_on_the_cpu_is_the_engines(tiny_model):
         got = FastEngine(tiny_model, **opts).describe()
         r = EngineSpec.of("fast", opts).validated().resolved("cpu")
         assert (r.graphs, r.compile, r.compile_vision, r.compile_prefill, r.fused, r.attention, r.bucket,
-                r.graph_steps, r.clip_packed, r.sam_attention, r.moe_rows, r.expert_fusion) == (
+                r.graph_steps, r.clip_packed, r.sam_attention, r.moe_rows, r.expert_fusion, r.batched_choice) == (
             got["cuda_graphs"], got["compile"], got["compile_vision"], got["compile_prefill"], got["fused_decode_b1"],
             got["attention"], got["bucket"], got["graph_steps"], got["clip_packed"], got["sam_attention"],
-            got["moe_rows"], got["expert_fusion"])
+            got["moe_rows"], got["expert_fusion"], got["batched_choice"])
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +344,26 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     assert EngineSpec.of("fast").validated().resolved("cpu").expert_fusion == "separate"
     with pytest.raises(SpecError, match="expert_fusion"):
         EngineSpec.of("fast", {"expert_fusion": "fused"}).kernel_plan("cpu")
+    # batched_choice: 'host' was the only choice before it existed, and stays the default
+    assert FastOptions.from_stored(old).get("batched_choice", "host") == "host"
+    assert EngineSpec.of("fast").validated().resolved("cuda").batched_choice == "host"
+    with pytest.raises(SpecError, match="batched_choice"):
+        EngineSpec.of("fast", {"batched_choice": "graph"}).kernel_plan("cpu")
+
+
+def test_the_batched_choice_in_the_graph_reaches_the_plan():
+    """batched_choice='graph': a batched step's choice is three kernels in its graph (best_rows reading every logit
+    and its stamp) and one eager copy instead of the host's seven ops; the fused batch-1 step is not affected."""
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1, 8], decode_steps=[4], logits="last")
+    host = _stages(EngineSpec.of("fast"), pts, graph_kernel_s=1.0)["decode"]
+    graph = _stages(EngineSpec.of("fast", {"batched_choice": "graph"}), pts, graph_kernel_s=1.0)["decode"]
+    assert graph["predicted_launch_s"][0] == host["predicted_launch_s"][0]  # batch 1: the fused step
+    assert graph["predicted_launch_s"][1] == pytest.approx(host["predicted_launch_s"][1] + 4 * (3 - 7))
+    # a host that issues an op in a second (far slower than the device): the step's host time is its eager ops
+    slow = {"graph_kernel_s": 0.0, "host_op_s": 1.0}
+    host_ops = _stages(EngineSpec.of("fast"), pts, **slow)["decode"]["predicted_host_s"][1]
+    graph_ops = _stages(EngineSpec.of("fast", {"batched_choice": "graph"}), pts, **slow)["decode"]["predicted_host_s"][1]
+    assert graph_ops < host_ops and host_ops - graph_ops == pytest.approx(4 * (7 - 1), rel=0.01)
 
 
 def test_the_projector_layout_reaches_the_plan():

@@ -65,6 +65,26 @@ out["free"] = plain.generate(small, max_new_tokens=6, no_repeat_ngram_size=0).ge
 out["plain"] = plain.generate(small, max_new_tokens=6, no_repeat_ngram_size=2).generated_ids
 out["fused"] = fused.generate(small, max_new_tokens=6, no_repeat_ngram_size=2).generated_ids
 out["reference"] = ref.generate(small, max_new_tokens=6, no_repeat_ngram_size=2).generated_ids
+# the batched greedy choice in the step's graph (batched_choice='graph', choice_kernels.py) against the host's
+# next_tokens at batch 3, with and without the ban; the rows end with EOS at different steps (finished rows: pad)
+b3 = synthetic_inputs("small", (1, 1), text_tokens=10, batch=3, seed=4)
+host_choice = ref.with_mode("fast", bucket=32)
+device_choice = ref.with_mode("fast", bucket=32, batched_choice="graph")
+for ng in (2, 0):
+    out[f"choice_host_{ng}"] = host_choice.generate(b3, max_new_tokens=6, no_repeat_ngram_size=ng).generated_ids
+    out[f"choice_graph_{ng}"] = device_choice.generate(b3, max_new_tokens=6, no_repeat_ngram_size=ng).generated_ids
+out["choice_used"] = device_choice.engine._states[3].choice is not None
+# the choice kernel alone: equal maxima in two blocks (the first index wins), a finished row (pad), an EOS
+from dsocr_core.fast import choice_kernels as ck
+pmax = torch.tensor([[1.0, 3.0, 3.0], [2.0, 1.0, 0.0], [0.5, 4.0, 4.0]])
+parg = torch.tensor([[3, 17, 30], [5, 12, 20], [1, 11, 29]], dtype=torch.int32)
+fin = torch.tensor([0, 1, 0], dtype=torch.int8)
+tok_out = torch.zeros(3, dtype=torch.long)
+hist = torch.zeros(3, 8, dtype=torch.long)
+pos, serial, count = torch.tensor([4]), torch.tensor([7], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+ck._choose_rows[(3,)](pmax, parg, 3, tok_out, hist, hist.stride(0), pos, serial, fin, count, 8, 0, 11, BP=4)
+out["choose_rows"] = {"tokens": tok_out.tolist(), "history": hist[:, 5].tolist(), "finished": fin.tolist(),
+                      "pos": int(pos), "serial": int(serial), "count": int(count)}
 
 # the same generation under a GPU's first-call semantics (graphs.Captured: a warm-up run, then a replay of the
 # captured graph unless the work advances its own state), which the CPU path (no graphs) never exercises
@@ -163,6 +183,20 @@ def test_fused_routing_and_combine_equal_the_torch_experts_at_batch_3(result):
     assert result["fused_moe_b3"] == result["moe_b3_gather"]
     assert result["route_hidden_ids_equal"] and result["route_hidden_weight_diff"] < 1e-6
     assert max(result["combine_diffs"]) < 1e-6
+
+
+def test_the_batched_choice_in_the_graph_chooses_what_the_host_chooses(result):
+    """batched_choice='graph': the n-gram ban, the blocks' best tokens and the rows' choice as kernels give the
+    host's next_tokens tokens at batch 3, with the ban active and without, rows finishing at different steps; the
+    choice kernel takes the first of equal maxima, emits the pad id for a finished row, marks a row that chose EOS
+    finished, writes history[pos + 1], advances the position and the ban serial once and leaves its counter at 0."""
+    assert result["choice_used"]
+    for ng in (2, 0):
+        assert result[f"choice_graph_{ng}"] == result[f"choice_host_{ng}"]
+    assert result["choice_host_2"] != result["choice_host_0"]  # the ban changed the tokens
+    assert len({len(r) for r in result["choice_host_2"]}) > 1  # rows stopped at different steps
+    assert result["choose_rows"] == {"tokens": [17, 0, 11], "history": [17, 0, 11], "finished": [0, 1, 1],
+                                     "pos": 5, "serial": 8, "count": 0}
 
 
 def test_fused_generation_under_graph_first_call_semantics(result):

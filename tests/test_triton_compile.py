@@ -96,6 +96,27 @@ FUSED = {  # the fused batch-1 kernels as FusedDecode launches them for DeepSeek
                     "skh": "i32", "skl": "i32", "svh": "i32", "svl": "i32", "scale": "fp32"},
                    {"D": 128, "CHUNK": 32, "BS": 32}),
 }
+# the batched greedy choice's kernels (choice_kernels.py) and the n-gram ban over rows (batched_choice 'graph')
+CHOICE = {
+    "_best_rows": ({"logits_ptr": "*fp32", "stamp_ptr": "*i32", "serial_ptr": "*i32", "pmax_ptr": "*fp32",
+                    "parg_ptr": "*i32", "V": "i32", "s_row": "i32", "P": "i32"}, {"BN": 4096}),
+    "_choose_rows": ({"pmax_ptr": "*fp32", "parg_ptr": "*i32", "P": "i32", "token_ptr": "*i64", "hist_ptr": "*i64",
+                      "s_hist": "i32", "pos_ptr": "*i64", "serial_ptr": "*i32", "fin_ptr": "*i8", "cnt_ptr": "*i32",
+                      "capacity": "i32", "pad": "i32", "eos": "i32"}, {"BP": 32}),
+}
+
+
+def test_the_batched_choice_kernels_compile(kernels):
+    from dsocr_core.fast import choice_kernels as ck
+
+    for name, (sig, consts) in CHOICE.items():
+        assert _compile(getattr(ck, name), sig, consts).asm["cubin"], name
+    dk = kernels[0]
+    ban = {"hist_ptr": "*i64", "pos_ptr": "*i64", "stamp_ptr": "*i32", "serial_ptr": "*i32", "s_hist": "i32",
+           "s_stamp": "i32"}
+    assert _compile(dk._ngram_ban, ban, {"N": 20, "BW": 256, "PDL": False}).asm["cubin"]
+
+
 # the attention's blocks for longer caches (decode_kernels.attention_blocks): 64 slots a program on 2 warps, 128 on 4
 for _chunk, _splits, _warps in ((64, 32, 2), (128, 32, 4)):
     FUSED[f"{_chunk}-slot _attention"] = (FUSED["_attention"][0], {"D": 128, "CHUNK": _chunk, "BS": _splits}, _warps)

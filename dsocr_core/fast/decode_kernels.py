@@ -439,10 +439,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _ngram_ban(hist_ptr, pos_ptr, stamp_ptr, serial_ptr, N: tl.constexpr, BW: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   PDL: tl.constexpr = False, s_hist=0, s_stamp=0):
         """HF no_repeat_ngram_size over history[0..pos]: every window whose first N-1 tokens equal the last N-1
-        bans its N-th token (stamp[token] = serial, read by _lm_head in the same step)."""
+        bans its N-th token (stamp[token] = serial, read by _lm_head in the same step). Program (w, row): row's
+        history and stamps start s_hist and s_stamp elements further (the batched choice, choice_kernels.py;
+        the fused batch-1 step launches one row)."""
         _after_predecessor(PDL)
+        row = tl.program_id(1)
+        hist_ptr += row * s_hist
+        stamp_ptr += row * s_stamp
         pos = tl.load(pos_ptr)
         serial = tl.load(serial_ptr)
         length = pos + 1

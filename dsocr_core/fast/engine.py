@@ -72,7 +72,7 @@ class FastEngine:
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
                  graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "gather",
-                 moe_rows: str = "auto", expert_fusion: str = "auto"):
+                 moe_rows: str = "auto", expert_fusion: str = "auto", batched_choice: str = "host"):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -86,6 +86,8 @@ class FastEngine:
             raise ValueError(f"moe_rows must be 'auto', 'torch' or 'triton', got {moe_rows!r}")
         if expert_fusion not in ("auto", "fused", "separate"):
             raise ValueError(f"expert_fusion must be 'auto', 'fused' or 'separate', got {expert_fusion!r}")
+        if batched_choice not in ("host", "graph"):
+            raise ValueError(f"batched_choice must be 'host' or 'graph', got {batched_choice!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -119,6 +121,10 @@ class FastEngine:
         # included) and combines the slots + residual inside the down kernel; 'separate', the router GEMM compiled
         # with the step, the routing kernel, and the combine as an Inductor kernel (every run before 2026-11-28)
         self.expert_fusion = ("fused" if self.triton else "separate") if expert_fusion == "auto" else expert_fusion
+        if batched_choice == "graph" and not (self.triton or interpreted):
+            raise ValueError("batched_choice 'graph' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
+        # the greedy choice outside the fused batch-1 step: eager ops between replays, or kernels in the step's graph
+        self.batched_choice = batched_choice
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
         sm90 = self.triton and torch.cuda.get_device_capability(self.device)[0] >= 9
@@ -371,9 +377,13 @@ class FastEngine:
         """Decode steps from `token` (chosen last, at position cache.length), choosing like next_tokens.
         Fused batch-1 path: the ban, the choice and the position update run in the step's graph and up to
         `graph_steps` steps share one launch (never across a bucket edge); rows are not marked finished there
-        (one row: the generator cuts after its EOS). Otherwise one step, the choice on the host."""
+        (one row: the generator cuts after its EOS). Otherwise one step: with batched_choice 'graph' the ban, the
+        choice, finished rows' pad, EOS and the position run in the step's graph (choice_kernels.py) and `finished`
+        is copied back once a step; with 'host' the choice runs as eager ops after the replay."""
         st = cache.check()
         n = st.cache.length  # position of `token`
+        if st.fused is None and self.batched_choice == "graph":
+            return self._greedy_on_device(st, token, n, ngram, finished)
         if st.fused is None:
             logits = self.decode_step(token, cache)
             chosen = next_tokens(logits, st.history[:, :n + 1], ngram, finished, self.spec.pad_token_id)
@@ -393,10 +403,28 @@ class FastEngine:
         st.cache.length = st.primed = n + k
         return st.history[:, n + 1:n + 1 + k]
 
+    def _greedy_on_device(self, st: DecodeState, token: torch.Tensor, n: int, ngram: int,
+                          finished: torch.Tensor) -> torch.Tensor:
+        """One decode step whose greedy choice runs in its graph (batched_choice 'graph', outside the fused step)."""
+        if n + 2 > st.capacity:  # the step's cache slot n and the chosen token's history slot n + 1
+            st = self._grow(st, n + 2 + DEFAULT_NEW_TOKENS)
+        if st.choice is None:  # before any capture
+            from .choice_kernels import BatchedChoice
+            st.choice = BatchedChoice(st.batch, self.spec.vocab_size, self.device)
+        if st.primed != n:  # else the previous step's graph left token, history, position and finished in place
+            st.token.copy_(token.reshape(-1))
+            st.history[:, n].copy_(token.reshape(-1))
+            st.pos.fill_(n)
+            st.choice.finished.copy_(finished)
+        self._replay(st, n, choose=True, ngram=ngram)
+        st.cache.length = st.primed = n + 1
+        finished.copy_(st.choice.finished)
+        return st.history[:, n + 1:n + 2]
+
     def _replay(self, st: DecodeState, n: int, choose: bool, ngram: int = 0, steps: int = 1) -> None:
         """Run (capturing on first use) the step graph of the bucket holding positions n .. n+steps-1.
-        `choose` (fused batch-1 path only): each step also bans n-grams, picks the greedy token into st.token
-        and history and advances st.pos, so one graph can hold several steps."""
+        `choose` (the fused batch-1 path, or batched_choice 'graph'): each step also bans n-grams, picks the greedy
+        token into st.token and history and advances st.pos (several steps per graph: the fused path only)."""
         if steps > 1 and not (choose and st.fused is not None):
             raise ValueError("several steps per graph need the fused batch-1 path with the choice on the device")
         length = min(st.capacity, round_up(n + steps, self.bucket))
@@ -407,6 +435,10 @@ class FastEngine:
                 def fn():
                     for _ in range(steps):
                         st.fused.step(st, length, self.cos_t, self.sin_t, choose, ngram)
+            elif choose:
+                def fn():
+                    self._step(st, length)
+                    st.choice.choose(st, ngram, self.spec.pad_token_id, self.spec.eos_token_id)
             else:
                 fn = lambda: self._step(st, length)  # noqa: E731
             run = st.graphs[key] = Captured(fn, self.graphs, advances=choose)
@@ -504,7 +536,7 @@ class FastEngine:
             "cuda_graphs": self.graphs, "compile": self.compile, "compile_vision": self.compile_vision,
             "compile_prefill": self.compile_prefill, "clip_packed": self.clip_packed,
             "projector_layout": self.projector_layout, "moe_rows": self.moe_rows,
-            "expert_fusion": self.expert_fusion,
+            "expert_fusion": self.expert_fusion, "batched_choice": self.batched_choice,
             "triton": self.triton, "attention": self.attention, "topk": self.topk,
             "moe": self.moe, "moe_by_batch": {b: st.moe_impl for b, st in self._states.items()},
             "fused_decode_b1": self.fused, "fused_blocks": self.fused_blocks, "pdl": self.pdl,

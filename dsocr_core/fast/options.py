@@ -55,6 +55,10 @@ class FastOptions(BaseModel):
     # the router GEMM and its split-K reduction compiled with the step, a routing kernel, gate/up, down and
     # Inductor's combine (six), which every run measured before this option existed ran ('auto': 'fused' on a GPU)
     expert_fusion: Literal["auto", "fused", "separate"] = "auto"
+    # the greedy choice of a decode step outside the fused batch-1 step: 'host', next_tokens' eager ops between graph
+    # replays (about fifteen launches a step); 'graph', fast/choice_kernels.py's three kernels inside the step's graph
+    # (not yet measured on a GPU, so not the default)
+    batched_choice: Literal["host", "graph"] = "host"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
     compile_options: dict | None = None
@@ -89,6 +93,8 @@ class FastOptions(BaseModel):
             raise SpecError("fast engine option moe_rows: 'triton' needs a CUDA device and Triton")
         if self.expert_fusion == "fused" and not triton:
             raise SpecError("fast engine option expert_fusion: 'fused' needs a CUDA device and Triton")
+        if self.batched_choice == "graph" and not triton:
+            raise SpecError("fast engine option batched_choice: 'graph' needs a CUDA device and Triton")
         compile_ = cuda if self.compile is None else self.compile
         attention = self.attention
         if attention == "auto":
@@ -104,7 +110,8 @@ class FastOptions(BaseModel):
             clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda,
             projector_layout=self.projector_layout,
             moe_rows=("triton" if triton else "torch") if self.moe_rows == "auto" else self.moe_rows,
-            expert_fusion=("fused" if triton else "separate") if self.expert_fusion == "auto" else self.expert_fusion)
+            expert_fusion=("fused" if triton else "separate") if self.expert_fusion == "auto" else self.expert_fusion,
+            batched_choice=self.batched_choice)
 
 
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
@@ -155,6 +162,7 @@ class ResolvedFast:
     projector_layout: str = "gather"
     moe_rows: str = "torch"
     expert_fusion: str = "separate"
+    batched_choice: str = "host"
 
     def decode_moe(self, batch, slots: int) -> str:
         """decode_moe for this engine (Triton is assumed wherever CUDA is, as the plan assumes)."""

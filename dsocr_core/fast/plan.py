@@ -14,6 +14,8 @@ What the options decide here:
 * `moe_rows`: 'triton' runs the grouped MoE's grouping, its copy into expert order and its weighted combine as
   fast/moe_rows.py's kernels, priced with SwiGLU by their bytes; 'torch' as the kernels Inductor compiles (a
   remainder of 17 launches);
+* `batched_choice`: a decode step's greedy choice outside the fused batch-1 step runs as eager ops after the graph
+  replay ('host') or as three kernels in the step's graph ('graph');
 * `expert_fusion`: batched decode's by-expert MoE either routes in one kernel that computes the logits and
   combines the slots + residual inside the down kernel ('fused'), or runs the router GEMM, a routing kernel and the
   combine as kernels of their own ('separate');
@@ -38,6 +40,9 @@ from ..spec import SpecError
 from .options import ResolvedFast, expert_lanes
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
+# batched_choice 'graph' (fast/choice_kernels.py): the n-gram ban, the blocks' best tokens and the rows' choice in the
+# step's graph; outside it one copy of the finished flags back to the generator
+CHOICE_LAUNCHES, CHOICE_HOST_OPS = 3.0, 1.0
 # the MoE's kernels beside moe_rows' kernels, SwiGLU and the grouped GEMMs, per layer of a compiled prefill traced on
 # an H200 (docs/fast-mode.md): the top-k's rounds (9), the slots' ids and weights (1), the grouped GEMMs' data (2)
 ROUTING_LAUNCHES = 12.0
@@ -145,6 +150,13 @@ class FastPlan:
             if c.fused:  # the embedding row is read inside the first q/k/v kernel; graph_steps steps per replay
                 return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
                             graph_launches=1.0 / self.o.graph_steps)
+            if c.phase == "decode" and self.o.batched_choice == "graph":
+                # the choice in the graph: best_rows reads every logit and its ban stamp (float32, int32) once; the
+                # ban and the rows' choice move a few kilobytes. Not yet measured on a GPU (docs/fast-mode.md)
+                moved = c.b * c.spec.vocab_size * (FP32 + 4)
+                choice = Kernel("memory.elementwise", dict(bytes=moved), 0.0, 0.0, CHOICE_LAUNCHES,
+                                real_bytes=moved, by_batch=True)
+                return Plan([choice], rest_launches=1.0, host_ops=CHOICE_HOST_OPS, graph_launches=1.0)
             if c.phase == "decode":
                 # the greedy choice, the history update and the replay call, outside the graph. The host issues a
                 # step in 0.16-0.32 ms, well ahead of the GPU, and a step in the generation loop takes 0.02-0.04 ms

@@ -26,6 +26,7 @@ class DecodeState:
     history: torch.Tensor  # [B, capacity] long, prompt + generated ids (for the n-gram ban)
     moe_impl: str
     fused: Any = None  # decode_kernels.FusedDecode at batch 1 with Triton, else None
+    choice: Any = None  # choice_kernels.BatchedChoice once a step chose on the device (batched_choice 'graph')
     serial: int = 0  # bumped by every prefill; older cache handles become stale
     # the position up to which the device already holds token, pos and history after fused steps that chose on
     # the device (so the next fused call writes nothing before its replay); None when the host must set them
