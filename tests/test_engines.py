@@ -345,7 +345,7 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     with pytest.raises(SpecError, match="expert_fusion"):
         EngineSpec.of("fast", {"expert_fusion": "fused"}).kernel_plan("cpu")
     # batched_choice: 'host' was the only choice before it existed, and stays the default
-    assert FastOptions.from_stored(old).get("batched_choice", "host") == "host"
+    assert EngineSpec.from_dict(stored).validated().resolved("cuda").batched_choice == "host"
     assert EngineSpec.of("fast").validated().resolved("cuda").batched_choice == "host"
     with pytest.raises(SpecError, match="batched_choice"):
         EngineSpec.of("fast", {"batched_choice": "graph"}).kernel_plan("cpu")

@@ -113,6 +113,18 @@ st = graphed.engine._states[1]
 out["graph_like_pos"], out["graph_like_length"] = int(st.pos), st.cache.length
 out["graph_like_keys"] = sorted({k[3] for k in st.graphs})  # steps per launch seen
 out["graph_like_tpot"], out["graph_like_steps"] = res.timings["tpot_s"], len(res.timings["decode_steps"])
+# the batched choice on the device under the same first-call semantics, every step's raw tokens (pads after EOS
+# included) and the finished flags, through a state that grows past its capacity mid-generation (min_room 1)
+from dsocr_core.runtime.generate import Greedy
+raw = {}
+for name, opts in (("host", {}), ("graph", {"batched_choice": "graph"})):
+    s3 = ref.with_mode("fast", bucket=32, min_room=1, **opts)
+    gen = Greedy(s3.engine, b3, 40, 2, stop_at_eos=False)
+    raw[name] = [t.tolist() for t in gen.run()]
+    raw[name + "_capacity"] = s3.engine._states[3].capacity
+out["raw_host"], out["raw_graph"] = raw["host"], raw["graph"]
+out["raw_capacity"] = raw["graph_capacity"]
+out["pad_id"], out["eos_id"] = spec.pad_token_id, spec.eos_token_id
 
 # the by-expert MoE kernels (triton_kernels.moe_gemv) at batch 3: one step's logits and a generation against the
 # torch experts: 3 rows choosing 2 of 8 routed experts each (some chosen by several rows) and the shared slots
@@ -197,6 +209,20 @@ def test_the_batched_choice_in_the_graph_chooses_what_the_host_chooses(result):
     assert len({len(r) for r in result["choice_host_2"]}) > 1  # rows stopped at different steps
     assert result["choose_rows"] == {"tokens": [17, 0, 11], "history": [17, 0, 11], "finished": [0, 1, 1],
                                      "pos": 5, "serial": 8, "count": 0}
+
+
+def test_the_batched_choice_in_the_graph_under_graph_first_call_semantics(result):
+    """The same choice with a GPU's first-call semantics (graphs.Captured: the warm-up is the step), 40 raw steps
+    (no cut at EOS: finished rows' pad ids compared too) through a state that grew mid-generation."""
+    assert result["raw_graph"] == result["raw_host"]
+    assert len(result["raw_graph"]) == 40
+    rows = list(zip(*result["raw_graph"]))  # per row, its 40 tokens
+    ended = [r for r in rows if result["eos_id"] in r]
+    assert ended  # some row chose EOS, and every token after it is the pad id
+    for r in ended:
+        after = r[r.index(result["eos_id"]) + 1:]
+        assert after and set(after) == {result["pad_id"]}
+    assert result["raw_capacity"] > 32 + 10  # grown past the first bucket
 
 
 def test_fused_generation_under_graph_first_call_semantics(result):

@@ -37,6 +37,7 @@ if HAS_TRITON:
         n = blk * BN + tl.arange(0, BN)
         nm = n < V
         lg = tl.load(logits_ptr + row * s_row + n, mask=nm, other=float("-inf"))
+        lg = tl.where(lg != lg, float("inf"), lg)  # torch.argmax takes a NaN as the largest; max and argmax agree
         banned = tl.load(stamp_ptr + row * s_row + n, mask=nm, other=-1) == tl.load(serial_ptr)
         s = tl.where(nm & ~banned, lg, float("-inf"))
         tl.store(pmax_ptr + row * P + blk, tl.max(s, axis=0))
@@ -54,7 +55,7 @@ if HAS_TRITON:
         ok = i < P
         m = tl.load(pmax_ptr + row * P + i, mask=ok, other=float("-inf"))
         best = tl.max(m, axis=0)
-        first = tl.min(tl.where(ok & (m == best), i, BP), axis=0)
+        first = tl.minimum(tl.min(tl.where(ok & (m == best), i, BP), axis=0), P - 1)  # in range whatever m holds
         tok = tl.load(parg_ptr + row * P + first).to(tl.int64)
         done = tl.load(fin_ptr + row) != 0
         tok = tl.where(done, pad, tok)

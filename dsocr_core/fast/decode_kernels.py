@@ -456,7 +456,7 @@ if HAS_TRITON:
         hit = valid
         for i in tl.static_range(N - 1):
             a = tl.load(hist_ptr + w + i, mask=valid, other=0)
-            b = tl.load(hist_ptr + length - N + 1 + i)
+            b = tl.load(hist_ptr + length - N + 1 + i, mask=length >= N, other=-1)  # no window when shorter
             hit = hit & (a == b)
         tok = tl.load(hist_ptr + w + N - 1, mask=hit, other=0)
         tl.store(stamp_ptr + tok, serial, mask=hit)

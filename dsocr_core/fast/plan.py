@@ -41,7 +41,8 @@ from .options import ResolvedFast, expert_lanes
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
 # batched_choice 'graph' (fast/choice_kernels.py): the n-gram ban, the blocks' best tokens and the rows' choice in the
-# step's graph; outside it one copy of the finished flags back to the generator
+# step's graph (two without the ban: the plan assumes it, as every generation and measurement runs it, n = 20);
+# outside it one copy of the finished flags back to the generator
 CHOICE_LAUNCHES, CHOICE_HOST_OPS = 3.0, 1.0
 # the MoE's kernels beside moe_rows' kernels, SwiGLU and the grouped GEMMs, per layer of a compiled prefill traced on
 # an H200 (docs/fast-mode.md): the top-k's rounds (9), the slots' ids and weights (1), the grouped GEMMs' data (2)
