@@ -30,7 +30,7 @@ scores = ban_repeated_ngrams(hist[None], torch.zeros(1, v), 3)
 stamp = torch.full((v,), -1, dtype=torch.long)
 serial = torch.tensor([7])
 pos = torch.tensor([len(hist) - 1])
-dk._ngram_ban[(1,)](hist, pos, stamp, serial, N=3, BW=16)
+dk._ngram_ban[(1,)](hist, pos, stamp, serial, 0, 0, N=3, BW=16)
 out["ban_ref"] = sorted(torch.nonzero(scores[0] == float("-inf"))[:, 0].tolist())
 out["ban_kernel"] = sorted(torch.nonzero(stamp == 7)[:, 0].tolist())
 

@@ -22,10 +22,9 @@ import torch
 from .triton_kernels import HAS_TRITON, next_pow2, tl, triton
 
 BEST_BLOCK = 4096  # tokens per best_rows program: 32 programs a row for DeepSeek-OCR's 129,280
-BAN_WINDOWS = 256  # window starts per n-gram ban program (decode_kernels.BLOCKS["ban"])
 
 if HAS_TRITON:
-    from .decode_kernels import _ngram_ban
+    from .decode_kernels import BLOCKS, _block_best, _blocks_best, _ngram_ban
     from .triton_kernels import _last_to_arrive
 
     @triton.jit
@@ -38,10 +37,8 @@ if HAS_TRITON:
         nm = n < V
         lg = tl.load(logits_ptr + row * s_row + n, mask=nm, other=float("-inf"))
         lg = tl.where(lg != lg, float("inf"), lg)  # torch.argmax takes a NaN as the largest; max and argmax agree
-        banned = tl.load(stamp_ptr + row * s_row + n, mask=nm, other=-1) == tl.load(serial_ptr)
-        s = tl.where(nm & ~banned, lg, float("-inf"))
-        tl.store(pmax_ptr + row * P + blk, tl.max(s, axis=0))
-        tl.store(parg_ptr + row * P + blk, blk * BN + tl.argmax(s, axis=0))
+        _block_best(lg, blk * BN, n, nm, stamp_ptr + row * s_row, serial_ptr, pmax_ptr + row * P + blk,
+                    parg_ptr + row * P + blk)
 
     @triton.jit
     def _choose_rows(pmax_ptr, parg_ptr, P, token_ptr, hist_ptr, s_hist, pos_ptr, serial_ptr, fin_ptr, cnt_ptr,
@@ -51,12 +48,7 @@ if HAS_TRITON:
         token[row] and history[row, pos + 1]. The last program to arrive advances serial and pos (every program has
         read pos by then)."""
         row = tl.program_id(0)
-        i = tl.arange(0, BP)
-        ok = i < P
-        m = tl.load(pmax_ptr + row * P + i, mask=ok, other=float("-inf"))
-        best = tl.max(m, axis=0)
-        first = tl.minimum(tl.min(tl.where(ok & (m == best), i, BP), axis=0), P - 1)  # in range whatever m holds
-        tok = tl.load(parg_ptr + row * P + first).to(tl.int64)
+        tok = _blocks_best(pmax_ptr + row * P, parg_ptr + row * P, P, BP).to(tl.int64)
         done = tl.load(fin_ptr + row) != 0
         tok = tl.where(done, pad, tok)
         tl.store(fin_ptr + row, (done | (tok == eos)).to(tl.int8))
@@ -87,10 +79,11 @@ class BatchedChoice:
         b = st.batch
         if st.logits.stride(0) != self.stamp.stride(0):  # best_rows walks both with one row stride
             raise ValueError("the batched choice needs contiguous [B, V] logits")
-        if ngram > 0:
-            _ngram_ban[(triton.cdiv(st.capacity, BAN_WINDOWS), b)](
-                st.history, st.pos, self.stamp, self.serial, N=ngram, BW=BAN_WINDOWS, s_hist=st.history.stride(0),
-                s_stamp=self.stamp.stride(0), num_warps=4)
+        if ngram > 0:  # the fused step's ban, a row of programs per row
+            bw, _, warps = BLOCKS["ban"]
+            _ngram_ban[(triton.cdiv(st.capacity, bw), b)](
+                st.history, st.pos, self.stamp, self.serial, st.history.stride(0), self.stamp.stride(0), N=ngram,
+                BW=bw, num_warps=warps)
         _best_rows[(self.blocks, b)](st.logits, self.stamp, self.serial, self.pmax, self.parg, self.vocab,
                                      st.logits.stride(0), self.blocks, BN=BEST_BLOCK, num_warps=8)
         _choose_rows[(b,)](self.pmax, self.parg, self.blocks, st.token, st.history, st.history.stride(0), st.pos,

@@ -41,7 +41,7 @@ from .triton_kernels import HAS_TRITON, next_pow2, tl, triton
 if HAS_TRITON:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-    from .triton_kernels import pick_experts
+    from .triton_kernels import _dot_rows, _last_to_arrive, _tile, pick_experts
 
     @triton.jit
     def _launch_next(PDL: tl.constexpr):
@@ -86,22 +86,10 @@ if HAS_TRITON:
         return (w * h).to(dt).to(tl.float32)
 
     @triton.jit
-    def _tile(rows, rmask, H: tl.constexpr, BK: tl.constexpr):
-        """The weight rows starting at the pointers `rows` [BN] as one [BN, BK] tile (BK >= H: the whole row, masked
-        past H). Weights are never written during a step, so a kernel loads this tile before _wait_previous."""
-        k = tl.arange(0, BK)
-        return tl.load(rows[:, None] + k[None, :], mask=rmask[:, None] & (k < H)[None, :], other=0.0)
-
-    @triton.jit
     def _normed_row(x_ptr, ln_ptr, eps, H: tl.constexpr, BK: tl.constexpr):
         """RMSNorm(x) as one float32 [BK] row (BK >= H, zero past H), to multiply with _tile's tiles."""
         k = tl.arange(0, BK)
         return _normed(x_ptr, ln_ptr, k, k < H, _rstd(x_ptr, eps, H, BK))
-
-    @triton.jit
-    def _dot_rows(w, h):
-        """float32 [BN] = w [BN, BK] . h [BK]."""
-        return tl.sum(w.to(tl.float32) * h[None, :], axis=1)
 
     @triton.jit
     def _normed_gemv(x_ptr, ln_ptr, rows, rmask, eps, H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -242,9 +230,7 @@ if HAS_TRITON:
             _wait_previous(PDL)
             logits = _normed_gemv(x_ptr, ln_ptr, g_ptr + e * H, em, eps, H, BE, BK)
         tl.store(lg_ptr + e, logits, mask=em)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-        if done == NR - 1:
+        if _last_to_arrive(cnt_ptr, NR):
             i = tl.arange(0, EP)
             lg = tl.load(lg_ptr + i, mask=i < E, other=float("-inf"), cache_modifier=".cg")
             pick_experts(lg, i, ids_ptr, wts_ptr, scale, E, K, SHARED, NORM)
@@ -357,9 +343,7 @@ if HAS_TRITON:
             tl.store(x_ptr + n, (xv + y.to(dt).to(tl.float32)).to(dt), mask=nm)
         else:
             tl.store(ys_ptr + s * H + n, y, mask=nm)
-            tl.debug_barrier()  # every thread's ys store is issued before the release below
-            done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
-            if done == SLOTS - 1:  # the last slot of this block: combine in slot order (deterministic)
+            if _last_to_arrive(cnt_ptr + pid, SLOTS):  # the last slot of this block: combine in slot order
                 comb = tl.zeros([BN], dtype=tl.float32)
                 for j in tl.static_range(SLOTS):
                     comb += tl.load(ys_ptr + j * H + n, mask=nm, other=0.0, cache_modifier=".cg")
@@ -405,6 +389,8 @@ if HAS_TRITON:
             tl.store(m_ptr + idx, m)
             tl.store(l_ptr + idx, tl.sum(p, axis=0))
             tl.store(acc_ptr + idx * D + d, tl.sum(p[:, None] * vt.to(tl.float32), axis=0))
+            # _last_to_arrive written out: as a call inside this branch it compiles the 64- and 128-slot variants
+            # with other registers and instructions than the code their memory.fused_attention table was timed on
             tl.debug_barrier()
             done = tl.atomic_add(cnt_ptr + h, 1, sem="acq_rel")
             if done == active - 1:
@@ -431,15 +417,33 @@ if HAS_TRITON:
         acc = _normed_gemv(x_ptr, ln_ptr, w_ptr + n.to(tl.int64) * H, nm, eps, H, BN, BK)
         lg = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
         tl.store(logits_ptr + n, lg, mask=nm)
+        _block_best(lg, pid * BN, n, nm, stamp_ptr, serial_ptr, pmax_ptr + pid, parg_ptr + pid)
+
+    @triton.jit
+    def _block_best(lg, start, n, nm, stamp_ptr, serial_ptr, max_ptr, arg_ptr):
+        """The largest of float32 logits lg of tokens n = start + 0.. (masked by nm) not banned this step
+        (stamp[token] == serial) into max_ptr, its token (the first of equal maxima, like torch.argmax) into
+        arg_ptr."""
         serial = tl.load(serial_ptr)
         banned = tl.load(stamp_ptr + n, mask=nm, other=-1) == serial
         s = tl.where(nm & ~banned, lg, float("-inf"))
-        tl.store(pmax_ptr + pid, tl.max(s, axis=0))
-        tl.store(parg_ptr + pid, pid * BN + tl.argmax(s, axis=0))
+        tl.store(max_ptr, tl.max(s, axis=0))
+        tl.store(arg_ptr, start + tl.argmax(s, axis=0))
 
     @triton.jit
-    def _ngram_ban(hist_ptr, pos_ptr, stamp_ptr, serial_ptr, N: tl.constexpr, BW: tl.constexpr,
-                   PDL: tl.constexpr = False, s_hist=0, s_stamp=0):
+    def _blocks_best(pmax_ptr, parg_ptr, P, BP: tl.constexpr):
+        """The greedy token over P blocks' best (pmax, parg): the first block among equal maxima holds the first
+        index overall (torch.argmax's). No pmax may be NaN (it equals no maximum)."""
+        i = tl.arange(0, BP)
+        ok = i < P
+        m = tl.load(pmax_ptr + i, mask=ok, other=float("-inf"))
+        best = tl.max(m, axis=0)
+        first = tl.min(tl.where(ok & (m == best), i, BP), axis=0)
+        return tl.load(parg_ptr + first)
+
+    @triton.jit
+    def _ngram_ban(hist_ptr, pos_ptr, stamp_ptr, serial_ptr, s_hist, s_stamp, N: tl.constexpr, BW: tl.constexpr,
+                   PDL: tl.constexpr = False):
         """HF no_repeat_ngram_size over history[0..pos]: every window whose first N-1 tokens equal the last N-1
         bans its N-th token (stamp[token] = serial, read by _lm_head in the same step). Program (w, row): row's
         history and stamps start s_hist and s_stamp elements further (the batched choice, choice_kernels.py;
@@ -468,12 +472,7 @@ if HAS_TRITON:
         the token as the next step's input and into history[pos + 1]; advances the ban serial and the position
         (so the host launches the next step's graph without setting anything)."""
         _after_predecessor(PDL)
-        i = tl.arange(0, BP)
-        ok = i < P
-        m = tl.load(pmax_ptr + i, mask=ok, other=float("-inf"))
-        best = tl.max(m, axis=0)
-        first = tl.min(tl.where(ok & (m == best), i, BP), axis=0)
-        tok = tl.load(parg_ptr + first)
+        tok = _blocks_best(pmax_ptr, parg_ptr, P, BP)
         tl.store(token_ptr, tok)
         nxt = tl.load(pos_ptr) + 1
         tl.store(hist_ptr + nxt, tok, mask=nxt < capacity)
@@ -578,8 +577,9 @@ class FusedDecode:
 
         if choose and ngram > 0:
             bw, _, warps = blk["ban"]
-            _ngram_ban[(triton.cdiv(st.capacity, bw),)](st.history, st.pos, self.stamp, self.serial, N=ngram,
-                                                        BW=bw, num_warps=warps, **first)
+            _ngram_ban[(triton.cdiv(st.capacity, bw),)](st.history, st.pos, self.stamp, self.serial,
+                                                        st.history.stride(0), self.stamp.stride(0), N=ngram, BW=bw,
+                                                        num_warps=warps, **first)
             first = dep
         br, bkq, wq = blk["qkv"]
         br = min(br, d // 2)

@@ -382,44 +382,31 @@ class FastEngine:
         is copied back once a step; with 'host' the choice runs as eager ops after the replay."""
         st = cache.check()
         n = st.cache.length  # position of `token`
-        if st.fused is None and self.batched_choice == "graph":
-            return self._greedy_on_device(st, token, n, ngram, finished)
-        if st.fused is None:
+        if st.fused is None and self.batched_choice == "host":
             logits = self.decode_step(token, cache)
             chosen = next_tokens(logits, st.history[:, :n + 1], ngram, finished, self.spec.pad_token_id)
             finished |= chosen == self.spec.eos_token_id
             st.history[:, n + 1].copy_(chosen)
             return chosen[:, None]
-        k = min(self.graph_steps, limit)
+        k = 1 if st.fused is None else min(self.graph_steps, limit)
         if round_up(n + k, self.bucket) != round_up(n + 1, self.bucket):
             k = 1
-        if n + k + 1 > st.capacity:
+        if n + k + 1 > st.capacity:  # the steps' cache slots n .. n+k-1 and the last chosen token's history slot
             st = self._grow(st, n + k + 1 + DEFAULT_NEW_TOKENS)
+        if st.fused is None and st.choice is None:  # before any capture
+            from .choice_kernels import BatchedChoice
+            st.choice = BatchedChoice(st.batch, self.spec.vocab_size, self.device)
         if st.primed != n:  # else the previous launch's last kernel left token, history and position in place
             st.token.copy_(token.reshape(-1))
             st.history[:, n].copy_(token.reshape(-1))
             st.pos.fill_(n)
+            if st.choice is not None:  # and the finished flags
+                st.choice.finished.copy_(finished)
         self._replay(st, n, choose=True, ngram=ngram, steps=k)
         st.cache.length = st.primed = n + k
+        if st.choice is not None:
+            finished.copy_(st.choice.finished)
         return st.history[:, n + 1:n + 1 + k]
-
-    def _greedy_on_device(self, st: DecodeState, token: torch.Tensor, n: int, ngram: int,
-                          finished: torch.Tensor) -> torch.Tensor:
-        """One decode step whose greedy choice runs in its graph (batched_choice 'graph', outside the fused step)."""
-        if n + 2 > st.capacity:  # the step's cache slot n and the chosen token's history slot n + 1
-            st = self._grow(st, n + 2 + DEFAULT_NEW_TOKENS)
-        if st.choice is None:  # before any capture
-            from .choice_kernels import BatchedChoice
-            st.choice = BatchedChoice(st.batch, self.spec.vocab_size, self.device)
-        if st.primed != n:  # else the previous step's graph left token, history, position and finished in place
-            st.token.copy_(token.reshape(-1))
-            st.history[:, n].copy_(token.reshape(-1))
-            st.pos.fill_(n)
-            st.choice.finished.copy_(finished)
-        self._replay(st, n, choose=True, ngram=ngram)
-        st.cache.length = st.primed = n + 1
-        finished.copy_(st.choice.finished)
-        return st.history[:, n + 1:n + 2]
 
     def _replay(self, st: DecodeState, n: int, choose: bool, ngram: int = 0, steps: int = 1) -> None:
         """Run (capturing on first use) the step graph of the bucket holding positions n .. n+steps-1.

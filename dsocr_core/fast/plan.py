@@ -389,6 +389,15 @@ def _fused_moe_bytes(c: Call) -> tuple[float, float]:
     return s.n_routed_experts * h * FP32 + 2 * si * h * dt, (routed + si) * h * dt
 
 
+def _routing_kernel(c: Call, nbytes: float) -> Plan:
+    """The router's work as one of the engine's Triton kernels that computes the logits and routes (the fused
+    batch-1 router, the batched route_hidden), timed on memory.fused_gemv at the `nbytes` it streams; nothing else
+    launches."""
+    gate = router(c)
+    gate.table, gate.coords = FUSED_GEMV, dict(bytes=nbytes)
+    return Plan([gate], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+
+
 def _mlp(c: Call, moe_rows: str = "torch") -> Plan:
     s, dt = c.spec, c.dt
     h, t = s.hidden_size, c.b * c.sq
@@ -401,11 +410,9 @@ def _mlp(c: Call, moe_rows: str = "torch") -> Plan:
             return Plan([gu, down], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
         return Plan([gu, down], rest_launches=2.0, rest_real_bytes=t * (3 * s.intermediate_size + 3 * h) * dt)
     if c.kind == "lm.mlp.gate":
-        gate = router(c)
         if c.fused:  # router logits, softmax, top-k and the shared experts' gate/up SwiGLU: one kernel
-            gate.table, gate.coords = FUSED_GEMV, dict(bytes=_fused_moe_bytes(c)[0])
-            return Plan([gate], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
-        return Plan([gate], rest_launches=3.0)  # softmax, top-k, shared-slot ids
+            return _routing_kernel(c, _fused_moe_bytes(c)[0])
+        return Plan([router(c)], rest_launches=3.0)  # softmax, top-k, shared-slot ids
     if c.kind == "lm.mlp.experts":
         im = s.moe_intermediate_size
         r = routed_experts(c)
@@ -576,9 +583,7 @@ def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
         return _mlp(c)
     if c.kind == "lm.mlp.gate" and fusion == "fused":
         t, h, e = c.b * c.sq, c.spec.hidden_size, c.spec.n_routed_experts
-        gate = router(c)
-        gate.table, gate.coords = FUSED_GEMV, dict(bytes=(e * h + t * e) * FP32 + t * h * c.dt)
-        return Plan([gate], rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV)
+        return _routing_kernel(c, (e * h + t * e) * FP32 + t * h * c.dt)
     if c.kind == "lm.mlp.gate":  # the float32 router GEMM (cuBLAS splits K: the GEMM and its reduction), then
         # softmax, top-k and the shared ids in one kernel: three kernels a layer in the H100's batched traces
         return Plan([router(c)], rest_launches=2.0)

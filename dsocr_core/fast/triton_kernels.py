@@ -125,6 +125,19 @@ if HAS_TRITON:
         pick_experts(lg, i, ids_ptr + row, wts_ptr + row, scale, E, K, SHARED, NORM)
 
     @triton.jit
+    def _tile(rows, rmask, H: tl.constexpr, BK: tl.constexpr):
+        """The rows starting at the pointers `rows` [BN] as one [BN, BK] tile (BK >= H: the whole row, masked past
+        H), every load issued at once. The fused batch-1 kernels load their weights so before _wait_previous
+        (weights are never written during a step)."""
+        k = tl.arange(0, BK)
+        return tl.load(rows[:, None] + k[None, :], mask=rmask[:, None] & (k < H)[None, :], other=0.0)
+
+    @triton.jit
+    def _dot_rows(w, h):
+        """float32 [BN] = w [BN, BK] . h [BK]."""
+        return tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+
+    @triton.jit
     def _last_to_arrive(cnt_ptr, programs):
         """True in the last of `programs` programs to call this on the counter at cnt_ptr: each program's stores
         before the call are visible to that program (a CTA barrier, then one acquire-release atomic at GPU scope;
@@ -144,11 +157,10 @@ if HAS_TRITON:
         t = tl.program_id(0)
         e = tl.program_id(1) * BE + tl.arange(0, BE)
         em = e < E
+        w = _tile(g_ptr + e * H, em, H, BK)
         k = tl.arange(0, BK)
-        km = k < H
-        w = tl.load(g_ptr + e[:, None] * H + k[None, :], mask=em[:, None] & km[None, :], other=0.0)
-        hv = tl.load(h_ptr + t * sht + k, mask=km, other=0.0).to(tl.float32)
-        tl.store(lg_ptr + t * E + e, tl.sum(w * hv[None, :], axis=1), mask=em)
+        hv = tl.load(h_ptr + t * sht + k, mask=k < H, other=0.0).to(tl.float32)
+        tl.store(lg_ptr + t * E + e, _dot_rows(w, hv), mask=em)
         if _last_to_arrive(cnt_ptr + t, tl.num_programs(1)):
             i = tl.arange(0, EP)
             lg = tl.load(lg_ptr + t * E + i, mask=i < E, other=float("-inf"), cache_modifier=".cg")
