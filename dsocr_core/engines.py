@@ -166,9 +166,10 @@ def options_help() -> str:
 # grouped GEMMs (gather_max_rows 8, the default of the time), the projector laying each image out with the
 # reference's cats (projector_layout 'per_image', the only layout then), Inductor's MoE rows (moe_rows 'torch'), the
 # batched decode's router GEMM and combine as kernels of their own (expert_fusion 'separate'), the batched greedy
-# choice on the host (batched_choice 'host', the default)
+# choice on the host (batched_choice 'host')
 ENGINE_BEFORE_RECORDS = {"fast": {"kind": "fast", "options": {"gather_max_rows": 8, "projector_layout": "per_image",
-                                                              "moe_rows": "torch", "expert_fusion": "separate"}}}
+                                                              "moe_rows": "torch", "expert_fusion": "separate",
+                                                              "batched_choice": "host"}}}
 
 
 def engine_before_records(session_mode: str) -> EngineSpec:

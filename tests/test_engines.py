@@ -16,7 +16,7 @@ from dsocr_core.analytic import Points, evaluate
 from dsocr_core.analytic.predict import Prediction, with_profile
 from dsocr_core.calibration.profile import profile_from_dict, uniform_profile
 from dsocr_core.cli import main
-from dsocr_core.engines import ENGINES, EngineSpec, as_engine, run_engine
+from dsocr_core.engines import ENGINES, EngineSpec, as_engine, engine_before_records, run_engine
 from dsocr_core.fast.options import FastOptions
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec, SpecError
@@ -329,7 +329,8 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     # moe_rows: every description stored before it ran Inductor's rows ('torch'), with either layout
     assert FastOptions.from_stored(old)["moe_rows"] == "torch"
     with_layout = {**old, "projector_layout": "gather"}
-    assert FastOptions.from_stored(with_layout) == {**with_layout, "moe_rows": "torch", "expert_fusion": "separate"}
+    assert FastOptions.from_stored(with_layout) == {**with_layout, "moe_rows": "torch", "expert_fusion": "separate",
+                                                    "batched_choice": "host"}
     assert EngineSpec.from_dict(stored).options["moe_rows"] == "auto"  # written with it (only the layout removed)
     del stored["options"]["moe_rows"]
     assert EngineSpec.from_dict(stored).options["moe_rows"] == "torch"
@@ -344,9 +345,15 @@ def test_a_stored_description_from_before_an_option_gets_the_value_it_ran_with()
     assert EngineSpec.of("fast").validated().resolved("cpu").expert_fusion == "separate"
     with pytest.raises(SpecError, match="expert_fusion"):
         EngineSpec.of("fast", {"expert_fusion": "fused"}).kernel_plan("cpu")
-    # batched_choice: 'host' was the only choice before it existed, and stays the default
+    # batched_choice: every description stored before it chose on the host; today's default is the graph on a GPU
+    assert FastOptions.from_stored(old)["batched_choice"] == "host"
+    assert EngineSpec.from_dict(stored).validated().resolved("cuda").batched_choice == "graph"  # written with it
+    del stored["options"]["batched_choice"]
     assert EngineSpec.from_dict(stored).validated().resolved("cuda").batched_choice == "host"
-    assert EngineSpec.of("fast").validated().resolved("cuda").batched_choice == "host"
+    assert EngineSpec.from_dict(fresh).validated().resolved("cuda").batched_choice == "graph"
+    assert EngineSpec.of("fast").validated().resolved("cuda").batched_choice == "graph"
+    assert EngineSpec.of("fast").validated().resolved("cpu").batched_choice == "host"
+    assert engine_before_records("fast").validated().resolved("cuda").batched_choice == "host"
     with pytest.raises(SpecError, match="batched_choice"):
         EngineSpec.of("fast", {"batched_choice": "graph"}).kernel_plan("cpu")
 
@@ -355,14 +362,14 @@ def test_the_batched_choice_in_the_graph_reaches_the_plan():
     """batched_choice='graph': a batched step's choice is three kernels in its graph (best_rows reading every logit
     and its stamp) and one eager copy instead of the host's seven ops; the fused batch-1 step is not affected."""
     pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[1, 8], decode_steps=[4], logits="last")
-    host = _stages(EngineSpec.of("fast"), pts, graph_kernel_s=1.0)["decode"]
-    graph = _stages(EngineSpec.of("fast", {"batched_choice": "graph"}), pts, graph_kernel_s=1.0)["decode"]
+    host = _stages(EngineSpec.of("fast", {"batched_choice": "host"}), pts, graph_kernel_s=1.0)["decode"]
+    graph = _stages(EngineSpec.of("fast"), pts, graph_kernel_s=1.0)["decode"]  # the default on a GPU
     assert graph["predicted_launch_s"][0] == host["predicted_launch_s"][0]  # batch 1: the fused step
     assert graph["predicted_launch_s"][1] == pytest.approx(host["predicted_launch_s"][1] + 4 * (3 - 7))
     # a host that issues an op in a second (far slower than the device): the step's host time is its eager ops
     slow = {"graph_kernel_s": 0.0, "host_op_s": 1.0}
-    host_ops = _stages(EngineSpec.of("fast"), pts, **slow)["decode"]["predicted_host_s"][1]
-    graph_ops = _stages(EngineSpec.of("fast", {"batched_choice": "graph"}), pts, **slow)["decode"]["predicted_host_s"][1]
+    host_ops = _stages(EngineSpec.of("fast", {"batched_choice": "host"}), pts, **slow)["decode"]["predicted_host_s"][1]
+    graph_ops = _stages(EngineSpec.of("fast"), pts, **slow)["decode"]["predicted_host_s"][1]
     assert graph_ops < host_ops and host_ops - graph_ops == pytest.approx(4 * (7 - 1), rel=0.01)
 
 

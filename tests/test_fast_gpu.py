@@ -195,3 +195,24 @@ def test_early_loads_under_programmatic_dependent_launch_change_no_bit(sessions)
         if not name.startswith("pdl x2"):  # the same steps per launch: the last step's logits too
             assert torch.equal(lg, logits), name
     assert torch.equal(runs["pdl x2 #0"][1], runs["pdl x2 #1"][1])
+
+
+def test_the_batched_choice_in_the_graph_chooses_the_hosts_tokens(sessions):
+    """batched_choice='graph' at batch 4 on the full spec: the n-gram ban, the blocks' best tokens and the rows'
+    choice run as kernels inside the step's graph, on the same logits the host would read, so the tokens must be
+    the host's bit for bit: 300 raw steps (no cut at EOS) with the ban at 20, crossing a bucket edge (the state
+    grows and its graphs are captured again mid-generation)."""
+    from dsocr_core.runtime.generate import Greedy
+    ref, _ = sessions
+    page = _page(4, 51)
+    raw = {}
+    for name, opts in (("host", {}), ("graph", {"batched_choice": "graph"})):
+        fast = ref.with_mode("fast", **opts)
+        raw[name] = torch.stack(list(Greedy(fast.engine, page, 300, 20, stop_at_eos=False).run()))
+        if name == "graph":
+            assert fast.engine._states[4].choice is not None
+        del fast
+        torch.cuda.empty_cache()
+    assert raw["graph"].shape == (300, 4)
+    differ = (raw["graph"] != raw["host"]).nonzero()[:, 0].tolist()
+    assert not differ, f"first differing step {differ[0]}"

@@ -72,7 +72,7 @@ class FastEngine:
                  topk: str = "auto", cudnn_benchmark: bool = True, compile_options: dict | None = None,
                  fused: bool | None = None, fused_blocks: dict | None = None, pdl: bool | None = None,
                  graph_steps: int = 2, min_room: int = DEFAULT_NEW_TOKENS, projector_layout: str = "gather",
-                 moe_rows: str = "auto", expert_fusion: str = "auto", batched_choice: str = "host"):
+                 moe_rows: str = "auto", expert_fusion: str = "auto", batched_choice: str = "auto"):
         if moe not in ("auto", "triton", "gather", "grouped"):
             raise ValueError(f"moe must be 'auto', 'triton', 'gather' or 'grouped', got {moe!r}")
         if attention not in ("auto", "triton", "reduce", "sdpa"):
@@ -86,8 +86,8 @@ class FastEngine:
             raise ValueError(f"moe_rows must be 'auto', 'torch' or 'triton', got {moe_rows!r}")
         if expert_fusion not in ("auto", "fused", "separate"):
             raise ValueError(f"expert_fusion must be 'auto', 'fused' or 'separate', got {expert_fusion!r}")
-        if batched_choice not in ("host", "graph"):
-            raise ValueError(f"batched_choice must be 'host' or 'graph', got {batched_choice!r}")
+        if batched_choice not in ("auto", "host", "graph"):
+            raise ValueError(f"batched_choice must be 'auto', 'host' or 'graph', got {batched_choice!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -123,8 +123,9 @@ class FastEngine:
         self.expert_fusion = ("fused" if self.triton else "separate") if expert_fusion == "auto" else expert_fusion
         if batched_choice == "graph" and not (self.triton or interpreted):
             raise ValueError("batched_choice 'graph' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
-        # the greedy choice outside the fused batch-1 step: eager ops between replays, or kernels in the step's graph
-        self.batched_choice = batched_choice
+        # the greedy choice outside the fused batch-1 step: kernels in the step's graph ('graph', the default with
+        # Triton on a GPU), or eager ops between replays ('host', every run before 2026-11-28)
+        self.batched_choice = ("graph" if self.triton else "host") if batched_choice == "auto" else batched_choice
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
         sm90 = self.triton and torch.cuda.get_device_capability(self.device)[0] >= 9

@@ -55,10 +55,10 @@ class FastOptions(BaseModel):
     # the router GEMM and its split-K reduction compiled with the step, a routing kernel, gate/up, down and
     # Inductor's combine (six), which every run measured before this option existed ran ('auto': 'fused' on a GPU)
     expert_fusion: Literal["auto", "fused", "separate"] = "auto"
-    # the greedy choice of a decode step outside the fused batch-1 step: 'host', next_tokens' eager ops between graph
-    # replays (about fifteen launches a step); 'graph', fast/choice_kernels.py's three kernels inside the step's graph
-    # (not yet measured on a GPU, so not the default)
-    batched_choice: Literal["host", "graph"] = "host"
+    # the greedy choice of a decode step outside the fused batch-1 step: 'graph', fast/choice_kernels.py's three
+    # kernels inside the step's graph; 'host', next_tokens' eager ops between graph replays (about fifteen launches
+    # a step), which every run measured before this option existed ran ('auto': 'graph' on a GPU)
+    batched_choice: Literal["auto", "host", "graph"] = "auto"
     topk: Literal["auto", "argmax", "torch"] = "auto"
     cudnn_benchmark: bool = True
     compile_options: dict | None = None
@@ -73,10 +73,11 @@ class FastOptions(BaseModel):
         """Options read back from a stored engine description. EngineSpec.to_dict writes every option of its
         time, so a description holding every option of the set before projector_layout existed but not a later
         option was written before that option existed: it gets what the engine did then ('per_image' layout,
-        torch's MoE rows, the batched decode's router GEMM and combine as kernels of their own), not today's
-        default."""
+        torch's MoE rows, the batched decode's router GEMM and combine as kernels of their own, its greedy choice on
+        the host), not today's default."""
         if OPTIONS_BEFORE_PROJECTOR_LAYOUT <= set(options):  # a whole description: options added since are theirs
-            before = {"projector_layout": "per_image", "moe_rows": "torch", "expert_fusion": "separate"}
+            before = {"projector_layout": "per_image", "moe_rows": "torch", "expert_fusion": "separate",
+                      "batched_choice": "host"}
             return {**{k: v for k, v in before.items() if k not in options}, **options}
         return options
 
@@ -111,7 +112,7 @@ class FastOptions(BaseModel):
             projector_layout=self.projector_layout,
             moe_rows=("triton" if triton else "torch") if self.moe_rows == "auto" else self.moe_rows,
             expert_fusion=("fused" if triton else "separate") if self.expert_fusion == "auto" else self.expert_fusion,
-            batched_choice=self.batched_choice)
+            batched_choice=("graph" if triton else "host") if self.batched_choice == "auto" else self.batched_choice)
 
 
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
