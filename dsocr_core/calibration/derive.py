@@ -34,8 +34,8 @@ import numpy as np
 
 from ..hardware import get_hardware, match_device_name
 from ..spec import Hardware
-from .profile import (KIND_AXES, MNK_KINDS, PASS_META, Profile, ProfileError, build_profile, entry_work,
-                      profile_from_dict, table_kind, without_tables)
+from .profile import (MNK_KINDS, PASS_META, Profile, ProfileError, build_profile, entry_work,
+                      profile_from_dict, table_axes, table_kind, without_tables)
 
 TILE = 128  # output rows/columns per thread block assumed for the occupancy estimate
 
@@ -135,7 +135,7 @@ def derive_profile(source: Profile, target: Hardware | str, source_hardware: Har
                         "efficiency": np.clip(eff, 1e-9, 1e3).tolist(), "measured": t.measured.tolist(),
                         "meta": {**{k: v for k, v in t.meta.items() if k not in PASS_META},  # not measured here
                                  "derived_from": _chain(source.device_name, t.meta)}}
-        assert tuple(axes) == KIND_AXES[table_kind(name)]
+        assert tuple(axes) == table_axes(name)
     ratios = {"flops": p_t / p_s, "bandwidth": w_t / w_s, "sm": (sm_t / sm_s) if sm_s and sm_t else None}
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return build_profile(

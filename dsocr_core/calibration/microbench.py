@@ -30,8 +30,8 @@ import numpy as np
 from ..spec import ModelSpec
 from .ops import (FUSED_ATTN_SLOT_BYTES, GROUP_BYTES_PER_ROW, GROUP_SLOTS, GROUPED_EXPERTS, MOE_EXPERT_BYTES,
                   Settings, input_bytes, kernel_count, launch_costs, measure_entry)
-from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, KIND_AXES, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
-                      add_tables, build_profile, entry_work, table_kind)
+from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
+                      add_tables, build_profile, entry_work, table_axes, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 # the memory tables measured over the bytes grid in every calibration (the fused kernels' tables have their own)
@@ -110,7 +110,10 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
                                      "k": [16, 128, 512, 1024, 2048, 4096, 8192], "d": [128]}
         # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
         out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)]}
-        out["memory.moe_gemv_combine"] = dict(out["memory.moe_gemv"])  # the same with the combine + residual
+        # the same with the combine + residual, also by the kernels' token tile (fast/options.expert_token_tile:
+        # every program loads and multiplies the whole [rows, tile] block, so at 64 tokens a launch takes longer than
+        # at 8 over the same experts)
+        out["memory.moe_gemv_combine"] = {**out["memory.moe_gemv"], "tokens": [16.0, 32.0, 64.0]}
         # the MoE's grouping kernels over the rows of 16 to 131,072 tokens (its one-hot work, 128 KB to 1 GB)
         out["memory.group_rows"] = {"bytes": [float(GROUP_BYTES_PER_ROW * GROUP_SLOTS * t)
                                               for t in (16, 128, 1024, 4096, 16384, 65536, 131072)]}
@@ -141,7 +144,7 @@ def projector_linear_grid(dense_up_to: int = 4096, top: int = 65536) -> dict[str
 
 # ---------------------------------------------------------------------------------------------- the sweep
 def _entries(name: str, axes: dict) -> list[tuple[tuple[int, ...], dict]]:
-    names = KIND_AXES[table_kind(name)]
+    names = table_axes(name)
     out = []
     for idx in itertools.product(*(range(len(axes[a])) for a in names)):
         out.append((idx, {a: float(axes[a][i]) for a, i in zip(names, idx)}))
@@ -215,7 +218,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
     if tables is not None:
         plan = {k: v for k, v in plan.items() if k in tables}
     jobs = [(name, idx, c) for name, axes in plan.items() for idx, c in _entries(name, axes)]
-    shape = lambda n: tuple(len(plan[n][a]) for a in KIND_AXES[table_kind(n)])  # noqa: E731
+    shape = lambda n: tuple(len(plan[n][a]) for a in table_axes(n))  # noqa: E731
     times = {n: np.full(shape(n) + (passes,), np.nan) for n in plan}  # per call, launch gaps included, each pass
     failed: dict[str, str] = {}
     skipped = {"cap": 0, "budget": 0, "error": 0}
@@ -268,7 +271,7 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
                 "launch_gap_subtracted_s": gap, "kernels_per_call": kernel_count(name)}
         if table_kind(name) == "grouped_gemm":
             meta["experts"] = st.experts
-        axes = {a: list(plan[name][a]) for a in KIND_AXES[table_kind(name)]}
+        axes = {a: list(plan[name][a]) for a in table_axes(name)}
         if passes > 1:
             meta |= _pass_spread(name, times[name], axes, st.notes)
         mesh = np.meshgrid(*[np.asarray(v, dtype=float) for v in axes.values()], indexing="ij")
@@ -354,8 +357,8 @@ def _ceilings(dev_info: dict, raw: dict, plan: dict, st: Settings) -> dict:
         if not np.isfinite(t).any():
             continue
         axes = plan[name]
-        mesh = np.meshgrid(*[np.asarray(axes[a], dtype=float) for a in KIND_AXES[table_kind(name)]], indexing="ij")
-        work = entry_work(name, dict(zip(KIND_AXES[table_kind(name)], mesh)), {"experts": st.experts})
+        mesh = np.meshgrid(*[np.asarray(axes[a], dtype=float) for a in table_axes(name)], indexing="ij")
+        work = entry_work(name, dict(zip(table_axes(name), mesh)), {"experts": st.experts})
         for kind_key in (0, 1):
             rate = float(np.max(np.asarray(work[kind_key], dtype=float) / np.where(np.isfinite(t), t, np.inf)))
             if rate > best[kind_key][0]:

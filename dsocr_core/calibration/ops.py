@@ -107,7 +107,7 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         if what.startswith("fused_"):
             return _fused_op(what, nbytes, dev, rnd)
         if what in ("moe_gemv", "moe_gemv_combine"):
-            return _moe_gemv_op(nbytes, dev, rnd, combine=what == "moe_gemv_combine")
+            return _moe_gemv_op(nbytes, dev, rnd, combine=what == "moe_gemv_combine", tokens=int(c.get("tokens", 0)))
         if what == "group_rows":
             return _group_rows_op(nbytes, dev)
         if what == "copy":
@@ -306,12 +306,12 @@ def _fused_op(what: str, nbytes: int, dev: str, rnd):
     return make, attend, 2 * h * splits * chunk * d * 2, 1
 
 
-def _moe_gemv_op(nbytes: int, dev: str, rnd, combine: bool = False):
+def _moe_gemv_op(nbytes: int, dev: str, rnd, combine: bool = False, tokens: int = 0):
     """The fast engine's by-expert MoE kernels (triton_kernels.moe_gemv: gate/up + SwiGLU, then down; two
-    launches) as batched decode runs them: MOE_TOKENS rows of MOE_SLOTS slots spread over as many distinct experts
-    as make `nbytes` of weights (each row's slots distinct, every expert chosen by about as many rows). combine
-    (memory.moe_gemv_combine, expert_fusion 'fused'): the down kernel's last programs also combine the slots with
-    their weights and add the residual."""
+    launches) as batched decode runs them: `tokens` rows (a table without that axis: MOE_TOKENS) of MOE_SLOTS slots
+    spread over as many distinct experts as make `nbytes` of weights (each row's slots distinct, every expert
+    chosen by about as many rows). combine (memory.moe_gemv_combine, expert_fusion 'fused'): the down kernel's
+    last programs also combine the slots with their weights and add the residual."""
     import torch
 
     from ..fast.triton_kernels import moe_gemv
@@ -320,7 +320,8 @@ def _moe_gemv_op(nbytes: int, dev: str, rnd, combine: bool = False):
         raise RuntimeError("the by-expert MoE kernels run on a CUDA GPU only")
     n = min(max(round(nbytes / MOE_EXPERT_BYTES), 1), MOE_MAX_EXPERTS)
     k = min(MOE_SLOTS, n)
-    tokens = max(MOE_TOKENS, -(-n // k))  # enough slots to reach every one of the n experts (9 rows for 66)
+    # enough slots to reach every one of the n experts (9 rows for 66)
+    tokens = max(tokens or MOE_TOKENS, -(-n // k))
     ids = (torch.arange(tokens, device=dev)[:, None] * k + torch.arange(k, device=dev)[None, :]) % n
     weights = torch.full((tokens, k), 1.0 / k, device=dev)
     make = lambda: (rnd(tokens, FUSED_WIDTH), rnd(n, 2 * MOE_INNER, FUSED_WIDTH),  # noqa: E731

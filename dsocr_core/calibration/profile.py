@@ -90,6 +90,18 @@ KIND_AXES = {
     "grouped_gemm": ("tokens", "n", "k"),
     "bias": ("bh", "side"),
 }
+# tables timed over more than their kind's axes, with the value each extra axis had where a table was measured
+# before it existed: memory.moe_gemv_combine also by the by-expert kernels' token tile (fast/options.
+# expert_token_tile: every program loads and multiplies a [rows, tile] block, so 64 tokens take longer than 8 over
+# the same experts); profiles measured before that axis timed it at 8-9 tokens, a tile of 16, and read back so
+EXTRA_AXES = {"memory.moe_gemv_combine": {"tokens": 16.0}}
+
+
+def table_axes(name: str) -> tuple[str, ...]:
+    """The axes of table `name`: its kind's (KIND_AXES), then its own extra ones (EXTRA_AXES)."""
+    return KIND_AXES[table_kind(name)] + tuple(EXTRA_AXES.get(name, {}))
+
+
 MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_attention", "transposed_cat",
                 "projector_cat", "moe_gemv", "moe_gemv_combine", "gather_rows", "permuted_copy", "permuted_add",
                 "group_rows", "cast", "fused_lm_head")
@@ -252,20 +264,38 @@ class Table:
                 "efficiency": self.efficiency.tolist(), "measured": self.measured.tolist(), "meta": dict(self.meta)}
 
 
+def _deepen(values, depth: int, extra: int):
+    """A nested list with `extra` one-element levels added below its first `depth` levels (a table's values with
+    axes of one grid value added after its own); anything not nested as deep is left for the shape checks."""
+    if depth == 0:
+        for _ in range(extra):
+            values = [values]
+        return values
+    return [_deepen(v, depth - 1, extra) for v in values] if isinstance(values, list) else values
+
+
 def _table_from(name: str, t: TableModel) -> Table:
     kind = table_kind(name)
-    want = KIND_AXES[kind]
-    if tuple(t.axes) != want:
-        raise ProfileError(f"table {name}: axes {list(t.axes)} but a {kind} table has {list(want)}")
+    want = table_axes(name)
+    axes, efficiency, measured = dict(t.axes), t.efficiency, t.measured
+    older = EXTRA_AXES.get(name, {})
+    if older and tuple(axes) == KIND_AXES[kind]:  # measured before its extra axes: one grid value each
+        axes |= {a: [v] for a, v in older.items()}
+        depth = len(KIND_AXES[kind])
+        efficiency = _deepen(efficiency, depth, len(older))
+        measured = None if measured is None else _deepen(measured, depth, len(older))
+    if tuple(axes) != want:
+        which = "this" if name in EXTRA_AXES else f"a {kind}"
+        raise ProfileError(f"table {name}: axes {list(axes)} but {which} table has {list(want)}")
     grid = []
-    for a, values in t.axes.items():
+    for a, values in axes.items():
         g = np.asarray(values, dtype=float)
         if g.ndim != 1 or g.size == 0 or not np.all(np.isfinite(g)) or np.any(g <= 0) or np.any(np.diff(g) <= 0):
             raise ProfileError(f"table {name}: axis {a!r} must be positive, finite and strictly increasing")
         grid.append(g)
     shape = tuple(g.size for g in grid)
     try:
-        eff = np.asarray(t.efficiency, dtype=float)
+        eff = np.asarray(efficiency, dtype=float)
     except (TypeError, ValueError):
         raise ProfileError(f"table {name}: efficiency is not a rectangular array of numbers") from None
     if eff.shape != shape:
@@ -276,7 +306,7 @@ def _table_from(name: str, t: TableModel) -> Table:
         raise ProfileError(f"table {name}: efficiency {float(eff.max()):g} is more than {MAX_EFFICIENCY:g} (a kernel "
                            "that much faster than the roofline on the profile's ceilings is not physical)")
     try:
-        measured = np.ones(shape, dtype=bool) if t.measured is None else np.asarray(t.measured, dtype=bool)
+        measured = np.ones(shape, dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
     except (TypeError, ValueError):  # a ragged nested list
         raise ProfileError(f"table {name}: measured is not a grid of true/false values") from None
     if measured.shape != shape:

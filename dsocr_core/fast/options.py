@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..spec import SpecError
@@ -118,6 +120,15 @@ class FastOptions(BaseModel):
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
 # (beyond that the tile would spill registers and outgrow shared memory; they were measured up to batch 64)
 BY_EXPERT_MAX_TOKENS = 64
+
+
+def expert_token_tile(tokens):
+    """The token side of the by-expert kernels' [rows, tokens] tile (triton_kernels.moe_gemv): the batch rounded up
+    to a power of two, 16 at least (tl.dot's smallest side). Every program loads and multiplies the whole tile,
+    so the kernels' time follows it, not the batch: the plan looks their table up at it. Numbers or arrays."""
+    t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    tile = np.maximum(16.0, 2.0 ** np.ceil(np.log2(t)))
+    return int(tile) if np.ndim(tile) == 0 else tile
 
 
 def expert_lanes(n_experts: int) -> int:

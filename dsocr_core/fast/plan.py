@@ -37,7 +37,7 @@ from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_m
 from ..analytic.vision import clip_tokens, sam_patches
 from ..registry import family_of, fast_engine_models
 from ..spec import SpecError
-from .options import ResolvedFast, expert_lanes
+from .options import ResolvedFast, expert_lanes, expert_token_tile
 
 STEP_OPS = 7  # a decode step at batch > 1: the greedy choice and history update outside the graph
 # batched_choice 'graph' (fast/choice_kernels.py): the n-gram ban, the blocks' best tokens and the rows' choice in the
@@ -600,8 +600,10 @@ def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
     else:
         raise KeyError(c.kind)
     gu.table = down.table = MOE_GEMV_COMBINE if fusion == "fused" else MOE_GEMV
-    # the table times the two launches together (calibration/ops.py): each is looked up at the pair's bytes
-    gu.coords = down.coords = dict(bytes=up_bytes + down_bytes)
+    # the table times the two launches together (calibration/ops.py): each is looked up at the pair's bytes and
+    # the kernels' token tile (a table without that axis, as memory.moe_gemv and profiles before 2026-11-28
+    # afternoon, was timed at 8-9 tokens: a tile of 16)
+    gu.coords = down.coords = dict(bytes=up_bytes + down_bytes, tokens=expert_token_tile(c.b * c.sq))
     if c.kind == "lm.mlp.experts":
         gu.launches = down.launches = 1.0
     return Plan([gu, down], rest_launches=rest)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .options import BY_EXPERT_MAX_TOKENS
+from .options import BY_EXPERT_MAX_TOKENS, expert_token_tile
 
 try:  # pragma: no cover - depends on the machine
     import triton
@@ -295,7 +295,7 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Te
     inner = w2.shape[2]
     experts = w13.shape[0]
     ids = ids.contiguous()
-    tp, kp = max(16, next_pow2(t)), next_pow2(k)  # tl.dot needs every side >= 16
+    tp, kp = expert_token_tile(t), next_pow2(k)  # tl.dot needs every side >= 16
     act = torch.empty(t * k, inner, dtype=x.dtype, device=x.device)
     _moe_up[(experts, triton.cdiv(inner, MOE_BLOCK_N))](
         x, ids, w13, act, t, k, x.stride(0), w13.stride(0), w13.stride(1), H=hdim, I=inner, BN=MOE_BLOCK_N,

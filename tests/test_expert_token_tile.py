@@ -1,0 +1,82 @@
+"""The by-expert MoE kernels' token tile as an axis of their table (memory.moe_gemv_combine): every program of
+triton_kernels.moe_gemv loads and multiplies a [rows, tile] block, the batch rounded up to a power of two (16 at
+least), so the kernels' time follows the tile. The plan looks the table up at the tile; a table measured before
+the axis existed (timed at 8-9 tokens) reads back as measured at a tile of 16 and prices every batch as before."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsocr_core.analytic import Points, evaluate
+from dsocr_core.analytic.predict import with_profile
+from dsocr_core.calibration.microbench import _entries, grids
+from dsocr_core.calibration.profile import ProfileError, load_profile, profile_from_dict, table_axes
+from dsocr_core.engines import EngineSpec
+from dsocr_core.fast.options import expert_token_tile
+from dsocr_core.hardware import get_hardware
+from dsocr_core.spec import ModelSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = "memory.moe_gemv_combine"
+
+
+def test_the_tile_is_the_batch_rounded_up_to_a_power_of_two_and_16_at_least():
+    assert [expert_token_tile(t) for t in (1, 2, 8, 16, 17, 32, 33, 56, 64)] == [16, 16, 16, 16, 32, 32, 64, 64, 64]
+    assert list(expert_token_tile(np.array([3.0, 20.0, 40.0]))) == [16.0, 32.0, 64.0]
+
+
+def test_the_calibration_times_every_tile_at_every_size():
+    grid = grids(False, "cuda")[TABLE]
+    assert table_axes(TABLE) == ("bytes", "tokens") and grid["tokens"] == [16.0, 32.0, 64.0]
+    assert len(_entries(TABLE, grid)) == 7 * 3
+    assert table_axes("memory.moe_gemv") == ("bytes",)  # the separate path's table keeps its one axis
+
+
+def test_a_table_measured_before_the_axis_reads_back_at_a_tile_of_16():
+    raw = json.loads((ROOT / "data/profiles/h200.json").read_text())
+    assert list(raw["tables"][TABLE]["axes"]) == ["bytes"]  # as shipped
+    table = load_profile(ROOT / "data/profiles/h200.json").table(TABLE)
+    assert table.axes == ("bytes", "tokens") and [list(g) for g in table.grid][1] == [16.0]
+    assert table.lookup(bytes=1e8, tokens=64) == table.lookup(bytes=1e8, tokens=16)
+    again = profile_from_dict(load_profile(ROOT / "data/profiles/h200.json").to_dict()).table(TABLE)
+    assert np.array_equal(again.efficiency, table.efficiency)  # written back with the axis, read the same
+
+
+def test_a_table_with_its_axes_in_another_order_is_refused():
+    raw = json.loads((ROOT / "data/profiles/h200.json").read_text())
+    t = raw["tables"][TABLE]
+    raw["tables"][TABLE] = {**t, "axes": {"tokens": [16.0], "bytes": t["axes"]["bytes"]},
+                            "efficiency": [t["efficiency"]], "measured": [t["measured"]]}
+    with pytest.raises(ProfileError, match="moe_gemv_combine: axes"):
+        profile_from_dict(raw)
+
+
+def _with_tiles(slow_at_64: float) -> dict:
+    """The shipped H200 profile with its table measured at tiles 16, 32 and 64: the first two as shipped, the
+    largest `slow_at_64` times slower."""
+    raw = json.loads((ROOT / "data/profiles/h200.json").read_text())
+    t = raw["tables"][TABLE]
+    eff = [[e, e, e / slow_at_64] for e in t["efficiency"]]
+    raw["tables"][TABLE] = {**t, "axes": {"bytes": t["axes"]["bytes"], "tokens": [16.0, 32.0, 64.0]},
+                            "efficiency": eff, "measured": [[m] * 3 for m in t["measured"]]}
+    return raw
+
+
+def _decode_s(raw: dict, batches: list[int]) -> np.ndarray:
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=batches, decode_steps=[1], logits="last")
+    hw = with_profile(get_hardware("h200"), profile_from_dict(raw), EngineSpec.of("fast"))
+    return np.asarray(evaluate(ModelSpec(), pts, hw)["decode"]["predicted_kernel_s"]) \
+        + np.asarray(evaluate(ModelSpec(), pts, hw)["decode"]["predicted_roofline_s"])
+
+
+def test_the_plan_looks_the_kernels_up_at_their_tile():
+    """Batches 8 and 20 (tiles 16 and 32) cost the same whichever the 64-tile entries say; batch 40 (tile 64)
+    costs more where they are slower, and every batch costs what the one-axis table says where they are not."""
+    shipped = json.loads((ROOT / "data/profiles/h200.json").read_text())
+    batches = [8, 20, 40]
+    base, same, slow = _decode_s(shipped, batches), _decode_s(_with_tiles(1.0), batches), _decode_s(
+        _with_tiles(2.0), batches)
+    assert np.allclose(same, base, rtol=1e-9)
+    assert np.allclose(slow[:2], base[:2], rtol=1e-9)
+    assert slow[2] > base[2] * 1.05  # the experts' two launches are a large share of a batch-40 step
