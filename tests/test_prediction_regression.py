@@ -111,6 +111,14 @@ ACCURACY = {
             "h200_prediction_accuracy_random83_fast_2026-11-28.json", None),
         "H200 random, seed 84, fused MoE kernels, held out": (
             "h200_prediction_accuracy_random84_fast_2026-11-28.json", None),
+        "H200 random, seed 85, choice in the graph, held out": (
+            "h200_prediction_accuracy_random85_fast_2026-11-28.json", None),
+        "H200 random, seed 86, choice in the graph, order check failed, held out": (
+            "h200_prediction_accuracy_random86_fast_2026-11-28.json", None),
+        "H200 random, seed 87, choice in the graph, held out": (
+            "h200_prediction_accuracy_random87_fast_2026-11-28.json", None),
+        "H200 random, seed 88, choice in the graph, held out": (
+            "h200_prediction_accuracy_random88_fast_2026-11-28.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -378,7 +386,7 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
         assert prof.derived
         sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
                 if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
-        assert len(sets) == {"H100": 18, "H200": 17}[gpu]  # the table's header
+        assert len(sets) == {"H100": 18, "H200": 21}[gpu]  # the table's header
         for column, file, keep in sets:
             summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
             for stage, limit in stated_now[gpu].items():
@@ -397,10 +405,10 @@ SUMMARY_SETS = {
                                          "H100 random, seed 69, lm_head table, held out",
                                          "H100 random, seed 73, attention by length, held out",
                                          "H100 random, seed 75, projector cat measured, held out")),
-    "fast, H200": ("Fast session mode", ("H200 random, seed 80, batch 20-64, stage clocks, held out",
-                                         "H200 random, seed 81, batch 16-64, stage clocks, held out",
-                                         "H200 random, seed 82, batch 16-64, held out",
-                                         "H200 random, seed 84, fused MoE kernels, held out")),
+    "fast, H200": ("Fast session mode", ("H200 random, seed 85, choice in the graph, held out",
+                                         "H200 random, seed 86, choice in the graph, order check failed, held out",
+                                         "H200 random, seed 87, choice in the graph, held out",
+                                         "H200 random, seed 88, choice in the graph, held out")),
     "reference, H100": ("Reference session mode", ("H100 random, seed 48, own host costs",
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),
