@@ -89,12 +89,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batches", default="2,8", help="decode batch sizes (comma list)")
     ap.add_argument("--steps", type=int, default=48, help="decode steps timed per loop")
     ap.add_argument("--out", default="out/decode_loop_gap.json")
+    ap.add_argument("--batched-choice", default="host", choices=("host", "graph"),
+                    help="the engine's greedy choice at batch > 1 (default host: the eager ops between replays this "
+                         "gap was first measured with, which fast/plan.py's host branch cites)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_loop_gap.py times CUDA graphs: it needs a CUDA GPU")
     base = Session.load(synthetic="full", device="cuda", dtype="bfloat16", session_mode="reference")
-    fast = base.with_mode("fast")
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batches": {}}
+    fast = base.with_mode("fast", batched_choice=args.batched_choice)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "batches": {},
+              "batched_choice": args.batched_choice}
     for b in (int(x) for x in args.batches.split(",") if x):
         inputs = page_inputs((2, 2), b, 100 + b, fast.device, torch.bfloat16)
         fast_generate_times(fast, inputs, args.steps, 0)  # warm-up: compiles and captures

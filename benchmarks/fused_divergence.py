@@ -53,7 +53,7 @@ def main() -> int:
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     ref = Session.load(synthetic=args.synthetic, device=args.device, dtype=dtype)
     fused = ref.with_mode("fast")
-    plain = ref.with_mode("fast", fused=False)
+    plain = ref.with_mode("fast", fused=False, batched_choice="host")  # the choice as next_tokens' eager ops
     page = synthetic_inputs("gundam", (2, 2), text_tokens=10, batch=1, seed=args.seed,
                             dtype=ref.torch_dtype, device=args.device)
     a = fused.generate(page, max_new_tokens=args.steps, no_repeat_ngram_size=ngram)

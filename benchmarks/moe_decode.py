@@ -44,7 +44,8 @@ from dsocr_core.spec import ModelSpec, tiny_spec  # noqa: E402
 
 NGRAM = 20
 # the engine each variant runs (the plan the time model prices for it); the step is timed as decode_step's graph,
-# which holds no greedy choice, so every variant is priced with the choice outside it, as its runs recorded
+# which holds no greedy choice, so every variant is priced with the host's choice (its eager ops are host time,
+# which predicted_step_ms leaves out), as its runs recorded
 ENGINES = {name: {**opts, "batched_choice": "host"} for name, opts in (
     ("grouped", {"moe": "grouped"}), ("triton", {"moe": "triton", "expert_fusion": "separate"}),
     ("fused", {"moe": "triton", "expert_fusion": "fused"}), ("gather", {"moe": "gather"}))}

@@ -206,11 +206,11 @@ def test_the_batched_choice_in_the_graph_chooses_the_hosts_tokens(sessions):
     ref, _ = sessions
     page = _page(4, 51)
     raw = {}
-    for name, opts in (("host", {}), ("graph", {"batched_choice": "graph"})):
-        fast = ref.with_mode("fast", **opts)
+    for name in ("host", "graph"):
+        fast = ref.with_mode("fast", batched_choice=name)
+        assert fast.engine.batched_choice == name
         raw[name] = torch.stack(list(Greedy(fast.engine, page, 300, 20, stop_at_eos=False).run()))
-        if name == "graph":
-            assert fast.engine._states[4].choice is not None
+        assert (fast.engine._states[4].choice is not None) == (name == "graph")
         del fast
         torch.cuda.empty_cache()
     assert raw["graph"].shape == (300, 4)

@@ -68,7 +68,7 @@ out["reference"] = ref.generate(small, max_new_tokens=6, no_repeat_ngram_size=2)
 # the batched greedy choice in the step's graph (batched_choice='graph', choice_kernels.py) against the host's
 # next_tokens at batch 3, with and without the ban; the rows end with EOS at different steps (finished rows: pad)
 b3 = synthetic_inputs("small", (1, 1), text_tokens=10, batch=3, seed=4)
-host_choice = ref.with_mode("fast", bucket=32)
+host_choice = ref.with_mode("fast", bucket=32, batched_choice="host")
 device_choice = ref.with_mode("fast", bucket=32, batched_choice="graph")
 for ng in (2, 0):
     out[f"choice_host_{ng}"] = host_choice.generate(b3, max_new_tokens=6, no_repeat_ngram_size=ng).generated_ids
@@ -117,7 +117,7 @@ out["graph_like_tpot"], out["graph_like_steps"] = res.timings["tpot_s"], len(res
 # included) and the finished flags, through a state that grows past its capacity mid-generation (min_room 1)
 from dsocr_core.runtime.generate import Greedy
 raw = {}
-for name, opts in (("host", {}), ("graph", {"batched_choice": "graph"})):
+for name, opts in (("host", {"batched_choice": "host"}), ("graph", {"batched_choice": "graph"})):
     s3 = ref.with_mode("fast", bucket=32, min_room=1, **opts)
     gen = Greedy(s3.engine, b3, 40, 2, stop_at_eos=False)
     raw[name] = [t.tolist() for t in gen.run()]

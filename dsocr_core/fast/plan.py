@@ -152,8 +152,10 @@ class FastPlan:
                 return Plan(rest_launches=0.0, rest_real_bytes=0.0, rest_table=FUSED_GEMV,
                             graph_launches=1.0 / self.o.graph_steps)
             if c.phase == "decode" and self.o.batched_choice == "graph":
-                # the choice in the graph: best_rows reads every logit and its ban stamp (float32, int32) once; the
-                # ban and the rows' choice move a few kilobytes. Not yet measured on a GPU (docs/fast-mode.md)
+                # the choice in the graph (the default on a GPU): best_rows reads every logit and its ban stamp
+                # (float32, int32) once; the ban and the rows' choice move a few kilobytes. On an H200 at batch 8 the
+                # three kernels cost no measurable time in the graph and the loop's span beyond the replay fell from
+                # 73 to 23 us a step (docs/fast-mode.md, "The batched choice in the graph")
                 moved = c.b * c.spec.vocab_size * (FP32 + 4)
                 choice = Kernel("memory.elementwise", dict(bytes=moved), 0.0, 0.0, CHOICE_LAUNCHES,
                                 real_bytes=moved, by_batch=True)
@@ -601,8 +603,9 @@ def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
         raise KeyError(c.kind)
     gu.table = down.table = MOE_GEMV_COMBINE if fusion == "fused" else MOE_GEMV
     # the table times the two launches together (calibration/ops.py): each is looked up at the pair's bytes and
-    # the kernels' token tile (a table without that axis, as memory.moe_gemv and profiles before 2026-11-28
-    # afternoon, was timed at 8-9 tokens: a tile of 16)
+    # the kernels' token tile. A table without that axis was timed at 8-9 tokens, a tile of 16: memory.moe_gemv
+    # (fusion 'separate', the runs before 2026-11-28, not given the axis) and memory.moe_gemv_combine as measured
+    # before the axis existed; at batches 17-64 they under-price the kernels by what the larger tiles cost
     gu.coords = down.coords = dict(bytes=up_bytes + down_bytes, tokens=expert_token_tile(c.b * c.sq))
     if c.kind == "lm.mlp.experts":
         gu.launches = down.launches = 1.0
