@@ -1,7 +1,8 @@
-"""The by-expert MoE kernels' token tile as an axis of their table (memory.moe_gemv_combine): every program of
-triton_kernels.moe_gemv loads and multiplies a [rows, tile] block, the batch rounded up to a power of two (16 at
-least), so the kernels' time follows the tile. The plan looks the table up at the tile; a table measured before
-the axis existed (timed at 8-9 tokens) reads back as measured at a tile of 16 and prices every batch as before."""
+"""The by-expert MoE kernels' token tile as an axis of their tables (memory.moe_gemv_combine, and memory.moe_gemv
+for expert_fusion 'separate'): every program of triton_kernels.moe_gemv loads and multiplies a [rows, tile] block,
+the batch rounded up to a power of two (16 at least), so the kernels' time follows the tile. The plan looks the
+table up at the tile; a table measured before the axis existed (timed at 8-9 tokens) reads back as measured at a
+tile of 16 and prices every batch as before."""
 import json
 from pathlib import Path
 
@@ -27,10 +28,11 @@ def test_the_tile_is_the_batch_rounded_up_to_a_power_of_two_and_16_at_least():
 
 
 def test_the_calibration_times_every_tile_at_every_size():
-    grid = grids(False, "cuda")[TABLE]
-    assert table_axes(TABLE) == ("bytes", "tokens") and grid["tokens"] == [16.0, 32.0, 64.0]
-    assert len(_entries(TABLE, grid)) == 7 * 3
-    assert table_axes("memory.moe_gemv") == ("bytes",)  # the separate path's table keeps its one axis
+    for name in (TABLE, "memory.moe_gemv"):  # with the combine ('fused') and without ('separate')
+        grid = grids(False, "cuda")[name]
+        assert table_axes(name) == ("bytes", "tokens") and grid["tokens"] == [16.0, 32.0, 64.0]
+        assert len(_entries(name, grid)) == 7 * 3
+    assert table_axes("memory.fused_gemv") == ("bytes",)  # the other memory tables keep their one axis
 
 
 def test_a_table_measured_before_the_axis_reads_back_at_a_tile_of_16():

@@ -109,11 +109,11 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         out["attention.split_kv"] = {"bh": [10, 20, 40, 80, 160, 320, 640], "q": [1],
                                      "k": [16, 128, 512, 1024, 2048, 4096, 8192], "d": [128]}
         # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
-        out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)]}
-        # the same with the combine + residual, also by the kernels' token tile (fast/options.expert_token_tile:
-        # every program loads and multiplies the whole [rows, tile] block, so at 64 tokens a launch takes longer than
-        # at 8 over the same experts)
-        out["memory.moe_gemv_combine"] = {**out["memory.moe_gemv"], "tokens": [16.0, 32.0, 64.0]}
+        # and by the kernels' token tile (fast/options.expert_token_tile: every program loads and multiplies the
+        # whole [rows, tile] block, so at 64 tokens a launch takes longer than at 8 over the same experts)
+        out["memory.moe_gemv"] = {"bytes": [float(MOE_EXPERT_BYTES * n) for n in (1, 2, 4, 8, 16, 32, 66)],
+                                  "tokens": [16.0, 32.0, 64.0]}
+        out["memory.moe_gemv_combine"] = dict(out["memory.moe_gemv"])  # the same with the combine + residual
         # the MoE's grouping kernels over the rows of 16 to 131,072 tokens (its one-hot work, 128 KB to 1 GB)
         out["memory.group_rows"] = {"bytes": [float(GROUP_BYTES_PER_ROW * GROUP_SLOTS * t)
                                               for t in (16, 128, 1024, 4096, 16384, 65536, 131072)]}

@@ -25,9 +25,9 @@ GROUPED_EXPERTS = 64
 # for them, and the table's one axis (bytes read) then moves with the weight rows or the cached tokens.
 FUSED_WIDTH, FUSED_HEADS, FUSED_HEAD_DIM = 1280, 10, 128
 FUSED_ATTN_SLOT_BYTES = 2 * FUSED_HEADS * FUSED_HEAD_DIM * 2  # one cached token's keys and values, bf16
-# The by-expert MoE kernels likewise at the LM's expert widths, rows of 8 slots (6 routed experts and 2 shared):
-# memory.moe_gemv at 8 decode rows (9 for all 66 experts), its axis (bytes read) moving with the number of distinct
-# experts the rows touch; memory.moe_gemv_combine also over the rows' token tile (16, 32 and 64 rows)
+# The by-expert MoE kernels likewise at the LM's expert widths, rows of 8 slots (6 routed experts and 2 shared): the
+# bytes axis moves with the number of distinct experts the rows touch, the tokens axis is the rows' token tile (16,
+# 32 and 64 rows; MOE_TOKENS rows, 9 for all 66 experts, where a table has no such axis)
 MOE_INNER, MOE_TOKENS, MOE_SLOTS, MOE_MAX_EXPERTS = 896, 8, 8, 66
 MOE_EXPERT_BYTES = 3 * FUSED_WIDTH * MOE_INNER * 2  # one expert's gate, up and down weights, bf16
 # The MoE's grouping kernels (fast/moe_rows.group_rows) at the LM's 66 experts (64 routed, 2 shared), 8 slots per

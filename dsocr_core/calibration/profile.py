@@ -91,10 +91,10 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 # tables timed over more than their kind's axes, with the value each extra axis had where a table was measured
-# before it existed: memory.moe_gemv_combine also by the by-expert kernels' token tile (fast/options.
+# before it existed: the by-expert MoE kernels' tables also by the kernels' token tile (fast/options.
 # expert_token_tile: every program loads and multiplies a [rows, tile] block, so 64 tokens take longer than 8 over
-# the same experts); profiles measured before that axis timed it at 8-9 tokens, a tile of 16, and read back so
-EXTRA_AXES = {"memory.moe_gemv_combine": {"tokens": 16.0}}
+# the same experts); profiles measured before that axis timed them at 8-9 tokens, a tile of 16, and read back so
+EXTRA_AXES = {"memory.moe_gemv": {"tokens": 16.0}, "memory.moe_gemv_combine": {"tokens": 16.0}}
 
 
 def table_axes(name: str) -> tuple[str, ...]:

@@ -603,9 +603,8 @@ def _by_expert_mlp(c: Call, fusion: str = "separate") -> Plan:
         raise KeyError(c.kind)
     gu.table = down.table = MOE_GEMV_COMBINE if fusion == "fused" else MOE_GEMV
     # the table times the two launches together (calibration/ops.py): each is looked up at the pair's bytes and
-    # the kernels' token tile. A table without that axis was timed at 8-9 tokens, a tile of 16: memory.moe_gemv
-    # (fusion 'separate', the runs before 2026-11-28, not given the axis) and memory.moe_gemv_combine as measured
-    # before the axis existed; at batches 17-64 they under-price the kernels by what the larger tiles cost
+    # the kernels' token tile. A table measured before that axis existed was timed at 8-9 tokens, a tile of 16: at
+    # batches 17-64 it under-prices the kernels by what the larger tiles cost
     gu.coords = down.coords = dict(bytes=up_bytes + down_bytes, tokens=expert_token_tile(c.b * c.sq))
     if c.kind == "lm.mlp.experts":
         gu.launches = down.launches = 1.0
