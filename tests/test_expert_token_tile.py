@@ -82,3 +82,21 @@ def test_the_plan_looks_the_kernels_up_at_their_tile():
     assert np.allclose(same, base, rtol=1e-9)
     assert np.allclose(slow[:2], base[:2], rtol=1e-9)
     assert slow[2] > base[2] * 1.05  # the experts' two launches are a large share of a batch-40 step
+
+
+def test_a_prediction_off_the_tile_an_older_table_was_timed_at_says_so():
+    """The shipped profile's table was timed at a tile of 16: a batch-40 step (tile 64) is priced as at 16 and its
+    prediction says so (in the notes every export carries); a batch-8 step is not; a table measured with the axis
+    adds no note. The note survives the profile being written and read back."""
+    def notes(raw, batch):
+        pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[batch], decode_steps=[1], logits="last")
+        hw = with_profile(get_hardware("h200"), profile_from_dict(raw), EngineSpec.of("fast"))
+        evaluate(ModelSpec(), pts, hw)
+        return [n for n in hw.prediction.notes if n.startswith(TABLE)]
+
+    shipped = json.loads((ROOT / "data/profiles/h200.json").read_text())
+    assert notes(shipped, 8) == []
+    (note,) = notes(shipped, 40)
+    assert "measured at tokens 16 only" in note and "calibrate --tables memory.moe_gemv_combine" in note
+    assert len(notes(profile_from_dict(shipped).to_dict(), 40)) == 1  # written back: still known as added
+    assert notes(_with_tiles(1.5), 40) == []

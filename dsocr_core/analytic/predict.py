@@ -395,6 +395,12 @@ class Predictor:
         table, conv = self._table(k.table, dtype)
         coords = k.coords if conv is None else conv(k.coords)
         eff = table.lookup(**coords)
+        for axis, value in table.meta.get("axes_added", {}).items():  # a table measured before that axis existed
+            if axis in coords and np.any(np.asarray(coords[axis]) != value):
+                self.prediction.notes.add(
+                    f"{table.name}: measured at {axis} {value:g} only (before the table had that axis); shapes at "
+                    f"other {axis} priced as at {value:g}, under-pricing larger ones (calibrate --tables "
+                    f"{table.name} --add-to PROFILE measures it)")
         if np.any(eff > 1.0):
             self.prediction.notes.add(f"{table.name}: efficiencies above 1 taken as 1 (never faster than the "
                                       "roofline)")

@@ -277,10 +277,11 @@ def _deepen(values, depth: int, extra: int):
 def _table_from(name: str, t: TableModel) -> Table:
     kind = table_kind(name)
     want = table_axes(name)
-    axes, efficiency, measured = dict(t.axes), t.efficiency, t.measured
+    axes, efficiency, measured, meta = dict(t.axes), t.efficiency, t.measured, dict(t.meta)
     older = EXTRA_AXES.get(name, {})
     if older and tuple(axes) == KIND_AXES[kind]:  # measured before its extra axes: one grid value each
         axes |= {a: [v] for a, v in older.items()}
+        meta["axes_added"] = dict(older)  # predictions off that value say so (analytic/predict.Predictor)
         depth = len(KIND_AXES[kind])
         efficiency = _deepen(efficiency, depth, len(older))
         measured = None if measured is None else _deepen(measured, depth, len(older))
@@ -311,7 +312,7 @@ def _table_from(name: str, t: TableModel) -> Table:
         raise ProfileError(f"table {name}: measured is not a grid of true/false values") from None
     if measured.shape != shape:
         raise ProfileError(f"table {name}: measured has shape {list(measured.shape)}, expected {list(shape)}")
-    return Table(name, want, tuple(grid), eff, measured, dict(t.meta))
+    return Table(name, want, tuple(grid), eff, measured, meta)
 
 
 @dataclass(frozen=True, eq=False)
