@@ -30,8 +30,8 @@ import numpy as np
 from ..spec import ModelSpec
 from .ops import (FUSED_ATTN_SLOT_BYTES, GROUP_BYTES_PER_ROW, GROUP_SLOTS, GROUPED_EXPERTS, MOE_EXPERT_BYTES,
                   Settings, input_bytes, kernel_count, launch_costs, measure_entry)
-from .profile import (ADDABLE_LAUNCH, LAUNCH_COMPANIONS, BIAS_KINDS, DTYPE_KINDS, LAUNCH_KEYS, MAX_EFFICIENCY, Profile,
-                      add_tables, build_profile, entry_work, table_axes, table_kind)
+from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, CEILING_RANGES, DTYPE_KINDS, LAUNCH_COMPANIONS, LAUNCH_KEYS,
+                      MAX_EFFICIENCY, Profile, add_tables, build_profile, entry_work, table_axes, table_kind)
 
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 # the memory tables measured over the bytes grid in every calibration (the fused kernels' tables have their own)
@@ -261,6 +261,14 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         raise RuntimeError(f"calibration measured no GEMM shape (budget {budget_s:g} s, skipped {skipped}, "
                            f"failures {failed or 'none'}); a profile needs at least one GEMM table")
     ceilings = add_to.raw["ceilings"] if add_to is not None else _ceilings(dev_info, raw, plan, st)
+    too_slow = [f"{key} {ceilings[key]:.3g}" for key, (low, _) in CEILING_RANGES.items() if ceilings[key] < low]
+    if too_slow:  # a stop or a budget after a few tiny shapes (or a machine busy with other work): no peak seen
+        ended = "was stopped" if stopped else ("ran out of budget" if skipped["budget"] else "finished")
+        raise RuntimeError(f"calibration {ended} after {sum(int(np.isfinite(t).sum()) for t in raw.values())} "
+                           f"shapes, and the fastest of them ran at {', '.join(too_slow)} per second, below what "
+                           f"a profile may claim for a real device: its ceilings would be meaningless. Let it "
+                           f"measure larger shapes (a longer budget, no early stop) on a machine not busy with "
+                           f"other work")
     out_tables = {}
     for name, t_work in raw.items():
         measured = np.isfinite(t_work)
