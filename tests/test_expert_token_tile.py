@@ -12,7 +12,7 @@ import pytest
 from dsocr_core.analytic import Points, evaluate
 from dsocr_core.analytic.predict import with_profile
 from dsocr_core.calibration.microbench import _entries, grids
-from dsocr_core.calibration.profile import ProfileError, load_profile, profile_from_dict, table_axes
+from dsocr_core.calibration.profile import ProfileError, load_profile, profile_from_dict, table_axes, uniform_profile
 from dsocr_core.engines import EngineSpec
 from dsocr_core.fast.options import expert_token_tile
 from dsocr_core.hardware import get_hardware
@@ -100,3 +100,16 @@ def test_a_prediction_off_the_tile_an_older_table_was_timed_at_says_so():
     assert "measured at tokens 16 only" in note and "calibrate --tables memory.moe_gemv_combine" in note
     assert len(notes(profile_from_dict(shipped).to_dict(), 40)) == 1  # written back: still known as added
     assert notes(_with_tiles(1.5), 40) == []
+    # the profile derived from the H200's: the advice is to measure it there and derive again
+    (derived,) = notes(json.loads((ROOT / "data/profiles/h100_from_h200.json").read_text()), 40)
+    assert "derived from a table measured at tokens 16" in derived and "derive again" in derived
+    # the measured H100 profile has no table with the combine: priced on memory.moe_gemv, and the note says both
+    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[40], decode_steps=[1], logits="last")
+    hw = with_profile(get_hardware("h100-sxm"), load_profile(ROOT / "data/profiles/h100.json"), EngineSpec.of("fast"))
+    evaluate(ModelSpec(), pts, hw)
+    (older,) = [n for n in hw.prediction.notes if n.startswith("memory.moe_gemv:")]
+    assert f"priced on memory.moe_gemv: the profile has no {TABLE}" in older
+    assert f"calibrate --tables {TABLE}" in older
+    # a synthetic profile has every axis: no note
+    uniform = uniform_profile(989e12, 4.8e12, 0.5, 0.0, kind="cuda").to_dict()
+    assert notes(uniform, 40) == []

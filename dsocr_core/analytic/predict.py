@@ -397,14 +397,23 @@ class Predictor:
         eff = table.lookup(**coords)
         for axis, value in table.meta.get("axes_added", {}).items():  # a table measured before that axis existed
             if axis in coords and np.any(np.asarray(coords[axis]) != value):
-                self.prediction.notes.add(
-                    f"{table.name}: measured at {axis} {value:g} only (before the table had that axis); shapes at "
-                    f"other {axis} priced as at {value:g}, under-pricing larger ones (calibrate --tables "
-                    f"{table.name} --add-to PROFILE measures it)")
+                self.prediction.notes.add(self._axis_added_note(k.table, table, axis, value))
         if np.any(eff > 1.0):
             self.prediction.notes.add(f"{table.name}: efficiencies above 1 taken as 1 (never faster than the "
                                       "roofline)")
         return np.minimum(eff, 1.0)
+
+    @staticmethod
+    def _axis_added_note(wanted: str, table, axis: str, value: float) -> str:
+        """The note of a lookup off the one value an older table has on an axis added since (profile.EXTRA_AXES),
+        with what measures it: on this GPU, or on the GPU a derived table came from."""
+        source = table.meta.get("derived_from")
+        how = (f"measure {wanted} on {source} (calibrate --tables {wanted} --add-to its profile) and derive again"
+               if source else f"calibrate --tables {wanted} --add-to PROFILE measures it")
+        used = "" if table.name == wanted else f" (priced on {table.name}: the profile has no {wanted})"
+        return (f"{table.name}: {'derived from a table ' if source else ''}measured at {axis} {value:g} only, before "
+                f"the table had that axis{used}; shapes at other {axis} are priced as at {value:g}, under-pricing "
+                f"larger ones: {how}")
 
     def kernel_s(self, k: Kernel, dtype: str):
         """One planned kernel's device time on its own: its roofline at its table's efficiency plus its launches

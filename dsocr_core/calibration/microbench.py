@@ -261,14 +261,16 @@ def run_microbench(device: str = "cuda", quick: bool = False, budget_s: float = 
         raise RuntimeError(f"calibration measured no GEMM shape (budget {budget_s:g} s, skipped {skipped}, "
                            f"failures {failed or 'none'}); a profile needs at least one GEMM table")
     ceilings = add_to.raw["ceilings"] if add_to is not None else _ceilings(dev_info, raw, plan, st)
-    too_slow = [f"{key} {ceilings[key]:.3g}" for key, (low, _) in CEILING_RANGES.items() if ceilings[key] < low]
+    too_slow = [f"{key} {ceilings[key]:.3g} (a profile's floor: {low:g})"
+                for key, (low, _) in CEILING_RANGES.items() if ceilings[key] < low]
     if too_slow:  # a stop or a budget after a few tiny shapes (or a machine busy with other work): no peak seen
         ended = "was stopped" if stopped else ("ran out of budget" if skipped["budget"] else "finished")
+        advice = ("let it measure larger shapes (a longer budget, no early stop)" if stopped or skipped["budget"]
+                  else "run it again")
         raise RuntimeError(f"calibration {ended} after {sum(int(np.isfinite(t).sum()) for t in raw.values())} "
-                           f"shapes, and the fastest of them ran at {', '.join(too_slow)} per second, below what "
-                           f"a profile may claim for a real device: its ceilings would be meaningless. Let it "
-                           f"measure larger shapes (a longer budget, no early stop) on a machine not busy with "
-                           f"other work")
+                           f"shapes, and the best rates they reached are below what a real device does: "
+                           f"{', '.join(too_slow)}; ceilings set from them would be meaningless. Nothing saved: "
+                           f"{advice} on a machine not busy with other work")
     out_tables = {}
     for name, t_work in raw.items():
         measured = np.isfinite(t_work)

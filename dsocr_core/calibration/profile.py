@@ -639,7 +639,9 @@ def uniform_profile(peak_flops: float, bandwidth: float, efficiency: float = 1.0
         tables[f"grouped_gemm.{dt}"] = {"axes": {"tokens": [1.0], "n": [1.0], "k": [1.0]}, "efficiency": [[[e]]],
                                         "meta": {"experts": 64}}
     for mem in MEMORY_KINDS:
-        tables[f"memory.{mem}"] = {"axes": {"bytes": [1.0]}, "efficiency": [e]}
+        extra = EXTRA_AXES.get(f"memory.{mem}", {})  # every axis, one value each: the same at every shape
+        tables[f"memory.{mem}"] = {"axes": {"bytes": [1.0], **{a: [1.0] for a in extra}},
+                                   "efficiency": _deepen([e], 1, len(extra))}
     for impl in ATTENTION_IMPLS:
         tables[f"attention.{impl}"] = {"axes": {"bh": [1.0], "q": [1.0], "k": [1.0], "d": [1.0]},
                                        "efficiency": [[[[e]]]]}
