@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .predict import timing_table  # the prediction's own choice of table
+
 DOC = "docs/accuracy.md"
 QUICK = ("its tables are the quick grids (kernel shapes up to 128 wide, a smoke test of the calibration): every "
          "kernel of the model lies beyond them and takes the edge value, so the predicted times miss by 10x or more "
@@ -45,9 +47,6 @@ EXPERT_TILE = ("batch 17-64 in the fast mode: the decode step is under-predicted
                "85-88; up to 15% on single points), because this profile timed the by-expert MoE kernels at a token "
                "tile of 16 while those batches run tiles of 32 and 64 (the prediction's notes say which table; "
                "calibrate --tables memory.moe_gemv_combine,memory.moe_gemv --add-to PROFILE measures the tiles)")
-# the tables the fast engine's batched decode experts are priced on (fast/plan.py), which a profile may hold as
-# measured before they had the token-tile axis (calibration/profile.EXTRA_AXES)
-EXPERT_TABLES = ("memory.moe_gemv_combine", "memory.moe_gemv")
 PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by "
              "2-10% (median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
              "over (H200). Its kernels are priced within a few percent at small batches and 3-16% under at 8,000-"
@@ -86,7 +85,7 @@ def known_misses(profile, session_mode: str, max_batch: int = 1,
 
 
 def _tile_untimed(profile) -> bool:
-    """The profile's first table for the batched decode experts (the one the plan prices them on) was measured
-    before it had the token-tile axis."""
-    table = next((t for t in map(profile.table, EXPERT_TABLES) if t is not None), None)
-    return table is not None and "tokens" in table.meta.get("axes_added", {})
+    """The table the default fast engine's batched decode experts are priced on (fast/plan.py, or the fallback the
+    profile has) was measured before it had the token-tile axis (calibration/profile.EXTRA_AXES)."""
+    found = timing_table(profile, "memory.moe_gemv_combine", "bfloat16")
+    return found is not None and "tokens" in found[0].meta.get("axes_added", {})

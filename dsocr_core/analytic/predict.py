@@ -314,12 +314,22 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "linear", "attent
                "memory.permuted_copy", "memory.permuted_add", "bias.broadcast", "bias.strided")
 
 
+def timing_table(profile, name: str, dtype: str):
+    """(the profile's table that times kernel kind `name` in `dtype`: itself or the first fallback it has, the
+    conversion of the kernel's coordinates to that table's, whether it is a fallback), or None where the profile
+    has none of them."""
+    for i, (cand, conv) in enumerate(_candidates(name, dtype)):
+        table = profile.table(cand)
+        if table is not None:
+            return table, conv, i > 0
+    return None
+
+
 def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[str]:
     """Kernel kinds the plans use that no table of `profile` can time, not even through a fallback (a calibration
     stopped or out of budget before it reached them): such a profile would fail in the middle of a prediction,
     so the dashboard refuses it up front."""
-    return sorted({name for name in PLAN_TABLES for dt in dtypes
-                   if not any(profile.table(cand) is not None for cand, _ in _candidates(name, dt))})
+    return sorted({name for name in PLAN_TABLES for dt in dtypes if timing_table(profile, name, dt) is None})
 
 
 class Predictor:
@@ -379,16 +389,14 @@ class Predictor:
     def _table(self, name: str, dtype: str):
         key = (name, dtype)
         if key not in self._resolved:
-            for i, (cand, conv) in enumerate(_candidates(name, dtype)):
-                table = self.profile.table(cand)
-                if table is not None:
-                    if i:
-                        self.prediction.notes.add(f"{name} ({dtype}) timed with table {cand}: the profile has "
-                                                  f"no {_candidates(name, dtype)[0][0]}")
-                    self._resolved[key] = (table, conv)
-                    break
-            else:
+            found = timing_table(self.profile, name, dtype)
+            if found is None:
                 raise SpecError(f"the calibration profile has no table for {name} ({dtype}); re-run calibrate")
+            table, conv, fallback = found
+            if fallback:
+                self.prediction.notes.add(f"{name} ({dtype}) timed with table {table.name}: the profile has "
+                                          f"no {_candidates(name, dtype)[0][0]}")
+            self._resolved[key] = (table, conv)
         return self._resolved[key]
 
     def efficiency(self, k: Kernel, dtype: str):

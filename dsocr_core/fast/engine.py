@@ -48,7 +48,7 @@ from .graphs import Captured
 from .lm import LMConfig, make_decode_fns, make_prefill_layer
 from .moe_rows import HAS_ROW_KERNELS
 from .options import DEFAULT_NEW_TOKENS  # cache room a bare prefill() leaves for decoding (grown on demand)
-from .options import decode_moe
+from .options import TRITON_CHOICES, decode_moe, resolve_auto
 from .prefill import prefill_entry, prefill_key
 from .state import DecodeState, FastCache
 from .static_cache import StaticKVCache, round_up
@@ -82,12 +82,10 @@ class FastEngine:
         if projector_layout not in ("gather", "per_image"):
             raise ValueError(f"projector_layout must be 'gather' or 'per_image', got {projector_layout!r}")
         self.projector_layout = projector_layout
-        if moe_rows not in ("auto", "torch", "triton"):
-            raise ValueError(f"moe_rows must be 'auto', 'torch' or 'triton', got {moe_rows!r}")
-        if expert_fusion not in ("auto", "fused", "separate"):
-            raise ValueError(f"expert_fusion must be 'auto', 'fused' or 'separate', got {expert_fusion!r}")
-        if batched_choice not in ("auto", "host", "graph"):
-            raise ValueError(f"batched_choice must be 'auto', 'host' or 'graph', got {batched_choice!r}")
+        for name, value in (("moe_rows", moe_rows), ("expert_fusion", expert_fusion),
+                            ("batched_choice", batched_choice)):
+            if value not in ("auto", *TRITON_CHOICES[name]):
+                raise ValueError(f"{name} must be 'auto' or one of {TRITON_CHOICES[name]}, got {value!r}")
         self.model = model.eval()
         self.spec = model.spec
         self.device = model.lm_head.weight.device
@@ -114,18 +112,18 @@ class FastEngine:
             raise ValueError("moe_rows 'triton' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU) "
                              "and torch.library.triton_op")
         # the grouped MoE's grouping, copy into expert order and weighted combine + residual (fast/moe_rows.py)
-        self.moe_rows = ("triton" if self.triton and HAS_ROW_KERNELS else "torch") if moe_rows == "auto" else moe_rows
+        self.moe_rows = resolve_auto("moe_rows", moe_rows, self.triton and HAS_ROW_KERNELS)
         if expert_fusion == "fused" and not (self.triton or interpreted):
             raise ValueError("expert_fusion 'fused' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
         # batched decode's by-expert MoE: 'fused' routes inside one kernel from the normalised rows (router GEMM
         # included) and combines the slots + residual inside the down kernel; 'separate', the router GEMM compiled
         # with the step, the routing kernel, and the combine as an Inductor kernel (every run before 2026-11-28)
-        self.expert_fusion = ("fused" if self.triton else "separate") if expert_fusion == "auto" else expert_fusion
+        self.expert_fusion = resolve_auto("expert_fusion", expert_fusion, self.triton)
         if batched_choice == "graph" and not (self.triton or interpreted):
             raise ValueError("batched_choice 'graph' needs a CUDA device and Triton (or TRITON_INTERPRET=1 on a CPU)")
         # the greedy choice outside the fused batch-1 step: kernels in the step's graph ('graph', the default with
         # Triton on a GPU), or eager ops between replays ('host', every run before 2026-11-28)
-        self.batched_choice = ("graph" if self.triton else "host") if batched_choice == "auto" else batched_choice
+        self.batched_choice = resolve_auto("batched_choice", batched_choice, self.triton)
         self.fused_blocks = {k: tuple(v) for k, v in (fused_blocks or {}).items()}
         # programmatic dependent launch between the fused kernels: Hopper or newer, not in the interpreter
         sm90 = self.triton and torch.cuda.get_device_capability(self.device)[0] >= 9

@@ -92,12 +92,9 @@ class FastOptions(BaseModel):
             raise SpecError("fast engine option attention: 'triton' needs a CUDA device and Triton")
         if self.moe == "triton" and not triton:
             raise SpecError("fast engine option moe: 'triton' needs a CUDA device and Triton")
-        if self.moe_rows == "triton" and not triton:
-            raise SpecError("fast engine option moe_rows: 'triton' needs a CUDA device and Triton")
-        if self.expert_fusion == "fused" and not triton:
-            raise SpecError("fast engine option expert_fusion: 'fused' needs a CUDA device and Triton")
-        if self.batched_choice == "graph" and not triton:
-            raise SpecError("fast engine option batched_choice: 'graph' needs a CUDA device and Triton")
+        for name, (with_triton, _) in TRITON_CHOICES.items():
+            if getattr(self, name) == with_triton and not triton:
+                raise SpecError(f"fast engine option {name}: {with_triton!r} needs a CUDA device and Triton")
         compile_ = cuda if self.compile is None else self.compile
         attention = self.attention
         if attention == "auto":
@@ -112,9 +109,19 @@ class FastOptions(BaseModel):
             sam_attention="fold" if self.sam_attention == "auto" else self.sam_attention,
             clip_packed=self.clip_packed, bucket=self.bucket, graph_steps=self.graph_steps, cuda=cuda,
             projector_layout=self.projector_layout,
-            moe_rows=("triton" if triton else "torch") if self.moe_rows == "auto" else self.moe_rows,
-            expert_fusion=("fused" if triton else "separate") if self.expert_fusion == "auto" else self.expert_fusion,
-            batched_choice=("graph" if triton else "host") if self.batched_choice == "auto" else self.batched_choice)
+            **{name: resolve_auto(name, getattr(self, name), triton) for name in TRITON_CHOICES})
+
+
+# options whose 'auto' is one value with Triton on a GPU and another elsewhere: (with Triton, without); the first
+# needs Triton. FastOptions.resolved and FastEngine resolve them with resolve_auto, so the plan and the engine agree
+TRITON_CHOICES = {"moe_rows": ("triton", "torch"), "expert_fusion": ("fused", "separate"),
+                  "batched_choice": ("graph", "host")}
+
+
+def resolve_auto(option: str, value: str, triton: bool) -> str:
+    """`value` of one of TRITON_CHOICES' options, 'auto' resolved for a device with or without Triton."""
+    with_triton, without = TRITON_CHOICES[option]
+    return (with_triton if triton else without) if value == "auto" else value
 
 
 # the by-expert Triton kernels hold one expert's rows of every token in a [rows, tokens] tile: up to 64 tokens
