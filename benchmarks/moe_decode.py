@@ -40,7 +40,7 @@ from dsocr_core.runtime.inputs import synthetic_inputs  # noqa: E402
 from dsocr_core.runtime.session import Session  # noqa: E402
 from dsocr_core.runtime.timing import StageTimer  # noqa: E402
 from dsocr_core.runtime.tokenizer import load_tokenizer  # noqa: E402
-from dsocr_core.spec import ModelSpec, tiny_spec  # noqa: E402
+from dsocr_core.spec import ModelSpec, SpecError, tiny_spec  # noqa: E402
 
 NGRAM = 20
 # the engine each variant runs (the plan the time model prices for it); the step is timed as decode_step's graph,
@@ -52,9 +52,12 @@ ENGINES = {name: {**opts, "batched_choice": "host"} for name, opts in (
 TRITON_VARIANTS = ("triton", "fused")
 
 
+DEFAULT_PAGE = ("gundam", (2, 2), 10)  # (vision mode, crop grid or None, text tokens): 703 prompt tokens
+
+
 def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path: str | None = None,
-                      options: dict | None = None) -> float:
-    """The time model's device time of one graphed decode step of `variant` at `batch` (2x2 Gundam pages, the
+                      options: dict | None = None, page: tuple = DEFAULT_PAGE) -> float:
+    """The time model's device time of one graphed decode step of `variant` at `batch` (pages of `page`, the
     benchmark's context): the step's prediction without its per-step host term, which a graph replay of
     decode_step does not run. Routing from `routing_path` (a routing profile), else uniform; `options`: engine
     options beside the variant's (a run's own, e.g. moe_rows 'torch' for runs from before that option)."""
@@ -68,16 +71,41 @@ def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path:
     routing = load_routing(routing_path) if routing_path else None
     engine = EngineSpec.of("fast", {**ENGINES[variant.split()[0]], **(options or {})})
     hw = with_profile(profile_hardware(profile), profile, engine, "engine", "row", routing)
-    pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[batch], decode_steps=[1], logits="last")
+    mode, grid, text = page
+    pts = Points.grid(mode=mode, crops=None if grid is None else [grid], text_tokens=[text], batch=[batch],
+                      decode_steps=[1], logits="last")
     d = evaluate(ModelSpec(), pts, hw)["decode"]
     return float(d["predicted_s"][0] - d["predicted_host_s"][0]) * 1e3
 
 
-def inputs_for(batch: int, device, quick: bool):
-    """A 2x2 Gundam page per row (703 prompt tokens, the context session_speed's decode figures use)."""
-    grid = (1, 1) if quick else (2, 2)
-    one = synthetic_inputs("gundam", grid, text_tokens=10, batch=batch, seed=100 + batch)
+def inputs_for(batch: int, device, quick: bool, page: tuple = DEFAULT_PAGE):
+    """A page per row: by default 2x2 Gundam (703 prompt tokens, the context session_speed's decode figures use)."""
+    mode, grid, text = page
+    grid = (1, 1) if quick and grid is not None else grid
+    one = synthetic_inputs(mode, grid or (1, 1), text_tokens=text, batch=batch, seed=100 + batch)
     return one.to(device, torch.bfloat16 if device.type == "cuda" else None)
+
+
+def parse_page(text: str, text_tokens: int) -> tuple:
+    """'small' or 'gundam:2x3' and the text tokens -> (mode, grid or None, text tokens); ValueError saying why."""
+    from dsocr_core.registry import mode_info
+
+    mode, _, grid = text.partition(":")
+    try:
+        tiled = mode_info(mode).crop_mode
+    except SpecError as e:  # an unknown mode: the registry names the modes there are
+        raise ValueError(f"--page: {e}") from None
+    if text_tokens < 1:
+        raise ValueError(f"--text-tokens must be at least 1 (it counts BOS), got {text_tokens}")
+    if not grid:
+        return mode, ((2, 2) if tiled else None), text_tokens
+    if not tiled:
+        raise ValueError(f"--page: {mode} is not a tiled mode, so it takes no grid (got {text!r})")
+    try:
+        w, h = (int(v) for v in grid.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--page: the grid is WxH (e.g. gundam:2x3), got {grid!r}") from None
+    return mode, (w, h), text_tokens
 
 
 def step_ms(session: Session, inputs, steps: int) -> float:
@@ -147,8 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parity-steps", type=int, default=32)
     ap.add_argument("--profile", help="calibration profile: print the time model's step beside each measured one")
     ap.add_argument("--routing", help="routing profile for that prediction (default: uniform)")
+    ap.add_argument("--page", default="gundam:2x2", help="each row's page: MODE or MODE:WxH (a tiled mode's grid), "
+                    "e.g. small (a short context: the held-out sets' largest misses) or gundam:2x2 (the default)")
+    ap.add_argument("--text-tokens", type=int, default=10, help="each row's text tokens (BOS included)")
     ap.add_argument("--out", default="out/moe_decode.json")
     args = ap.parse_args(argv)
+    try:
+        page = parse_page(args.page, args.text_tokens)
+    except ValueError as e:
+        ap.error(str(e))
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     variants = (args.variants or ("grouped,triton,fused" if cuda else "grouped,gather")).split(",")
@@ -167,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = Session(model, spec, load_tokenizer(None), device, "bfloat16" if cuda else "float32",
                   {"source": "synthetic", "detail": "seed 0 (random weights)", "synthetic": True})
     out: dict = {"benchmark": "moe_decode", "quick": args.quick, "environment": capture_environment(str(device)),
+                 "page": {"mode": page[0], "grid": page[1], "text_tokens": page[2]},
                  "step_ms": {}, "kernels": {}, "parity": {}}
     # in the order given (a variant's place in the run can favour it: run them both ways round to compare)
     runs = [(v, b) for v in variants for b in (blocks if v in TRITON_VARIANTS else [None])]
@@ -178,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         session = ref.with_mode("fast", **ENGINES[variant])
         times = out["step_ms"][name] = {}
         for b in batches:
-            inputs = inputs_for(b, device, args.quick)
+            inputs = inputs_for(b, device, args.quick, page)
             times[str(b)] = step_ms(session, inputs, args.steps)
             print(f"{name:18s} b{b:<3d} {times[str(b)]:8.3f} ms/step", flush=True)
             if str(b) in args.profile_batches.split(","):
@@ -202,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     save(out, args.out)
     names = list(out["step_ms"])
     if args.profile and not args.quick:  # the tiny smoke model has no prediction to compare
-        out["predicted_ms"] = {n: {str(b): predicted_step_ms(args.profile, n, b, args.routing) for b in batches}
-                               for n in names}
+        out["predicted_ms"] = {n: {str(b): predicted_step_ms(args.profile, n, b, args.routing, page=page)
+                                   for b in batches} for n in names}
         out["prediction"] = {"profile": args.profile, "routing": args.routing or "uniform (assumed)"}
         save(out, args.out)
     print(f"\n{out['environment'].get('gpu_name') or 'cpu'}: ms per decode step (graphed, median of {args.steps})"

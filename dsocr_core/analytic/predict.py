@@ -332,6 +332,11 @@ def prediction_gaps(profile, dtypes: tuple[str, ...] = ("bfloat16", "float32")) 
     return sorted({name for name in PLAN_TABLES for dt in dtypes if timing_table(profile, name, dt) is None})
 
 
+# what pricing off the one value an older table has on an axis added since does to the prediction
+AXIS_ADDED_MISS = {"tokens": "under-pricing larger ones (each program multiplies a whole token tile)",
+                   "fill": "under-pricing smaller ones (the split-KV grid's chunks past the position still run)"}
+
+
 class Predictor:
     """Predicted time of analytic rows under one Prediction (see the module docstring)."""
 
@@ -420,8 +425,8 @@ class Predictor:
                if source else f"calibrate --tables {wanted} --add-to PROFILE measures it")
         used = "" if table.name == wanted else f" (priced on {table.name}: the profile has no {wanted})"
         return (f"{table.name}: {'derived from a table ' if source else ''}measured at {axis} {value:g} only, before "
-                f"the table had that axis{used}; shapes at other {axis} are priced as at {value:g}, under-pricing "
-                f"larger ones: {how}")
+                f"the table had that axis{used}; shapes at other {axis} are priced as at {value:g}, "
+                f"{AXIS_ADDED_MISS.get(axis, 'which may misprice them')}: {how}")
 
     def kernel_s(self, k: Kernel, dtype: str):
         """One planned kernel's device time on its own: its roofline at its table's efficiency plus its launches

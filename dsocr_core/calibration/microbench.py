@@ -106,8 +106,13 @@ def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:
         # the batched decode attention (Triton split-KV): batch x 10 heads over 16 to 8,192 cached tokens; the flash
         # table it was priced on before ran 8-11% faster than it at batch 8-16 with 2,193 cached tokens (an H100
         # trace: docs/results/h100_decode_long_context_2026-11-27/)
+        # and by the fill, the position's share of the static cache: the engine's cache ends at a bucket's end
+        # (fast/options.bucket, 256 slots), and the kernel's grid covers every chunk of it; the chunks past the
+        # position load nothing but still run (a batch of 57 at 146 cached tokens took 28 us a layer on an H200
+        # where the table at a full cache says 21: docs/results/h200_moe_decode_tiles_2026-11-28/)
         out["attention.split_kv"] = {"bh": [10, 20, 40, 80, 160, 320, 640], "q": [1],
-                                     "k": [16, 128, 512, 1024, 2048, 4096, 8192], "d": [128]}
+                                     "k": [16, 128, 512, 1024, 2048, 4096, 8192], "d": [128],
+                                     "fill": [0.25, 0.5, 0.75, 1.0]}
         # the by-expert MoE kernels of batched decode over 1 to 66 distinct experts (6.9 to 454 MB)
         # and by the kernels' token tile (fast/options.expert_token_tile: every program loads and multiplies the
         # whole [rows, tile] block, so at 64 tokens a launch takes longer than at 8 over the same experts)

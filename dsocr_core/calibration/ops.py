@@ -173,11 +173,13 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
         return (lambda: (*make(), rnd(1, bh, q, k)),
                 lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3]), nbytes + bh * q * k * 2, 1)
     if impl == "split_kv":  # the fast engine's batched decode attention (fast/triton_kernels.py: partial + combine),
-        # one query per row over k cached keys, every key before the position (a GPU with Triton only)
+        # one query per row at position k - 1 of a static cache of split_kv_length(k, fill) slots: its grid of key
+        # chunks covers the whole cache, the chunks past the position load nothing (a GPU with Triton only)
         from ..fast.triton_kernels import decode_attention_splitkv
 
         pos = torch.tensor([k - 1], device=dev, dtype=torch.long)
-        return ((lambda: (rnd(1, bh, d), rnd(1, bh, k, d), rnd(1, bh, k, d))),
+        length = split_kv_length(k, c.get("fill", 1.0))
+        return ((lambda: (rnd(1, bh, d), rnd(1, bh, length, d), rnd(1, bh, length, d))),
                 lambda x: decode_attention_splitkv(x[0], x[1], x[2], pos), nbytes, ATTN_KERNELS["split_kv"])
     if impl == "default":  # torch's own backend choice, as the fast engine's layers call it (no sdpa_kernel)
         return make, lambda x: F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=causal), nbytes, 1
@@ -574,6 +576,11 @@ def op_mix(dev: str) -> list[Callable[[], object]]:
     return launching_ops(host_mixes(dev))
 
 
+def split_kv_length(k: float, fill: float) -> int:
+    """The static cache's slots for a split-KV entry: k keys before the position fill that share of it."""
+    return max(int(round(k / min(max(fill, 1e-6), 1.0))), int(k))
+
+
 def kernel_count(name: str) -> int:
     kind = table_kind(name)
     if kind in ("attention", "attention_causal"):
@@ -596,6 +603,8 @@ def input_bytes(name: str, c: dict, st: Settings):
     if kind == "bias":  # the einsum outputs and the sum (the strided copy's input set is the sum), bf16
         return None, None, 4 * c["bh"] * c["side"] ** 3 + 2 * c["bh"] * c["side"] ** 4, 1
     q, k = (c["s"], c["s"]) if kind == "attention_causal" else (c["q"], c["k"])
+    if name == "attention.split_kv":  # the whole static cache is allocated
+        k = split_kv_length(k, c.get("fill", 1.0))
     extra = c["bh"] * q * k * (2 if name.startswith("attention.sdpa_bias") else 0)
     if name.startswith("attention.eager"):
         extra = c["bh"] * q * k * 12  # scores, fp32 copy, probabilities

@@ -94,7 +94,12 @@ KIND_AXES = {
 # before it existed: the by-expert MoE kernels' tables also by the kernels' token tile (fast/options.
 # expert_token_tile: every program loads and multiplies a [rows, tile] block, so 64 tokens take longer than 8 over
 # the same experts); profiles measured before that axis timed them at 8-9 tokens, a tile of 16, and read back so
-EXTRA_AXES = {"memory.moe_gemv": {"tokens": 16.0}, "memory.moe_gemv_combine": {"tokens": 16.0}}
+# the tables' axes added after profiles were measured, with the value every older table of that name was measured at:
+# the by-expert MoE kernels' token tile (measured at a tile of 16 before), and the split-KV decode attention's fill,
+# the share of the static cache's length (the bucket's end, which its grid of key chunks covers) that lies before the
+# position (measured with the cache ending at the position, a fill of 1, before)
+EXTRA_AXES = {"memory.moe_gemv": {"tokens": 16.0}, "memory.moe_gemv_combine": {"tokens": 16.0},
+              "attention.split_kv": {"fill": 1.0}}
 
 
 def table_axes(name: str) -> tuple[str, ...]:
@@ -643,8 +648,10 @@ def uniform_profile(peak_flops: float, bandwidth: float, efficiency: float = 1.0
         tables[f"memory.{mem}"] = {"axes": {"bytes": [1.0], **{a: [1.0] for a in extra}},
                                    "efficiency": _deepen([e], 1, len(extra))}
     for impl in ATTENTION_IMPLS:
-        tables[f"attention.{impl}"] = {"axes": {"bh": [1.0], "q": [1.0], "k": [1.0], "d": [1.0]},
-                                       "efficiency": [[[[e]]]]}
+        extra = EXTRA_AXES.get(f"attention.{impl}", {})
+        tables[f"attention.{impl}"] = {"axes": {"bh": [1.0], "q": [1.0], "k": [1.0], "d": [1.0],
+                                                **{a: [1.0] for a in extra}},
+                                       "efficiency": _deepen([[[[e]]]], 4, len(extra))}
         if impl != "sdpa_bias":
             tables[f"attention.{impl}.causal"] = {"axes": {"bh": [1.0], "s": [1.0], "d": [1.0]},
                                                   "efficiency": [[[e]]]}

@@ -275,11 +275,14 @@ class FastPlan:
             attn.coords = dict(bh=b * heads, q=sq, k=bucket, d=s.head_dim, bytes=cached)
         elif self.o.attention == "triton":
             # the split-KV kernel and its combine (fast/triton_kernels.py), on their own table: it masks its loads
-            # past the position, so it reads the keys and values up to it; the keys reach the cache inside the
-            # RoPE kernel, the values by one copy (the H100's batched traces: 7 kernels a layer)
+            # past the position, so it reads the keys and values up to it, but its grid covers every chunk of the
+            # static cache up to the bucket's end (the table's fill: the position's share of that length); the keys
+            # reach the cache inside the RoPE kernel, the values by one copy (the H100's batched traces: 7 kernels a
+            # layer)
             attn = lm_attention(c, "flash")  # coords at the position
             attn.table, attn.launches, kv.launches = SPLIT_KV, 2.0, 1.0
             attn.real_bytes = io + b * sk * 2 * h * dt
+            attn.coords = dict(attn.coords, fill=np.minimum(sk / bucket, 1.0))
         else:  # SDPA attends over the static cache up to the end of the current bucket (flash table)
             attn = lm_attention(c, "flash")
             attn.real_bytes = io + b * (bucket - sq) * 2 * h * dt
