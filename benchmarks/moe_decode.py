@@ -78,10 +78,9 @@ def predicted_step_ms(profile_path: str, variant: str, batch: int, routing_path:
     return float(d["predicted_s"][0] - d["predicted_host_s"][0]) * 1e3
 
 
-def inputs_for(batch: int, device, quick: bool, page: tuple = DEFAULT_PAGE):
+def inputs_for(batch: int, device, page: tuple = DEFAULT_PAGE):
     """A page per row: by default 2x2 Gundam (703 prompt tokens, the context session_speed's decode figures use)."""
     mode, grid, text = page
-    grid = (1, 1) if quick and grid is not None else grid
     one = synthetic_inputs(mode, grid or (1, 1), text_tokens=text, batch=batch, seed=100 + batch)
     return one.to(device, torch.bfloat16 if device.type == "cuda" else None)
 
@@ -105,6 +104,8 @@ def parse_page(text: str, text_tokens: int) -> tuple:
         w, h = (int(v) for v in grid.lower().split("x"))
     except ValueError:
         raise ValueError(f"--page: the grid is WxH (e.g. gundam:2x3), got {grid!r}") from None
+    if w < 1 or h < 1:
+        raise ValueError(f"--page: a grid has at least one tile each way, got {grid!r}")
     return mode, (w, h), text_tokens
 
 
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         page = parse_page(args.page, args.text_tokens)
     except ValueError as e:
         ap.error(str(e))
+    if args.quick and page[1] is not None:  # the tiny smoke model's pages are one tile (inputs_for)
+        page = (page[0], (1, 1), page[2])
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     variants = (args.variants or ("grouped,triton,fused" if cuda else "grouped,gather")).split(",")
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         session = ref.with_mode("fast", **ENGINES[variant])
         times = out["step_ms"][name] = {}
         for b in batches:
-            inputs = inputs_for(b, device, args.quick, page)
+            inputs = inputs_for(b, device, page)
             times[str(b)] = step_ms(session, inputs, args.steps)
             print(f"{name:18s} b{b:<3d} {times[str(b)]:8.3f} ms/step", flush=True)
             if str(b) in args.profile_batches.split(","):

@@ -77,7 +77,7 @@ def test_a_page_is_a_mode_and_a_grid_where_the_mode_is_tiled():
     assert md.parse_page("small", 20) == ("small", None, 20)
     assert md.parse_page("gundam", 10) == md.DEFAULT_PAGE
     assert md.parse_page("gundam:3x2", 100) == ("gundam", (3, 2), 100)
-    for bad, text in (("small:2x2", 10), ("gundam:3by2", 10), ("nope", 10), ("tiny", 0)):
+    for bad, text in (("small:2x2", 10), ("gundam:3by2", 10), ("gundam:0x2", 10), ("nope", 10), ("tiny", 0)):
         with pytest.raises(ValueError, match="--page|--text-tokens"):
             md.parse_page(bad, text)
 

@@ -227,19 +227,29 @@ PROFILE_BEFORE = {
                                 ("2026-11-28", "data/profiles/history/h100_2026-11-27.json")),
     "data/profiles/h200.json": (("2026-11-27", "data/profiles/history/h200_2026-11-23.json"),
                                 ("2026-11-28", "data/profiles/history/h200_2026-11-27.json"),
-                                ("2026-11-28T16:34", "data/profiles/history/h200_2026-11-28.json"),
-                                ("2026-11-28T17:06", "data/profiles/history/h200_2026-11-28_1634.json")),
+                                ("2026-11-28T16:34:14", "data/profiles/history/h200_2026-11-28.json"),
+                                ("2026-11-28T17:06:47", "data/profiles/history/h200_2026-11-28_1634.json")),
     "data/profiles/h100_from_h200.json": (("2026-11-27", "data/profiles/history/h100_from_h200_2026-11-26.json"),
                                           ("2026-11-28", "data/profiles/history/h100_from_h200_2026-11-27.json"),
-                                          ("2026-11-28T16:34", "data/profiles/history/h100_from_h200_2026-11-28.json"),
-                                          ("2026-11-28T17:06",
+                                          ("2026-11-28T16:34:14",
+                                           "data/profiles/history/h100_from_h200_2026-11-28.json"),
+                                          ("2026-11-28T17:06:47",
                                            "data/profiles/history/h100_from_h200_2026-11-28_1634.json"))}
 
 
+def test_the_profiles_of_before_are_listed_in_time_order():
+    for path, befores in PROFILE_BEFORE.items():
+        days = [day for day, _ in befores]
+        assert days == sorted(days) and len(set(days)) == len(days), path
+        assert all((ROOT / before).is_file() for _, before in befores), path
+
+
 def result_profile(result: dict):
-    """The profile a result is predicted with: the one it names, or that profile before its kernels changed."""
+    """The profile a result is predicted with: the one it names, or that profile before its kernels changed. The
+    keys are UTC ISO times (a day, or the second the new tables' calibration was written) in increasing order; a
+    result's captured_at is a UTC ISO time, so the two compare as strings."""
     path = result["profile"]["path"]
-    measured = result.get("environment", {}).get("captured_at") or ""  # ISO: compares with a day or a minute
+    measured = result.get("environment", {}).get("captured_at") or ""
     path = next((before for day, before in PROFILE_BEFORE.get(path, ()) if measured < day), path)
     return load_profile(ROOT / path)
 

@@ -92,3 +92,35 @@ def test_a_prediction_off_the_fill_an_older_table_was_timed_at_says_so():
     uniform = uniform_profile(989e12, 4.8e12, 0.5, 0.0, kind="cuda").to_dict()  # synthetic: every axis, no note
     assert notes(uniform, 8) == []
     assert load_profile(BEFORE).table(TABLE).meta["axes_added"] == {"fill": 1.0}
+
+
+def test_the_plan_gives_the_kernel_the_positions_share_of_its_buckets_end():
+    """The split-KV kernel's fill at a cache of 77, 256 and 257 slots (the step's own slot included): 77/256, a
+    full bucket, then just past its edge, 257/512."""
+    from dsocr_core.analytic.kernels import Call
+    from dsocr_core.analytic.stages import decode_step_rows
+
+    plan = ENGINE.kernel_plan("cuda")
+    pts = Points.grid(mode="tiny", text_tokens=[10], batch=[8, 8, 8], decode_steps=[1], logits="last")
+    row = next(r for r in decode_step_rows(ModelSpec(), pts, np.array([76.0, 255.0, 256.0]))
+               if r.kind == "lm.self_attn")
+    (attn,) = [k for k in plan.plan(Call(row.kind, row.cost, row.ctx[0], "triton", None)).kernels
+               if k.table == TABLE]
+    assert np.allclose(attn.coords["fill"], [77 / 256, 1.0, 257 / 512])
+    assert np.allclose(attn.coords["k"], [77, 256, 257])
+
+
+def test_a_decode_rows_steps_are_summed_bucket_by_bucket():
+    """Hundreds of steps across bucket edges (the fill jumps from 1 to about 0.5 at each) cost what the steps cost
+    one by one: within 0.2% where each bucket has its own Simpson panel (one panel over all of them missed by up to
+    3.6% here), within 1% beyond predict.MAX_BUCKET_PANELS buckets, where whole buckets share a panel."""
+    raw = json.loads((ROOT / "data/profiles/h200.json").read_text())
+    hw = with_profile(get_hardware("h200"), profile_from_dict(raw), ENGINE)
+    for mode, text, steps, batch, within in (("tiny", 181, 510, 64, 0.002), ("tiny", 10, 450, 64, 0.002),
+                                             ("small", 20, 300, 57, 0.002), ("tiny", 10, 2000, 64, 0.01)):
+        whole = Points.grid(mode=mode, text_tokens=[text], batch=[batch], decode_steps=[steps], logits="last")
+        each = Points.grid(mode=mode, text_tokens=list(range(text, text + steps)), batch=[batch], decode_steps=[1],
+                           logits="last")
+        summed = evaluate(ModelSpec(), whole, hw)["decode"]["predicted_s"][0]
+        one_by_one = np.sum(evaluate(ModelSpec(), each, hw)["decode"]["predicted_s"])
+        assert abs(summed / one_by_one - 1) < within, (mode, text, steps, batch, summed, one_by_one)

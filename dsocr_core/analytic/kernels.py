@@ -131,7 +131,9 @@ class EnginePlan(Protocol):
     # optional: separate_rows, row kinds whose kernels run one after another with nothing fused across them (no
     # overlap credit for the row: its kernels' own rooflines add up; analytic/predict.py); EVERY_ROW for an engine
     # that runs every kernel on its own; host_costs_by_stage, True where the engine's eager ops are the model's own
-    # code, priced at the profile's host cost per op of that code by stage (calibration/host_stages.py)
+    # code, priced at the profile's host cost per op of that code by stage (calibration/host_stages.py);
+    # step_bucket, the cache length (in positions) a decode step's kernels change shape at (a static cache's
+    # bucket): the prediction sums a decode row's steps bucket by bucket (analytic/predict.py)
 
     def plan(self, c: Call) -> Plan: ...
 

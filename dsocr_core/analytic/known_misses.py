@@ -49,11 +49,11 @@ EXPERT_TILE = ("batch 17-64 in the fast mode: the decode step is under-predicted
                "calibrate --tables memory.moe_gemv_combine,memory.moe_gemv --add-to PROFILE measures the tiles)")
 SPLIT_KV_FILL = ("batch > 1 in the fast mode: the decode step is under-predicted at short contexts, because this "
                  "profile timed the split-KV decode attention with its static cache ending at the position, while the "
-                 "engine's cache runs on to the end of a 256-slot bucket and the kernel's grid covers all of it: on the "
-                 "H200's held-out sets of 2026-11-28 with the by-tile MoE tables (seeds 85-90) the decode step was "
-                 "2.0-6.7% under (median per set; up to 12% on single points, at batch 29-57 with short texts) until "
-                 "the table was measured by fill (1.1-3.4% after; calibrate --tables attention.split_kv --add-to "
-                 "PROFILE measures it)")
+                 "engine's cache runs on to the end of a 256-slot bucket and the kernel's grid covers all of it: the "
+                 "H200's sets of 2026-11-28 (seeds 85-90), predicted with the by-tile MoE tables, had the decode step "
+                 "2.0-6.7% under (median per set; up to 12% on single points, at batch 29-57 with short texts), "
+                 "1.1-3.4% with the table measured by fill (measured after those sets; calibrate --tables "
+                 "attention.split_kv --add-to PROFILE measures it)")
 PROJECTOR = ("the projector (0.015-1.7 ms) is under-predicted: on the latest held-out sets (2026-11-27 and 28) by "
              "2-10% (median) on the H200 and 8-14% on the H100, up to 44% on single points; at batch 1 with long texts 8% "
              "over (H200). Its kernels are priced within a few percent at small batches and 3-16% under at 8,000-"

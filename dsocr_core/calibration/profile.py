@@ -91,13 +91,12 @@ KIND_AXES = {
     "bias": ("bh", "side"),
 }
 # tables timed over more than their kind's axes, with the value each extra axis had where a table was measured
-# before it existed: the by-expert MoE kernels' tables also by the kernels' token tile (fast/options.
-# expert_token_tile: every program loads and multiplies a [rows, tile] block, so 64 tokens take longer than 8 over
-# the same experts); profiles measured before that axis timed them at 8-9 tokens, a tile of 16, and read back so
-# the tables' axes added after profiles were measured, with the value every older table of that name was measured at:
-# the by-expert MoE kernels' token tile (measured at a tile of 16 before), and the split-KV decode attention's fill,
-# the share of the static cache's length (the bucket's end, which its grid of key chunks covers) that lies before the
-# position (measured with the cache ending at the position, a fill of 1, before)
+# before it existed (such a table reads back with that one value, and a prediction off it says so):
+# - the by-expert MoE kernels' token tile (fast/options.expert_token_tile: every program loads and multiplies a
+#   [rows, tile] block, so 64 tokens take longer than 8 over the same experts); timed at 8-9 tokens, a tile of 16,
+#   before;
+# - the split-KV decode attention's fill, the position's share of the static cache's length (the bucket's end, whose
+#   every chunk the kernel's grid covers); timed with the cache ending at the position, a fill of 1, before
 EXTRA_AXES = {"memory.moe_gemv": {"tokens": 16.0}, "memory.moe_gemv_combine": {"tokens": 16.0},
               "attention.split_kv": {"fill": 1.0}}
 

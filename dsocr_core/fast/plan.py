@@ -104,6 +104,9 @@ class FastPlan:
         self.o = options
         self.device_kind = device_kind
         self.graphs = options.graphs
+        # a decode step's attention runs over the static cache up to its bucket's end: its shape (the SDPA path's
+        # length, the split-KV kernel's fill) jumps at each bucket's edge, so the steps are summed bucket by bucket
+        self.step_bucket = options.bucket
         # the dense-mask option keeps the analytic rows' elementwise work and their overlap (it was not traced)
         self.sam_kernels = options.sam_attention != "dense"
         if self.sam_kernels:
@@ -282,7 +285,7 @@ class FastPlan:
             attn = lm_attention(c, "flash")  # coords at the position
             attn.table, attn.launches, kv.launches = SPLIT_KV, 2.0, 1.0
             attn.real_bytes = io + b * sk * 2 * h * dt
-            attn.coords = dict(attn.coords, fill=np.minimum(sk / bucket, 1.0))
+            attn.coords = dict(attn.coords, fill=sk / bucket)  # in (0, 1]: the cache ends at or after the position
         else:  # SDPA attends over the static cache up to the end of the current bucket (flash table)
             attn = lm_attention(c, "flash")
             attn.real_bytes = io + b * (bucket - sq) * 2 * h * dt
