@@ -30,9 +30,9 @@ REFERENCE = ("the reference session mode misses the 15% target in its LM prefill
              "of the same point")
 BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routing (synthetic weights route a batch's "
            "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +32% to +58% (median); predicted "
-           "with a run's observed routing, 2-12% on the H100 and the H200 (the held-out sets of 2026-11-27, night, "
-           "seeds 63-65: TPOT 2.3-7.1% median, max 15%, the H200's batch 26-60 7-9% under); reference up to "
-           "+729%")
+           "with a run's observed routing, 2-12% on the H100 and the H200 (the H200's held-out sets of 2026-11-28, "
+           "seeds 85-90: TPOT 2.0-6.0% median, max 14%; the H100's of 2026-11-27 and 28, seeds 68-75: 1.7-2.8%, "
+           "max 11%); reference up to +729%")
 BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill measured 10-22% slower on one H100 "
                    "machine than on another (the same code and points, 2026-11-27; SAM, CLIP and decode within 3%), "
                    "so a measured batched prefill can take that much longer than predicted; on the other machines the "
