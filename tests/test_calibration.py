@@ -662,3 +662,17 @@ def test_the_time_limit_keeps_room_for_the_order_checks_repeat_of_the_first_poin
     assert not limit() and limit.first_s == 0.0
     limit.progress(1, 8, None, "skipped")  # a resumed point took no time
     assert limit.first_s == 0.0
+
+
+def test_calibrate_cli_names_the_tables_it_cannot_measure_before_measuring(tmp_path, capsys):
+    """A GPU-only table asked for on a CPU, a table no calibration has, and a profile of its own without a GEMM
+    table are refused up front, each saying why (not after the run, as a profile with no GEMM table)."""
+    run = ["calibrate", "--device", "cpu", "--quick", "--no-progress", "--budget-s", "5",
+           "--out", str(tmp_path / "p.json")]
+    assert main(run + ["--tables", "attention.split_kv"]) == 2
+    assert "attention.split_kv is timed on a CUDA GPU only" in capsys.readouterr().err
+    assert main(run + ["--tables", "memory.nope,gemm.bfloat16"]) == 2
+    assert "no table memory.nope on cpu" in capsys.readouterr().err
+    assert main(run + ["--tables", "memory.copy"]) == 2
+    assert "needs a GEMM table" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

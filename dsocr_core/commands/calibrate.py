@@ -137,6 +137,8 @@ def run(args) -> int:
     if tables and "launch.host_kinds" in tables and not str(args.device).startswith("cuda"):
         raise UserError("calibrate: launch.host_kinds (the host cost of an eager op by kind) needs a CUDA GPU: on a "
                         "CPU the ops run synchronously, there is no host term")
+    if tables:
+        _check_table_names(tables, args)
     base = None
     if args.add_to:
         if not tables:
@@ -148,13 +150,6 @@ def run(args) -> int:
             check_addable(base, args.quick)  # before any GPU time is spent
         except (OSError, ProfileError) as exc:
             raise UserError(f"calibrate: {args.add_to}: {exc}") from None
-        from ..calibration.microbench import grids
-
-        known = {*grids(args.quick, args.device), *ADDABLE_LAUNCH}  # tables, and launch costs that can be added
-        unknown = [t for t in tables if t not in known]
-        if unknown:
-            raise UserError(f"calibrate: no table {', '.join(unknown)} on {args.device} (tables: "
-                            f"{', '.join(sorted(known))})")
     if scale_out_requested(args):
         return _run_scaled(args, tables)
     from ..calibration.microbench import run_microbench
@@ -237,3 +232,24 @@ def _run_scaled(args, tables) -> int:
 def _safe(text) -> str:
     """A file-name part from a host name or GPU index."""
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in str(text))[:64] or "x"
+
+
+def _check_table_names(tables: list[str], args) -> None:
+    """--tables names tables this device's calibration has (or launch costs an older profile can be given), and a
+    profile of its own (no --add-to) a GEMM table: else a UserError saying which, before any time is spent."""
+    from ..calibration.microbench import grids
+    from ..calibration.profile import ADDABLE_LAUNCH
+    from ..cli import UserError
+
+    known = {*grids(args.quick, args.device), *ADDABLE_LAUNCH}  # tables, and launch costs that can be added
+    unknown = [t for t in tables if t not in known]
+    gpu_only = [t for t in unknown if t in grids(False, "cuda")]  # a full GPU calibration has it
+    if gpu_only and not str(args.device).startswith("cuda"):
+        raise UserError(f"calibrate: {', '.join(gpu_only)} is timed on a CUDA GPU only (the engine runs those kernels "
+                        f"there: Triton's, or the GPU's own), not on {args.device}")
+    if unknown:
+        raise UserError(f"calibrate: no table {', '.join(unknown)} on {args.device} (tables: "
+                        f"{', '.join(sorted(known))})")
+    if not args.add_to and not any(t.startswith("gemm.") for t in tables):
+        raise UserError("calibrate: a profile of its own needs a GEMM table (every prediction prices GEMMs on one): "
+                        "name gemm.bfloat16 in --tables too, or add the tables to a profile with --add-to PROFILE")
