@@ -16,6 +16,9 @@ session. The fast engine's default (`gather_max_rows`) takes the Triton kernels 
 winning; this benchmark is where that limit comes from.
 
     python benchmarks/moe_decode.py --profile data/profiles/h100.json --out out/moe_decode.json   # on a GPU
+    python benchmarks/moe_decode.py --variants fused --page small --text-tokens 20 --batches 16,32,57 \
+        --profile-batches 16,32,57 --profile data/profiles/h200.json \
+        --routing data/routing/h200_synthetic_decode.json --out out/moe_small.json   # a short context
     python benchmarks/moe_decode.py --device cpu --quick --out /tmp/moe.json       # smoke test (tiny, no Triton)
 """
 from __future__ import annotations
