@@ -83,8 +83,9 @@ def test_a_page_is_a_mode_and_a_grid_where_the_mode_is_tiled():
 
 
 # the H200's graphed steps of 2026-11-28 evening at three pages (docs/accuracy.md, "Why each miss": the short pages'
-# MoE kernels take longer than the routing file the prediction uses says, likely their own routing, not recorded),
-# predicted with the shipped H200 profile: the largest miss the docs state per page, +1 point
+# MoE kernels take longer than the routing file the prediction uses says; their own routing, reproduced on the CPU,
+# explains 2-4 points of it), predicted with the shipped H200 profile: the largest miss the docs state per page, +1
+# point
 PAGES_RUN = ROOT / "docs" / "results" / "h200_moe_decode_tiles_2026-11-28"
 STATED_PAGES = {"moe_decode_routed.json": 0.026 + 0.01, "moe_decode_small.json": 0.121 + 0.01,
                 "moe_decode_tiny.json": 0.150 + 0.01}
