@@ -28,7 +28,8 @@ out2 = run2((q2, k2, v2))
 ref2 = F.scaled_dot_product_attention(q2.float()[:, :, None], k2.float()[:, :, :150], v2.float()[:, :, :150])[:, :, 0]
 print("RESULT " + json.dumps({"shape": list(out.shape), "max_abs_diff": float((out.float() - ref).abs().max()),
                               "nbytes": nbytes, "kernels": kernels, "table_kernels": ATTN_KERNELS["split_kv"],
-                              "half_cache": list(k2.shape), "half_max_abs_diff": float((out2.float() - ref2).abs().max()),
+                              "half_cache": list(k2.shape),
+                              "half_max_abs_diff": float((out2.float() - ref2).abs().max()),
                               "half_nbytes": nbytes2}))
 """
 

@@ -17,8 +17,8 @@ CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs 
        "kernels and launches): its predictions are untested")
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on 18 held-out H100 sets predicted from the H200's "
            "profile, TTFT misses by 0.9-4.7% (median), TPOT by 2.2-6.8%, the LM prefill by up to 12%, the projector "
-           "by 2-26% (under); on 23 H200 sets from the H100's, TPOT 1.4-8.9%, the LM prefill up to 23%, CLIP up to 10.5%; a what-if "
-           "SM clock cannot move its tables (it records no calibration clock)")
+           "by 2-26% (under); on 23 H200 sets from the H100's, TPOT 1.4-8.9%, the LM prefill up to 23%, CLIP up to "
+           "10.5%; a what-if SM clock cannot move its tables (it records no calibration clock)")
 REFERENCE = ("the reference session mode misses the 15% target in its LM prefill and projector, and elsewhere off the "
              "machine its host costs were measured on: it is host-bound at small batches and its host differs "
              "between machines of the same kind by up to 1.5x. On H100 random points (2026-11-27) with that "

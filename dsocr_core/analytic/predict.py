@@ -397,6 +397,7 @@ class Predictor:
         self._resolved: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batches: dict[int, tuple] = {}  # per call context (its id): its distinct batch sizes
         self._paths: dict[int, tuple] = {}  # per call context (its id): its decode paths' points
+        self._nodes: dict[tuple, tuple] = {}  # per decode rows' contexts and steps (their ids): _step_nodes
 
     # ----------------------------------------------------------------------------------------- one kernel
     def _table(self, name: str, dtype: str):
@@ -598,7 +599,7 @@ class Predictor:
             roof_sum = None
         if row.steps is not None:
             first, last, n = row.steps
-            c0, c1 = row.ctx
+            c0 = row.ctx[0]
             n = np.asarray(n, dtype=float)
             if _same(first, last):  # the context does not change this row's work: one step is every step
                 r, e, lt, h = self._by_batch(row.kind, first, c0)
@@ -607,10 +608,10 @@ class Predictor:
                 roof = None if separate else (
                     roof_sum if roof_sum is not None else row.times(self.P, self.W)[2])  # exact over the steps
                 kernel = launch = host = summed_roof = 0.0
-                for weight, u in self._step_nodes(row):  # every count is affine in the step: interpolate
+                for weight, u, ctx in self._step_nodes(row):  # every count is affine in the step: interpolate
                     cost = Cost(**{f: getattr(first, f) + u * (getattr(last, f) - getattr(first, f))
                                    for f in COST_FIELDS})
-                    r, e, lt, h = self.call(row.kind, cost, dict(c0, n=c0["n"] + u * (c1["n"] - c0["n"])))
+                    r, e, lt, h = self.call(row.kind, cost, ctx)
                     kernel, launch = kernel + weight * e, launch + weight * lt
                     host = host + weight * np.maximum(h - (r + e + lt), 0.0)
                     summed_roof = summed_roof + weight * r
@@ -628,34 +629,41 @@ class Predictor:
         return {"predicted_s": total, "predicted_roofline_s": roof, "predicted_kernel_s": kernel,
                 "predicted_launch_s": launch, "predicted_host_s": host}
 
-
-    def _step_nodes(self, row: Row) -> list[tuple[Any, Any]]:
-        """Simpson's rule over a decode row's steps as [(weight, u)]: the steps' sum is sum(weight x the step at
-        u), u in [0, 1] from the first step to the last (arrays over points). One panel over all the steps, or
-        with a step bucket one per bucket the steps touch (at most MAX_BUCKET_PANELS; beyond, whole buckets share
-        a panel): a bucket's steps are those whose cache ends at the same bucket edge."""
-        first_ctx, last_ctx = row.ctx
-        n = np.asarray(row.steps[2], dtype=float)
-        bucket = getattr(self.plan, "step_bucket", None)
-        if not bucket:
-            return [(n / 6, 0.0), (4 * n / 6, 0.5), (n / 6, 1.0)]
-        # the cache length each step attends over: its position + 1 (the query's own slot)
-        sq = np.asarray(first_ctx.get("sq", 1), dtype=float)
-        k0 = np.asarray(first_ctx["n"], dtype=float) + sq
-        k1 = np.asarray(last_ctx["n"], dtype=float) + sq
-        width = float(bucket) * max(1, math.ceil((np.max(np.ceil(k1 / bucket) - np.ceil(k0 / bucket)) + 1)
-                                                / MAX_BUCKET_PANELS))
-        span = np.where(k1 > k0, k1 - k0, 1.0)
-        per_step = n / (k1 - k0 + 1)  # 1, or 0 for a point without decode steps
-        start = np.ceil(k0 / width)  # the panel holding the first step
-        nodes = []
-        for j in range(int(np.max(np.ceil(k1 / width) - start)) + 1):
-            lo = np.maximum(k0, (start + j - 1) * width + 1)  # this panel's steps, by cache length
-            hi = np.minimum(k1, (start + j) * width)
-            count = np.maximum(hi - lo + 1, 0.0) * per_step
-            u = lambda k: np.clip((k - k0) / span, 0.0, 1.0)  # noqa: E731
-            nodes += [(count / 6, u(lo)), (4 * count / 6, u((lo + hi) / 2)), (count / 6, u(hi))]
-        return nodes
+    def _step_nodes(self, row: Row) -> list[tuple[Any, Any, dict]]:
+        """Simpson's rule over a decode row's steps as [(weight, u, the call context at u)]: the steps' sum is
+        sum(weight x the step at u), u in [0, 1] from the first step to the last (arrays over points). One panel
+        over all the steps, or with a step bucket one per bucket the steps touch (at most MAX_BUCKET_PANELS;
+        beyond, whole buckets share a panel): a bucket's steps are those whose cache ends at the same bucket edge.
+        Every row of a decode step shares its contexts and step counts, so the nodes and their contexts are built
+        once for all of them (and the contexts' per-batch caches with them)."""
+        c0, c1 = row.ctx
+        steps = row.steps[2]
+        key = (id(c0), id(c1), id(steps))
+        if key not in self._nodes:
+            n = np.asarray(steps, dtype=float)
+            bucket = getattr(self.plan, "step_bucket", None)
+            if not bucket:
+                weighted = [(n / 6, 0.0), (4 * n / 6, 0.5), (n / 6, 1.0)]
+            else:
+                # the cache length each step attends over: its position + 1 (the query's own slot)
+                sq = np.asarray(c0.get("sq", 1), dtype=float)
+                k0 = np.asarray(c0["n"], dtype=float) + sq
+                k1 = np.asarray(c1["n"], dtype=float) + sq
+                buckets = np.max(np.ceil(k1 / bucket) - np.ceil(k0 / bucket)) + 1
+                width = float(bucket) * max(1, math.ceil(buckets / MAX_BUCKET_PANELS))
+                span = np.where(k1 > k0, k1 - k0, 1.0)
+                per_step = n / (k1 - k0 + 1)  # 1, or 0 for a point without decode steps
+                start = np.ceil(k0 / width)  # the panel holding the first step
+                at = lambda k: np.clip((k - k0) / span, 0.0, 1.0)  # noqa: E731  (u of cache length k)
+                weighted = []
+                for j in range(int(np.max(np.ceil(k1 / width) - start)) + 1):
+                    lo = np.maximum(k0, (start + j - 1) * width + 1)  # this panel's steps, by cache length
+                    hi = np.minimum(k1, (start + j) * width)
+                    count = np.maximum(hi - lo + 1, 0.0) * per_step
+                    weighted += [(count / 6, at(lo)), (4 * count / 6, at((lo + hi) / 2)), (count / 6, at(hi))]
+            nodes = [(w, u, dict(c0, n=c0["n"] + u * (c1["n"] - c0["n"]))) for w, u in weighted]
+            self._nodes[key] = (c0, c1, steps, nodes)  # kept alive: their ids stay unique
+        return self._nodes[key][3]
 
 
 def host_stage(kind: str, ctx: dict) -> str:
