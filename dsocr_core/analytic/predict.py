@@ -319,7 +319,8 @@ PLAN_TABLES = ("gemm", "gemm.float32", "grouped_gemm", "conv", "linear", "attent
                "memory.copy", "memory.elementwise", "memory.norm", "memory.gemv", "memory.fused_gemv",
                "memory.moe_gemv", "memory.moe_gemv_combine", "memory.fused_attention", "memory.fused_lm_head",
                "memory.transposed_cat", "memory.projector_cat", "memory.gather_rows", "memory.group_rows", "memory.cast",
-               "memory.permuted_copy", "memory.permuted_add", "bias.broadcast", "bias.strided")
+               "memory.broadcast", "memory.index_put", "memory.permuted_copy", "memory.permuted_add", "bias.broadcast",
+               "bias.strided")
 
 
 def timing_table(profile, name: str, dtype: str):

@@ -36,7 +36,7 @@ from .profile import (ADDABLE_LAUNCH, BIAS_KINDS, CEILING_RANGES, DTYPE_KINDS, L
 Progress = Callable[[int, int, str], None]  # (entries done, entries planned, what ran last)
 # the memory tables measured over the bytes grid in every calibration (the fused kernels' tables have their own)
 BYTE_KINDS = ("copy", "elementwise", "norm", "gemv", "transposed_cat", "projector_cat", "gather_rows", "permuted_copy",
-              "permuted_add", "cast")
+              "permuted_add", "cast", "broadcast", "index_put")
 
 
 def grids(quick: bool, device: str) -> dict[str, dict[str, list[float]]]:

@@ -143,6 +143,21 @@ def kernel_op(name: str, c: dict, dev: str, experts: int):
             where[16::17] = rows  # every 17th slot from one extra row, as a newline column every 16 features
             return (lambda: (rnd(rows + 1, width), where),
                     lambda x: x[0].index_select(0, x[1]), 4 * rows * width, 1)
+        if what == "broadcast":  # [rows, 1280] bf16 times a [1280] row (RMSNorm's weight): the stride-0 operand
+            # takes TensorIterator's non-vectorised path, as every eager op with a broadcast or strided operand
+            width = 1280  # (the reference LM's RoPE on transposed q and k, the norms' weight); read, write
+            rows = max(nbytes // (4 * width), 1)
+            return (lambda: (rnd(rows, width), rnd(width)), lambda x: x[0] * x[1], 4 * rows * width, 1)
+        if what == "index_put":  # rows written to scattered places by an index (the reference MoE's
+            # out[order[rows]] = expert(x)): read the rows, write them; [rows, 1280] bf16, the index a permutation
+            width = 1280
+            rows = max(nbytes // (4 * width), 1)
+            where = torch.randperm(rows, device=dev, generator=gen)
+
+            def put(x):
+                x[0][where] = x[1]
+            return (lambda: (torch.empty(rows, width, device=dev, dtype=torch.bfloat16), rnd(rows, width)), put,
+                    4 * rows * width, 1)
         if what == "norm":
             width = 1024
             rows = max(nbytes // (4 * width), 1)  # read and write [rows, 1024] bf16

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ..analytic.kernels import (EVERY_ROW, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write,
+from ..analytic.kernels import (EVERY_ROW, FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write,
                                 layout, lm_attention, lm_head_and_cast, patch_embed, routed_experts, router,
                                 sam_attention, sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
@@ -70,7 +70,7 @@ class ReferencePlan:
         if k == "lm.self_attn":
             return _attention(c)
         if k in ("lm.input_layernorm", "lm.post_attention_layernorm", "lm.norm"):
-            return Plan(rest_launches=8.0)  # float, pow, mean, + eps, rsqrt, *, to, * weight
+            return _rms_norm(c)
         if k.startswith("lm.mlp"):
             return _mlp(c)
         if k == "lm.embed_tokens":
@@ -167,6 +167,30 @@ def _sam_attention(c: Call) -> Plan:
     return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa, add], rest_launches=c.calls * (copies + tables + windows))
 
 
+# Eager elementwise ops whose kernels run far from the vectorised add of memory.elementwise (an H200 trace of the
+# reference LM prefill at 58,000 tokens, docs/accuracy.md "The reference LM prefill's eager ops"): casts (.float(),
+# 2.1 TB/s), float32 products with a broadcast column (2.5 TB/s, priced as casts: the same unrolled, non-vectorised
+# kernels), bfloat16 ops with a broadcast or transposed operand (the norms' weight, RoPE on q and k: 1.0-1.9 TB/s),
+# rows written through an index (the expert loop's out[order[rows]] = ..., 0.8 TB/s) and rows gathered by one
+CAST, BROADCAST, INDEX_PUT, GATHER = "memory.cast", "memory.broadcast", "memory.index_put", "memory.gather_rows"
+
+
+def _eager_ops(table: str, nbytes, launches) -> Kernel:
+    """`launches` eager ops of one kind moving `nbytes` of the row's counted bytes between them, each looked up at
+    its share of them (no FLOPs: they are bandwidth-bound)."""
+    return Kernel(table, dict(bytes=nbytes / np.maximum(launches, 1.0)), 0.0, nbytes, launches)
+
+
+def _rms_norm(c: Call) -> Plan:
+    """model/decoder.py RMSNorm, 8 ops: x.float() (a cast), pow, mean, + eps, rsqrt, x * rsqrt (float32 against a
+    broadcast column), .to(dt), weight * x (bfloat16 against a broadcast row). The cast, the float32 product and
+    the weight's product have kernels of their own; pow, mean, + eps, rsqrt and .to(dt) are the remainder
+    (vectorised, or on one value a row). Bytes: analytic/lm.py rms_norm's count, op by op."""
+    el, dt = c.b * c.sq * c.spec.hidden_size, c.dt
+    return Plan([_eager_ops(CAST, el * (dt + FP32), 1.0), _eager_ops(CAST, 2 * el * FP32, 1.0),
+                 _eager_ops(BROADCAST, 2 * el * dt, 1.0)], rest_launches=5.0)
+
+
 def _attention(c: Call) -> Plan:
     s, dt = c.spec, c.dt
     h = s.hidden_size
@@ -183,13 +207,16 @@ def _attention(c: Call) -> Plan:
         kv.real_bytes = 2 * b * sk * 2 * h * dt
         kv.coords = dict(bytes=kv.real_bytes)
     proj = Kernel("gemm", dict(m=t, n=h, k=h), 8 * t * h * h, 4 * (2 * t * h + h * h) * dt, 4.0, by_batch=True)
-    # RoPE on q and k (5 ops each: 2 products, neg, cat, add), the residual add. The head merge is a view of SDPA's
-    # output (laid out [b, s, heads, d]), a copy of eager attention's in a prefill; eager's matmuls there also copy
-    # q, k and v (views [b, s, heads, d] transposed) when the batch cannot fold into the heads without one (b > 1)
+    # RoPE on q and k (5 ops each on the transposed [b, heads, s, d] views: 2 products with cos / sin broadcast,
+    # neg and cat of the halves, the add; 5.5 reads and 4.5 writes an element, analytic/lm.py), then the residual
+    # add (the remainder). The head merge is a view of SDPA's output (laid out [b, s, heads, d]), a copy of eager
+    # attention's in a prefill; eager's matmuls there also copy q, k and v (views [b, s, heads, d] transposed) when
+    # the batch cannot fold into the heads without one (b > 1)
+    rope = _eager_ops(BROADCAST, 2 * 10 * t * h * dt, 10.0)
     copies = 0.0
     if c.attn == "eager" and prefill:
         copies = 1.0 + np.where(np.asarray(b) > 1, 3.0, 0.0)
-    return Plan([proj, attn, kv], rest_launches=11 + copies, rest_by_batch=True)
+    return Plan([proj, attn, kv, rope], rest_launches=1 + copies, rest_by_batch=True)
 
 
 def _mlp(c: Call) -> Plan:
@@ -198,8 +225,9 @@ def _mlp(c: Call) -> Plan:
         gu, down = swiglu(c, s.intermediate_size if c.kind == "lm.mlp.dense" else s.shared_intermediate_size)
         gu.real_bytes = None  # gate and up are two GEMMs reading x each: the analytic count
         return Plan([gu, down], rest_launches=3.0)  # SiLU, product, residual add (or y + shared)
-    if c.kind == "lm.mlp.gate":
-        return Plan([router(c)], rest_launches=5.0)  # x.float(), W.float(), softmax, topk, * scale
+    if c.kind == "lm.mlp.gate":  # x.float() (its own kernel), then W.float(), softmax, topk, * scale
+        x_cast = _eager_ops(CAST, c.b * c.sq * s.hidden_size * (c.dt + FP32), 1.0)
+        return Plan([router(c), x_cast], rest_launches=4.0)
     if c.kind == "lm.mlp.experts":  # a Python loop over the experts that got tokens, after a host sync
         r = routed_experts(c)
         gu, down, e_act = r.gu, r.down, r.touched
@@ -208,8 +236,13 @@ def _mlp(c: Call) -> Plan:
         gu.coords, down.coords = dict(m=r.per, n=s.moe_intermediate_size, k=s.hidden_size), \
             dict(m=r.per, n=s.hidden_size, k=s.moe_intermediate_size)
         gu.launches, down.launches = 2 * e_act, e_act
-        # argsort, bincount (read with .tolist(): the sync), order // k; per expert the token gather, SiLU, product
-        # and index_put_ (4, beside its 3 GEMMs); then float, * weights, sum, the cast back and the layer's residual
-        # add (the y + shared add is the shared expert's). view_ops: per expert the Python slice and its two views.
-        return Plan([gu, down], rest_launches=3 + 4 * e_act + 5, syncs=1.0, view_ops=3 * e_act)
+        # argsort, bincount (read with .tolist(): the sync), order // k; per expert the token gather and the
+        # index_put_ (kernels of their own: each moves its expert's rows, read and written), SiLU and product
+        # (beside its 3 GEMMs); then .float() and * weights (kernels of their own), sum, the cast back and the
+        # layer's residual add (the y + shared add is the shared expert's). view_ops: per expert the Python slice
+        # and its two views.
+        rows = c.b * c.sq * s.num_experts_per_tok * s.hidden_size  # elements of the (token, slot) rows
+        eager = [_eager_ops(GATHER, 2 * rows * c.dt, e_act), _eager_ops(INDEX_PUT, 2 * rows * c.dt, e_act),
+                 _eager_ops(CAST, rows * (c.dt + FP32), 1.0), _eager_ops(CAST, 2 * rows * FP32, 1.0)]
+        return Plan([gu, down, *eager], rest_launches=3 + 2 * e_act + 3, syncs=1.0, view_ops=3 * e_act)
     raise KeyError(c.kind)
