@@ -123,6 +123,10 @@ ACCURACY = {
             "h200_prediction_accuracy_random89_fast_2026-11-28.json", None),
         "H200 random, seed 90, batch 17-64, token-tile MoE tables, held out": (
             "h200_prediction_accuracy_random90_fast_2026-11-28.json", None),
+        "H200 random, seed 91, attention by fill, held out": (
+            "h200_prediction_accuracy_random91_fast_2026-11-28.json", None),
+        "H200 random, seed 92, batch 17-64, attention by fill, held out": (
+            "h200_prediction_accuracy_random92_fast_2026-11-28.json", None),
     },
     "Reference session mode": {
         "H200 own": ("h200_prediction_accuracy.json", None),
@@ -141,6 +145,8 @@ ACCURACY = {
         "H100 random, seed 49, own profile": ("h100_prediction_accuracy_random49_reference_2026-11-27.json", None),
         "H100 random, seed 50, own host speed": ("h100_prediction_accuracy_random50_reference_2026-11-27.json", None),
         "H200 random, seed 53, own host costs": ("h200_prediction_accuracy_random53_reference_2026-11-27.json", None),
+        "H200 random, seed 94, eager-op tables, own host costs, held out": (
+            "h200_prediction_accuracy_random94_reference_2026-11-28.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
@@ -218,7 +224,8 @@ def stated(table: dict, column: str) -> dict[str, tuple[float, float]]:
 # blocks follow the cache length since 2026-11-28, docs/fast-mode.md). The fast engine's projector concatenation did
 # not change that day: the 2026-11-27 profiles carry its table of 2026-11-28, memory.projector_cat (before it the fast
 # plan priced that cat on the reference's memory.transposed_cat). The by-expert MoE tables gained their token-tile
-# axis at 16:34 on 2026-11-28 and the split-KV attention's table its fill axis at 17:06 (the kernels did not change):
+# axis at 16:34 on 2026-11-28 and the split-KV attention's table its fill axis at 17:06 (the kernels did not change),
+# and the reference plan's eager ops their tables (memory.broadcast, memory.index_put) at 19:18:
 # the sets measured before each stay predicted with the profile that was frozen before them, so their columns remain
 # held-out figures; "The H200's sets of 2026-11-28 predicted with the shipped profile" checks the newest tables on
 # them.
@@ -228,13 +235,16 @@ PROFILE_BEFORE = {
     "data/profiles/h200.json": (("2026-11-27", "data/profiles/history/h200_2026-11-23.json"),
                                 ("2026-11-28", "data/profiles/history/h200_2026-11-27.json"),
                                 ("2026-11-28T16:34:14", "data/profiles/history/h200_2026-11-28.json"),
-                                ("2026-11-28T17:06:47", "data/profiles/history/h200_2026-11-28_1634.json")),
+                                ("2026-11-28T17:06:47", "data/profiles/history/h200_2026-11-28_1634.json"),
+                                ("2026-11-28T19:18:56", "data/profiles/history/h200_2026-11-28_1706.json")),
     "data/profiles/h100_from_h200.json": (("2026-11-27", "data/profiles/history/h100_from_h200_2026-11-26.json"),
                                           ("2026-11-28", "data/profiles/history/h100_from_h200_2026-11-27.json"),
                                           ("2026-11-28T16:34:14",
                                            "data/profiles/history/h100_from_h200_2026-11-28.json"),
                                           ("2026-11-28T17:06:47",
-                                           "data/profiles/history/h100_from_h200_2026-11-28_1634.json"))}
+                                           "data/profiles/history/h100_from_h200_2026-11-28_1634.json"),
+                                          ("2026-11-28T19:18:56",
+                                           "data/profiles/history/h100_from_h200_2026-11-28_1706.json"))}
 
 
 def test_the_profiles_of_before_are_listed_in_time_order():
@@ -409,7 +419,7 @@ def test_profiles_derived_from_the_other_gpu_predict_its_sets_within_the_stated_
         assert prof.derived
         sets = [(c, f, keep) for c, (f, keep) in ACCURACY["Fast session mode"].items()
                 if c.startswith(f"{gpu} random, seed") and "profile of the day" not in c]
-        assert len(sets) == {"H100": 18, "H200": 23}[gpu]  # the table's header
+        assert len(sets) == {"H100": 18, "H200": 25}[gpu]  # the table's header
         for column, file, keep in sets:
             summary, _ = accuracy_summary(file, "fast", keep, profile=prof)
             for stage, limit in stated_now[gpu].items():
@@ -433,11 +443,14 @@ SUMMARY_SETS = {
                                          "H200 random, seed 87, choice in the graph, held out",
                                          "H200 random, seed 88, choice in the graph, held out",
                                          "H200 random, seed 89, token-tile MoE tables, held out",
-                                         "H200 random, seed 90, batch 17-64, token-tile MoE tables, held out")),
+                                         "H200 random, seed 90, batch 17-64, token-tile MoE tables, held out",
+                                         "H200 random, seed 91, attention by fill, held out",
+                                         "H200 random, seed 92, batch 17-64, attention by fill, held out")),
     "reference, H100": ("Reference session mode", ("H100 random, seed 48, own host costs",
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),
-    "reference, H200": ("Reference session mode", ("H200 random, seed 53, own host costs",)),
+    "reference, H200": ("Reference session mode", ("H200 random, seed 53, own host costs",
+                                                   "H200 random, seed 94, eager-op tables, own host costs, held out")),
 }
 SUMMARY_STAGES = {"TTFT": "ttft", "TPOT": "tpot", "SAM": "sam", "CLIP": "clip", "projector": "projector",
                   "vision": "vision", "LM prefill": "prefill", "decode step": "decode"}
