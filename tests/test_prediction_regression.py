@@ -147,6 +147,8 @@ ACCURACY = {
         "H200 random, seed 53, own host costs": ("h200_prediction_accuracy_random53_reference_2026-11-27.json", None),
         "H200 random, seed 94, eager-op tables, own host costs, held out": (
             "h200_prediction_accuracy_random94_reference_2026-11-28.json", None),
+        "H200 random, seed 95, eager-op tables, shipped profile, held out": (
+            "h200_prediction_accuracy_random95_reference_2026-11-28.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
@@ -450,7 +452,8 @@ SUMMARY_SETS = {
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),
     "reference, H200": ("Reference session mode", ("H200 random, seed 53, own host costs",
-                                                   "H200 random, seed 94, eager-op tables, own host costs, held out")),
+                                                   "H200 random, seed 94, eager-op tables, own host costs, held out",
+                                                   "H200 random, seed 95, eager-op tables, shipped profile, held out")),
 }
 SUMMARY_STAGES = {"TTFT": "ttft", "TPOT": "tpot", "SAM": "sam", "CLIP": "clip", "projector": "projector",
                   "vision": "vision", "LM prefill": "prefill", "decode step": "decode"}

@@ -122,3 +122,25 @@ def test_the_reference_prefill_is_priced_on_the_eager_tables_and_a_profile_witho
     fast_new = with_profile(H200, slow, EngineSpec.of("fast"))
     assert float(evaluate(ModelSpec(), pts, fast_old)["prefill"]["predicted_s"][0]) == pytest.approx(
         float(evaluate(ModelSpec(), pts, fast_new)["prefill"]["predicted_s"][0]), rel=1e-12)
+
+
+def test_the_expert_loop_host_benchmark_runs_on_the_cpu(tmp_path):
+    """benchmarks/reference_moe_host.py as a smoke test: the tiny model's loop at two sizes, every figure written."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reference_moe_host.py"
+    spec = importlib.util.spec_from_file_location("reference_moe_host", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "mh.json"
+    assert bench.main(["--device", "cpu", "--preset", "tiny", "--tokens", "16,64", "--out", str(out)]) == 0
+    import json
+
+    d = json.loads(out.read_text())
+    assert [r["tokens"] for r in d["rows"]] == [16, 64] and d["environment"]["device"] == "cpu"
+    for r in d["rows"]:
+        assert 0 < r["touched"] <= 64 and r["host_s"] > 0 and r["wall_s"] >= r["host_s"] * 0.5
+        assert r["device_busy_s"] is None and r["probe_op_s"] is None  # no CUDA: no kernels, no probe
+    with pytest.raises(SystemExit, match="whole numbers"):
+        bench.main(["--device", "cpu", "--preset", "tiny", "--tokens", "16,x", "--out", str(out)])
