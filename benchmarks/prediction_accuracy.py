@@ -40,7 +40,9 @@ from dsocr_core.measure.environment import full_sm_clock_mhz  # noqa: E402
 from dsocr_core.registry import DEFAULT_MODEL, FAMILIES, get_family, native_modes  # noqa: E402
 from dsocr_core.results.prediction_check import relative_errors, summarize  # noqa: E402
 
-TARGETS = {"fast": (0.05, 0.15), "reference": (0.15, None)}  # (median, max) absolute error targets of issue 14
+# (median, max) absolute error targets per stage: issue 24's (issue 14 had asked the reference mode for a median of
+# 15% and no maximum; the printed tables of results before 2026-11-28, evening, say so)
+TARGETS = {"fast": (0.05, 0.15), "reference": (0.10, 0.25)}
 
 
 GROUPS = ("grids", "native", "text", "batch", "confirm", "random")

@@ -17,21 +17,22 @@ CPU = ("it is a CPU profile, and the time model's accuracy was measured on GPUs 
        "kernels and launches): its predictions are untested")
 DERIVED = ("it is DERIVED (scaled from another GPU's tables): on 18 held-out H100 sets predicted from the H200's "
            "profile, TTFT misses by 0.9-4.7% (median), TPOT by 2.2-6.8%, the LM prefill by up to 12%, the projector "
-           "by 2-26% (under); on 23 H200 sets from the H100's, TPOT 1.4-8.9%, the LM prefill up to 23%, CLIP up to "
+           "by 2-26% (under); on 25 H200 sets from the H100's, TPOT 1.4-8.9%, the LM prefill up to 23%, CLIP up to "
            "10.5%; a what-if SM clock cannot move its tables (it records no calibration clock)")
-REFERENCE = ("the reference session mode misses the 15% target in its LM prefill and projector, and elsewhere off the "
+REFERENCE = ("the reference session mode misses the 10% target in its LM prefill and projector, and elsewhere off the "
              "machine its host costs were measured on: it is host-bound at small batches and its host differs "
              "between machines of the same kind by up to 1.5x. On H100 random points (2026-11-27) with that "
              "machine's host cost per op of the model's code (calibrate --tables launch.host_stages): SAM 5-9%, "
              "CLIP 7-13%, decode 6-10%, TPOT 5%, TTFT 10-15%, the LM prefill 18-24%, the projector 18-54%; on H200 "
-             "random points with that machine's costs: SAM 4%, CLIP 7%, decode 6%, TTFT 13%, the LM prefill 27% and "
-             "the projector 39% under; with another machine's costs (the bundled H200 run: SAM, CLIP and vision "
-             "22-37% over), errors of 20-50% are usual; its host-bound stages also vary by up to +-50% between runs "
-             "of the same point")
+             "random points with that machine's costs and the eager-op tables (2026-11-28): SAM 7%, CLIP 5%, "
+             "decode 5%, TPOT 4%, TTFT 10%, the LM prefill 14% and the projector 40% under; with the shipped "
+             "profile's host costs on another H200: TTFT 15%, the LM prefill 22% under; with another machine's "
+             "costs (the bundled H200 run: SAM, CLIP and vision 22-37% over), errors of 20-50% are usual; its "
+             "host-bound stages also vary by up to +-50% between runs of the same point")
 BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routing (synthetic weights route a batch's "
            "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +32% to +58% (median); predicted "
            "with a run's observed routing, 2-12% on the H100 and the H200 (the H200's held-out sets of 2026-11-28, "
-           "seeds 85-90: TPOT 2.0-6.0% median, max 14%; the H100's of 2026-11-27 and 28, seeds 68-75: 1.7-2.8%, "
+           "seeds 85-92: TPOT 0.9-6.0% median, max 14%; the H100's of 2026-11-27 and 28, seeds 68-75: 1.7-2.8%, "
            "max 11%); reference up to +729%")
 BATCHED_PREFILL = ("batch > 1 in the fast mode: the same batched LM prefill measured 10-22% slower on one H100 "
                    "machine than on another (the same code and points, 2026-11-27; SAM, CLIP and decode within 3%), "
