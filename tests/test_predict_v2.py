@@ -48,7 +48,8 @@ def test_encoder_plans_stay_within_their_rows_and_time_the_mask_on_the_masked_ta
             assert np.all(sum((k.nbytes for k in pl.kernels), 0.0) <= cost.bytes * (1 + 1e-12) + 1e-6), row.kind
             if row.kind == "encoder.self_attn":
                 tables |= {k.table for k in pl.kernels}
-    assert tables == {"gemm", "attention.sdpa_bias"}
+    # RoPE and the k/v expansion on the broadcast table (kernels_v2.py), the mask on the masked SDPA's
+    assert tables == {"gemm", "attention.sdpa_bias", "memory.broadcast"}
 
 
 def test_sweep_over_crop_counts_equals_single_points():

@@ -150,6 +150,10 @@ ACCURACY = {
         "H200 random, seed 95, eager-op tables, shipped profile, held out": (
             "h200_prediction_accuracy_random95_reference_2026-11-28.json", None),
     },
+    "DeepSeek-OCR 2, reference session mode": {
+        "H200 random, seed 96, first GPU measurement": (
+            "h200_prediction_accuracy_v2_random96_reference_2026-11-28.json", None),
+    },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
         "H100 fast": ("h100_prediction_accuracy_kernel_overlap.json", None),
@@ -157,7 +161,8 @@ ACCURACY = {
         "H100 reference": ("h100_prediction_accuracy_kernel_overlap.json", None),
     },
 }
-MODE_OF_TABLE = {"Fast session mode": "fast", "Reference session mode": "reference"}
+MODE_OF_TABLE = {"Fast session mode": "fast", "Reference session mode": "reference",
+                 "DeepSeek-OCR 2, reference session mode": "reference"}
 # the bundled runs' table: column -> (run file, profile); its stage names -> the comparison's stages
 BUNDLED_TITLE = "A third, independent check: the bundled H200 runs"
 BUNDLED = {"fast mode": ("h200_fast.json", "h200.json"), "reference mode": ("h200_reference.json", "h200.json")}

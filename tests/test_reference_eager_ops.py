@@ -144,3 +144,24 @@ def test_the_expert_loop_host_benchmark_runs_on_the_cpu(tmp_path):
         assert r["device_busy_s"] is None and r["probe_op_s"] is None  # no CUDA: no kernels, no probe
     with pytest.raises(SystemExit, match="whole numbers"):
         bench.main(["--device", "cpu", "--preset", "tiny", "--tokens", "16,x", "--out", str(out)])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_kernels_shares_stay_within_every_lm_rows_counted_bytes(dtype, attn):
+    """Prefill and decode (its first and last step), both dtypes, both attentions, a small and a large batch: the
+    explicit kernels never take more than the row's counted bytes, so nothing of the remainder is clipped."""
+    from dsocr_core.analytic.stages import decode_rows
+
+    for batch, text in ((1, 10), (26, 1814)):
+        pts = Points.build(mode="large", text_tokens=text, batch=batch, decode_steps=16, logits="last", dtype=dtype,
+                           attn=attn)
+        calls = [(r, r.cost, r.ctx[0]) for r in prefill_rows(ModelSpec(), pts) if r.kind.startswith("lm.")]
+        for r in decode_rows(ModelSpec(), pts):
+            if r.kind.startswith("lm.") and r.steps:
+                first, last, _ = r.steps
+                calls += [(r, first, dict(r.ctx[0], n=r.ctx[0]["n"])), (r, last, r.ctx[-1])]
+        for row, cost, ctx in calls:
+            plan = PLAN.plan(Call(row.kind, cost, ctx))
+            share = sum(float(np.sum(k.nbytes)) for k in plan.kernels)
+            assert share <= float(np.sum(cost.bytes)) * (1 + 1e-9), (row.kind, ctx.get("phase"), dtype, attn, batch)

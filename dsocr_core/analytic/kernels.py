@@ -142,6 +142,42 @@ class EnginePlan(Protocol):
         step): the prediction plans each group of points with its own path."""
 
 
+# Eager elementwise ops whose kernels run far from the vectorised add of memory.elementwise (4.4 TB/s; an H200 trace
+# of the reference LM prefill at 58,000 tokens, docs/accuracy.md "The reference LM prefill's eager ops"): casts
+# (.float(), 2.1 TB/s there), float32 products with a broadcast column (2.5 TB/s, priced as casts: the same unrolled,
+# non-vectorised kernels), bfloat16 ops with a broadcast or transposed operand (the norms' weight, RoPE's products,
+# negation, cat and add on q and k: 1.0-1.9 TB/s in the trace, the broadcast table 1.6-1.7 from 64 MB up), rows
+# written through an index (the reference expert loop's out[order[rows]] = ..., 0.8 TB/s) and rows gathered by one
+# (its x[token[rows]], on the fast projector's index_select table). A cast to float32 of a float32 tensor returns
+# the tensor itself: in a float32 model those ops launch nothing and have no kernel. The reference plans (the LM's,
+# runtime/reference_plan.py, and DeepSeek-OCR 2's encoder, kernels_v2.py) build them here
+CAST, BROADCAST, INDEX_PUT, GATHER = "memory.cast", "memory.broadcast", "memory.index_put", "memory.gather_rows"
+
+
+def eager_ops(table: str, nbytes, launches) -> Kernel:
+    """`launches` eager ops of one kind moving `nbytes` of the row's counted bytes between them, each looked up at
+    its share of them (no FLOPs: they are bandwidth-bound)."""
+    return Kernel(table, dict(bytes=nbytes / np.maximum(launches, 1.0)), 0.0, nbytes, launches)
+
+
+def casts(c: Call) -> float:
+    """1.0 where a model's .float() / .to(dt) round trips copy (a bfloat16 or float16 model), else 0.0."""
+    return 1.0 if c.dt < FP32 else 0.0
+
+
+def eager_rms_norm(c: Call, elements, calls=1.0) -> Plan:
+    """`calls` eager RMSNorms (model/decoder.py RMSNorm) over `elements` elements in all, 8 ops each (6 in a float32
+    model): x.float() (a cast), pow, mean, + eps, rsqrt, x * rsqrt (float32 against a broadcast column), .to(dt),
+    weight * x (against a broadcast row). The cast, the float32 product and the weight's product have kernels of
+    their own; pow, mean, + eps, rsqrt and .to(dt) are the remainder (vectorised, or on one value a row). Bytes:
+    analytic/lm.py rms_norm's count, op by op."""
+    dt, cast = c.dt, casts(c)
+    kernels = [eager_ops(CAST, 2 * elements * FP32, calls), eager_ops(BROADCAST, 2 * elements * dt, calls)]
+    if cast:
+        kernels.insert(0, eager_ops(CAST, elements * (dt + FP32), calls))
+    return Plan(kernels, rest_launches=calls * (4.0 + cast))
+
+
 def whole(table: str, coords: dict, c: Call, launches=1.0, real_bytes=None) -> Plan:
     """The whole row is one kernel (convolutions, LayerNorms)."""
     return Plan([Kernel(table, coords, c.cost.flops, c.cost.bytes, launches, real_bytes=real_bytes)])
@@ -268,8 +304,11 @@ def common_vision(c: Call, projector_cat: str = "memory.transposed_cat") -> Plan
         f, h, din, dt = sam_out_side(s, c.side) ** 2, s.hidden_size, s.projector_input_dim, c.dt
         linear = Kernel("linear", dict(m=v * f, n=h, k=din), v * 2 * f * din * h,
                         v * (f * din + f * h) * dt + calls * (din * h + h) * dt, calls)
-        if not hasattr(s, "clip_width"):
-            return Plan([linear], rest_launches=calls * 2)
+        if not hasattr(s, "clip_width"):  # DeepSeek-OCR 2: the encoder's query half of each view's sequence, a
+            # slice that is contiguous for one view only: nn.Linear runs one addmm there, and on more views copies
+            # the slice to rows (clone), then mm and the bias add (runtime/op_count.py, tests/test_reference_plan_ops)
+            many = np.where(np.asarray(v) > np.asarray(calls), 1.0, 0.0)
+            return Plan([linear], rest_launches=calls * 2 * many)
         # DeepSeek-OCR: one cat of CLIP's features (CLS dropped: a view) and SAM's map flattened and transposed
         # (in the reference model a view whose channel runs are strided by the map's size, so the cat's reads of it
         # are uncoalesced): priced on its own table, read both halves and write the concatenation
@@ -307,10 +346,11 @@ def clip_mlp(c: Call, elementwise: float) -> Plan:
 def layout(c: Call) -> Plan:
     """Per image (model/deepseek_ocr.py layout_image, a Python loop in the reference engine and in the fast engine's
     projector_layout='per_image'): the global grid with its newline column (cat) and the final cat; a tiled image
-    also stitches its tiles (a copy) and adds their newline column (cat). DeepSeek-OCR 2 (no newlines) keeps an
-    estimate of 8 per image."""
+    also stitches its tiles (a copy) and adds their newline column (cat). DeepSeek-OCR 2 (no newlines,
+    model/deepseek_ocr2.py layout_image): one cat of the tiles' features, the global view's and view_seperator
+    (its cast to the features' dtype is the parameter itself in the model's dtype)."""
     if not c.ctx.get("newlines", False):
-        return Plan(rest_launches=8 * c.images)
+        return Plan(rest_launches=1.0 * c.images)
     return Plan(rest_launches=2 * c.images + 2 * c.tiled)
 
 

@@ -17,11 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from .encoder_v2 import visual_tokens
-from .kernels import Call, Kernel, Plan
+from .kernels import BROADCAST, Call, Kernel, Plan, eager_ops, eager_rms_norm
 from .vision import SOFTMAX_FLOPS
 
-NORM_OPS = 8  # RMSNorm in fp32, eagerly: float, pow, mean, + eps, rsqrt, *, to, * weight
-ATTN_REST_OPS = 16  # RoPE on q and k (2 x 6), k/v expansion (2), head merge copy (1), residual add (1)
+# per layer's attention besides its GEMMs and SDPA: RoPE on q and k (10: two products with cos / sin, neg and cat of
+# the halves, the add, on each), k and v expanded to the query heads (2 copies of a broadcast view), and 4 more (the
+# head merge copy, the residual add, and the q/k/v views' setup), 16 in all (tests/test_reference_plan_ops.py holds
+# the encoder stage's total to the model's); RoPE and the expansion run on the non-vectorised kernels of eager ops
+# with a broadcast or strided operand (kernels.py BROADCAST)
+ATTN_REST_OPS, ROPE_OPS, EXPAND_OPS = 16, 10, 2
 MLP_REST_OPS = 3  # silu, product, residual add
 INPUT_OPS = 16  # features flattened, [visual ; queries] concatenated, the mask (8 ops), RoPE tables (6)
 
@@ -35,7 +39,7 @@ def plan_encoder(c: Call) -> Plan:
     if kind.startswith("encoder.queries."):  # the row of the other view size costs nothing in this call
         return Plan(rest_launches=np.where(np.asarray(c.cost.bytes) > 0, calls * INPUT_OPS, 0.0))
     if kind in ("encoder.input_layernorm", "encoder.post_attention_layernorm", "encoder.norm"):
-        return Plan(rest_launches=calls * NORM_OPS)
+        return eager_rms_norm(c, m * h, calls)  # the decoder's RMSNorm over every token row
     if kind == "encoder.self_attn":
         kv, heads, d = s.enc_kv_heads * s.enc_head_dim, s.enc_heads, s.enc_head_dim
         scores = heads * length * length
@@ -49,7 +53,10 @@ def plan_encoder(c: Call) -> Plan:
                    v * (4 * length * h + length * length) * dt, calls),  # masked SDPA over the expanded heads
             Kernel("gemm", dict(m=m, n=h, k=h), v * 2 * length * h * h,
                    v * 2 * length * h * dt + calls * h * h * dt, calls),  # o_proj (no bias)
-        ], rest_launches=calls * ATTN_REST_OPS)
+            # RoPE on q and k (encoder_v2 counts 5.5 reads and 4.5 writes a rotated element), k and v expanded
+            eager_ops(BROADCAST, 10 * m * (h + kv) * dt, ROPE_OPS * calls),
+            eager_ops(BROADCAST, 2 * m * (kv + h) * dt, EXPAND_OPS * calls),
+        ], rest_launches=calls * (ATTN_REST_OPS - ROPE_OPS - EXPAND_OPS))
     if kind == "encoder.mlp":
         inner = s.enc_intermediate
         return Plan([

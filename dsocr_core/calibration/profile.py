@@ -110,8 +110,9 @@ MEMORY_KINDS = ("copy", "elementwise", "norm", "gemv", "fused_gemv", "fused_atte
                 "projector_cat", "moe_gemv", "moe_gemv_combine", "gather_rows", "permuted_copy", "permuted_add",
                 "group_rows", "cast", "fused_lm_head", "broadcast", "index_put")
 # broadcast: an eager elementwise op with a broadcast operand ([rows, 1280] bf16 times a [1280] row), which runs on
-# TensorIterator's non-vectorised kernels (the reference LM's norms' weight, its RoPE on transposed q and k: 1.4-1.6
-# TB/s on an H200 at 150-300 MB, where the elementwise table's vectorised add reaches 4.4); index_put: rows written to
+# TensorIterator's non-vectorised kernels (the reference LM's norms' weight, its RoPE on transposed q and k: 1.0-1.6
+# TB/s in an H200 trace at 300 MB, the table 1.6-1.7 from 64 MB up, where the elementwise table's vectorised add
+# reaches 4.4); index_put: rows written to
 # scattered places by an index (the reference MoE's expert loop, 0.8 TB/s there). Profiles made before them
 # (2026-11-28) price both on the elementwise table
 # cast: a bfloat16 tensor copied to float32 (.float(), the lm_head's logits: two bytes read, four written); profiles

@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ..analytic.kernels import (EVERY_ROW, FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write,
-                                layout, lm_attention, lm_head_and_cast, patch_embed, routed_experts, router,
-                                sam_attention, sam_mlp, swiglu, whole)
+from ..analytic.kernels import (BROADCAST, CAST, EVERY_ROW, FP32, GATHER, INDEX_PUT, Call, Kernel, Plan, casts,
+                                clip_attention, clip_mlp, common_vision, eager_ops, eager_rms_norm, kv_write, layout,
+                                lm_attention, lm_head_and_cast, patch_embed, routed_experts, router, sam_attention,
+                                sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
 
 # RoPE tables (model/decoder.py rope_cos_sin, once per LM call): positions and frequency aranges, /dim, theta **,
@@ -70,15 +71,16 @@ class ReferencePlan:
         if k == "lm.self_attn":
             return _attention(c)
         if k in ("lm.input_layernorm", "lm.post_attention_layernorm", "lm.norm"):
-            return _rms_norm(c)
+            return eager_rms_norm(c, c.b * c.sq * c.spec.hidden_size)
         if k.startswith("lm.mlp"):
             return _mlp(c)
         if k == "lm.embed_tokens":
             if c.phase == "decode":
-                return Plan(rest_launches=STEP_OPS)
+                return Plan(rest_launches=STEP_OPS - 2 * (1 - casts(c)))  # the RoPE tables' two casts
             # the lookup; per image row mask.sum() (read on the host: a sync) and masked_scatter, then one stack
             scatter = np.where(np.asarray(c.img) > 0, 1.0, 0.0)
-            return Plan(rest_launches=1 + scatter * (2 * c.b + 1) + PREFILL_OPS, syncs=scatter * c.b)
+            return Plan(rest_launches=1 + scatter * (2 * c.b + 1) + PREFILL_OPS - 2 * (1 - casts(c)),
+                        syncs=scatter * c.b)
         if k == "lm.lm_head":
             return lm_head_and_cast(c)
         raise KeyError(k)
@@ -110,14 +112,14 @@ def _vision(c: Call) -> Plan:
     if kind == "sam.pos_embed":  # the add (onto the stream); resized off the learned grid: float, bicubic, cast back
         add = _sam_stream(c, PERMUTED_ADD)
         add.flops, add.nbytes, add.real_bytes = c.cost.flops, c.cost.bytes, None  # the whole row (the table once)
-        return Plan([add], rest_launches=calls * 3 * (sam_patches(s, c.side) != s.sam_pos_grid))
+        return Plan([add], rest_launches=calls * (1 + 2 * casts(c)) * (sam_patches(s, c.side) != s.sam_pos_grid))
     if kind.startswith("clip.layer_norm"):
         return whole("memory.norm", dict(bytes=c.cost.bytes), c, calls)
     if kind.startswith("sam.attn"):
         return _sam_attention(c)
     if kind == "clip.embeddings":  # CLS concatenated, positions added; resized: float, bicubic, cast back, CLS row
         g = sam_out_side(s, c.side)
-        return Plan(rest_launches=calls * (2 + 4 * (g != s.clip_pos_grid)))
+        return Plan(rest_launches=calls * (2 + (2 + 2 * casts(c)) * (g != s.clip_pos_grid)))
     if kind == "clip.self_attn":  # residual add; the head merge is a view (SDPA's output is laid out [b, n, heads, d])
         p = clip_attention(c)
         p.rest_launches = calls * 1.0
@@ -161,34 +163,10 @@ def _sam_attention(c: Call) -> Plan:
     a = sam_attention(c, einsum_launches=2)
     glob = c.kind.endswith("global")
     copies = 2  # q per head, the first einsum's input (small: one head's q)
-    tables = 2 * (8 + 3 * a.resized)
+    tables = 2 * (8 + (1 + 2 * casts(c)) * a.resized)
     windows = 0 if glob else 2 + 2 * a.padded
     add = _sam_stream(c, PERMUTED_ADD, share=True)  # the block's residual add
     return Plan(a.gemms + [a.mask, a.mask_copy, a.sdpa, add], rest_launches=c.calls * (copies + tables + windows))
-
-
-# Eager elementwise ops whose kernels run far from the vectorised add of memory.elementwise (an H200 trace of the
-# reference LM prefill at 58,000 tokens, docs/accuracy.md "The reference LM prefill's eager ops"): casts (.float(),
-# 2.1 TB/s), float32 products with a broadcast column (2.5 TB/s, priced as casts: the same unrolled, non-vectorised
-# kernels), bfloat16 ops with a broadcast or transposed operand (the norms' weight, RoPE on q and k: 1.0-1.9 TB/s),
-# rows written through an index (the expert loop's out[order[rows]] = ..., 0.8 TB/s) and rows gathered by one
-CAST, BROADCAST, INDEX_PUT, GATHER = "memory.cast", "memory.broadcast", "memory.index_put", "memory.gather_rows"
-
-
-def _eager_ops(table: str, nbytes, launches) -> Kernel:
-    """`launches` eager ops of one kind moving `nbytes` of the row's counted bytes between them, each looked up at
-    its share of them (no FLOPs: they are bandwidth-bound)."""
-    return Kernel(table, dict(bytes=nbytes / np.maximum(launches, 1.0)), 0.0, nbytes, launches)
-
-
-def _rms_norm(c: Call) -> Plan:
-    """model/decoder.py RMSNorm, 8 ops: x.float() (a cast), pow, mean, + eps, rsqrt, x * rsqrt (float32 against a
-    broadcast column), .to(dt), weight * x (bfloat16 against a broadcast row). The cast, the float32 product and
-    the weight's product have kernels of their own; pow, mean, + eps, rsqrt and .to(dt) are the remainder
-    (vectorised, or on one value a row). Bytes: analytic/lm.py rms_norm's count, op by op."""
-    el, dt = c.b * c.sq * c.spec.hidden_size, c.dt
-    return Plan([_eager_ops(CAST, el * (dt + FP32), 1.0), _eager_ops(CAST, 2 * el * FP32, 1.0),
-                 _eager_ops(BROADCAST, 2 * el * dt, 1.0)], rest_launches=5.0)
 
 
 def _attention(c: Call) -> Plan:
@@ -198,8 +176,9 @@ def _attention(c: Call) -> Plan:
     t, sk = b * sq, n + sq
     prefill = c.phase == "prefill"
     attn = lm_attention(c, c.attn)
-    # eager: matmul, scale, (causal mask: ones, tril, not, masked_fill), float, softmax, cast, matmul
-    attn.launches = (10 if prefill else 6) if c.attn == "eager" else 1
+    # eager: matmul, scale, (causal mask: ones, tril, not, masked_fill), float, softmax, cast, matmul (the float and
+    # the cast launch nothing in a float32 model)
+    attn.launches = (10 if prefill else 6) - 2 * (1 - casts(c)) if c.attn == "eager" else 1
     kv = kv_write(c)
     if prefill:
         kv.real_bytes = 0.0  # the first call appends to an empty cache: no copy
@@ -212,7 +191,8 @@ def _attention(c: Call) -> Plan:
     # add (the remainder). The head merge is a view of SDPA's output (laid out [b, s, heads, d]), a copy of eager
     # attention's in a prefill; eager's matmuls there also copy q, k and v (views [b, s, heads, d] transposed) when
     # the batch cannot fold into the heads without one (b > 1)
-    rope = _eager_ops(BROADCAST, 2 * 10 * t * h * dt, 10.0)
+    rope = eager_ops(BROADCAST, 2 * 10 * t * h * dt, 10.0)
+    rope.by_batch = True  # in a decode step: the new token's q and k, whatever the context
     copies = 0.0
     if c.attn == "eager" and prefill:
         copies = 1.0 + np.where(np.asarray(b) > 1, 3.0, 0.0)
@@ -226,8 +206,9 @@ def _mlp(c: Call) -> Plan:
         gu.real_bytes = None  # gate and up are two GEMMs reading x each: the analytic count
         return Plan([gu, down], rest_launches=3.0)  # SiLU, product, residual add (or y + shared)
     if c.kind == "lm.mlp.gate":  # x.float() (its own kernel), then W.float(), softmax, topk, * scale
-        x_cast = _eager_ops(CAST, c.b * c.sq * s.hidden_size * (c.dt + FP32), 1.0)
-        return Plan([router(c), x_cast], rest_launches=4.0)
+        cast = casts(c)
+        x_cast = [eager_ops(CAST, c.b * c.sq * s.hidden_size * (c.dt + FP32), 1.0)] if cast else []
+        return Plan([router(c), *x_cast], rest_launches=3.0 + cast)
     if c.kind == "lm.mlp.experts":  # a Python loop over the experts that got tokens, after a host sync
         r = routed_experts(c)
         gu, down, e_act = r.gu, r.down, r.touched
@@ -242,7 +223,10 @@ def _mlp(c: Call) -> Plan:
         # layer's residual add (the y + shared add is the shared expert's). view_ops: per expert the Python slice
         # and its two views.
         rows = c.b * c.sq * s.num_experts_per_tok * s.hidden_size  # elements of the (token, slot) rows
-        eager = [_eager_ops(GATHER, 2 * rows * c.dt, e_act), _eager_ops(INDEX_PUT, 2 * rows * c.dt, e_act),
-                 _eager_ops(CAST, rows * (c.dt + FP32), 1.0), _eager_ops(CAST, 2 * rows * FP32, 1.0)]
-        return Plan([gu, down, *eager], rest_launches=3 + 2 * e_act + 3, syncs=1.0, view_ops=3 * e_act)
+        cast = casts(c)
+        eager = [eager_ops(GATHER, 2 * rows * c.dt, e_act), eager_ops(INDEX_PUT, 2 * rows * c.dt, e_act),
+                 eager_ops(CAST, 2 * rows * FP32, 1.0)]
+        if cast:
+            eager.append(eager_ops(CAST, rows * (c.dt + FP32), 1.0))
+        return Plan([gu, down, *eager], rest_launches=3 + 2 * e_act + 2 + cast, syncs=1.0, view_ops=3 * e_act)
     raise KeyError(c.kind)
