@@ -300,6 +300,8 @@ def group_of(stage: str, label: str) -> str:
             return group
     if stage == "projector":
         return "projector"  # the projector, the features' concatenation and the slot layout
+    if stage == "encoder":  # DeepSeek-OCR 2's encoder: its per-call setup (the mask, the RoPE tables, the query
+        return "encoder"  # concatenation) runs outside the rows' modules; the plan files it under the queries' rows
     if stage in ("prefill", "decode"):
         return "lm.outside_layers"  # embedding, positions and RoPE tables, final norm, lm_head, token choice
     return label
