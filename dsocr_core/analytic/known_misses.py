@@ -30,7 +30,9 @@ REFERENCE = ("the reference session mode misses its targets (median 10%, max 25%
              "the projector 40% under; with the shipped profile's host costs on another H200: TTFT 15%, the LM "
              "prefill 22% under; with another machine's costs (the bundled H200 run: SAM, CLIP and vision 22-37% "
              "over), errors of 20-50% are usual; its host-bound stages also vary by up to +-50% between runs of the "
-             "same point")
+             "same point. DeepSeek-OCR 2 (one H200 random set, 2026-11-28, the shipped profile): SAM 6%, the encoder "
+             "6% (after a plan fix made on seeing that set), decode 7%, TPOT 6%, TTFT 11%, the LM prefill 23% and "
+             "the projector 54% under")
 BATCHED = ("batch > 1: decode is over-predicted under the assumed uniform routing (synthetic weights route a batch's "
            "tokens to 8-10 distinct experts, the model assumes 21-64): fast TPOT +32% to +58% (median); predicted "
            "with a run's observed routing, 2-12% on the H100 and the H200 (the H200's held-out sets of 2026-11-28, "
