@@ -17,6 +17,7 @@ from dsocr_core.engines import EngineSpec
 from dsocr_core.fast.options import expert_token_tile
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec
+from prediction_notes import table_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "memory.moe_gemv_combine"
@@ -103,10 +104,7 @@ def test_a_prediction_off_the_tile_an_older_table_was_timed_at_says_so():
     and its prediction says so (in the notes every export carries); a batch-8 step is not; a table measured with
     the axis (the shipped one) adds no note. The note survives the profile being written and read back."""
     def notes(raw, batch):
-        pts = Points.grid(crops=[(2, 2)], text_tokens=[10], batch=[batch], decode_steps=[1], logits="last")
-        hw = with_profile(get_hardware("h200"), profile_from_dict(raw), EngineSpec.of("fast"))
-        evaluate(ModelSpec(), pts, hw)
-        return [n for n in hw.prediction.notes if n.startswith(TABLE)]
+        return table_notes(raw, TABLE, EngineSpec.of("fast"), batch, crops=[(2, 2)])
 
     shipped = json.loads(BEFORE.read_text())
     assert notes(shipped, 8) == []

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from dsocr_core.analytic import Points, evaluate
-from dsocr_core.analytic.kernels import Call
+from dsocr_core.analytic.kernels import BROADCAST, CAST, GATHER, INDEX_PUT, Call
 from dsocr_core.analytic.predict import with_profile
 from dsocr_core.analytic.stages import prefill_rows
 from dsocr_core.calibration.ops import kernel_op
 from dsocr_core.calibration.profile import profile_from_dict, uniform_profile
 from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
-from dsocr_core.runtime.reference_plan import BROADCAST, CAST, GATHER, INDEX_PUT, ReferenceOptions, ReferencePlan
+from dsocr_core.runtime.reference_plan import ReferenceOptions, ReferencePlan
 from dsocr_core.spec import ModelSpec
 
 H200 = get_hardware("h200-sxm")

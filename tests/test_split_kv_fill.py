@@ -18,6 +18,7 @@ from dsocr_core.calibration.profile import load_profile, profile_from_dict, tabl
 from dsocr_core.engines import EngineSpec
 from dsocr_core.hardware import get_hardware
 from dsocr_core.spec import ModelSpec
+from prediction_notes import table_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "attention.split_kv"
@@ -78,10 +79,7 @@ def test_a_prediction_off_the_fill_an_older_table_was_timed_at_says_so():
     at a short context is priced as at a full cache and its prediction says so; the fused batch-1 step (which has
     no split-KV kernel) does not; a table measured with the axis adds no note."""
     def notes(raw, batch):
-        pts = Points.grid(mode="tiny", text_tokens=[10], batch=[batch], decode_steps=[1], logits="last")
-        hw = with_profile(get_hardware("h200"), profile_from_dict(raw), ENGINE)
-        evaluate(ModelSpec(), pts, hw)
-        return [n for n in hw.prediction.notes if n.startswith(TABLE)]
+        return table_notes(raw, TABLE, ENGINE, batch, mode="tiny")
 
     before = json.loads(BEFORE.read_text())
     assert notes(before, 1) == []

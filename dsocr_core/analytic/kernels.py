@@ -178,6 +178,19 @@ def eager_rms_norm(c: Call, elements, calls=1.0) -> Plan:
     return Plan(kernels, rest_launches=calls * (4.0 + cast))
 
 
+# eager RoPE on q and on k (model/decoder.py, the encoder's the same): x * cos, neg and cat of the halves, * sin, add
+ROPE_OPS = 10
+
+
+def eager_rope(c: Call, rotated, calls=1.0) -> Kernel:
+    """`calls` eager RoPE applications on q and k over `rotated` elements of them in all, ROPE_OPS launches a call on
+    the broadcast table (cos and sin broadcast over the heads, q and k transposed views): analytic/lm.py counts 5.5
+    reads and 4.5 writes a rotated element. Its work follows the call's tokens only (in a decode step, the batch)."""
+    rope = eager_ops(BROADCAST, 10 * rotated * c.dt, ROPE_OPS * calls)
+    rope.by_batch = True
+    return rope
+
+
 def whole(table: str, coords: dict, c: Call, launches=1.0, real_bytes=None) -> Plan:
     """The whole row is one kernel (convolutions, LayerNorms)."""
     return Plan([Kernel(table, coords, c.cost.flops, c.cost.bytes, launches, real_bytes=real_bytes)])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .encoder_v2 import visual_tokens
-from .kernels import BROADCAST, Call, Kernel, Plan, eager_ops, eager_rms_norm
+from .kernels import BROADCAST, ROPE_OPS, Call, Kernel, Plan, eager_ops, eager_rms_norm, eager_rope
 from .vision import SOFTMAX_FLOPS
 
 # per layer's attention besides its GEMMs and SDPA: RoPE on q and k (10: two products with cos / sin, neg and cat of
@@ -25,7 +25,7 @@ from .vision import SOFTMAX_FLOPS
 # head merge copy, the residual add, and the q/k/v views' setup), 16 in all (tests/test_reference_plan_ops.py holds
 # the encoder stage's total to the model's); RoPE and the expansion run on the non-vectorised kernels of eager ops
 # with a broadcast or strided operand (kernels.py BROADCAST)
-ATTN_REST_OPS, ROPE_OPS, EXPAND_OPS = 16, 10, 2
+ATTN_REST_OPS, EXPAND_OPS = 16, 2
 MLP_REST_OPS = 3  # silu, product, residual add
 INPUT_OPS = 16  # features flattened, [visual ; queries] concatenated, the mask (8 ops), RoPE tables (6)
 
@@ -53,9 +53,8 @@ def plan_encoder(c: Call) -> Plan:
                    v * (4 * length * h + length * length) * dt, calls),  # masked SDPA over the expanded heads
             Kernel("gemm", dict(m=m, n=h, k=h), v * 2 * length * h * h,
                    v * 2 * length * h * dt + calls * h * h * dt, calls),  # o_proj (no bias)
-            # RoPE on q and k (encoder_v2 counts 5.5 reads and 4.5 writes a rotated element), k and v expanded
-            eager_ops(BROADCAST, 10 * m * (h + kv) * dt, ROPE_OPS * calls),
-            eager_ops(BROADCAST, 2 * m * (kv + h) * dt, EXPAND_OPS * calls),
+            eager_rope(c, m * (h + kv), calls),  # RoPE on q and k (encoder_v2 counts it as lm.py does)
+            eager_ops(BROADCAST, 2 * m * (kv + h) * dt, EXPAND_OPS * calls),  # k and v expanded to the heads
         ], rest_launches=calls * (ATTN_REST_OPS - ROPE_OPS - EXPAND_OPS))
     if kind == "encoder.mlp":
         inner = s.enc_intermediate

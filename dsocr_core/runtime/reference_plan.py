@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ..analytic.kernels import (BROADCAST, CAST, EVERY_ROW, FP32, GATHER, INDEX_PUT, Call, Kernel, Plan, casts,
-                                clip_attention, clip_mlp, common_vision, eager_ops, eager_rms_norm, kv_write, layout,
+from ..analytic.kernels import (CAST, EVERY_ROW, FP32, GATHER, INDEX_PUT, Call, Kernel, Plan, casts, clip_attention,
+                                clip_mlp, common_vision, eager_ops, eager_rms_norm, eager_rope, kv_write, layout,
                                 lm_attention, lm_head_and_cast, patch_embed, routed_experts, router, sam_attention,
                                 sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
@@ -191,8 +191,7 @@ def _attention(c: Call) -> Plan:
     # add (the remainder). The head merge is a view of SDPA's output (laid out [b, s, heads, d]), a copy of eager
     # attention's in a prefill; eager's matmuls there also copy q, k and v (views [b, s, heads, d] transposed) when
     # the batch cannot fold into the heads without one (b > 1)
-    rope = eager_ops(BROADCAST, 2 * 10 * t * h * dt, 10.0)
-    rope.by_batch = True  # in a decode step: the new token's q and k, whatever the context
+    rope = eager_rope(c, 2 * t * h)  # q and k, each t x h
     copies = 0.0
     if c.attn == "eager" and prefill:
         copies = 1.0 + np.where(np.asarray(b) > 1, 3.0, 0.0)
