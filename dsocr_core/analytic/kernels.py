@@ -60,6 +60,10 @@ class Plan:
     graph_starts: Any = 0.0
     host_ops: Any = 0.0  # eager launching ops outside the kernels and the remainder above (priced as "other")
     view_ops: Any = 0.0  # eager Python-level ops that launch nothing: slices, views (priced as "view")
+    # the call as serial segments, host and device overlapping within a segment only: (each segment's share of the
+    # call's host time, its share of the call's device time), arrays [..., S]; None: one segment (the reference MoE's
+    # loop over experts, whose experts hold very different rows: runtime/reference_plan.py expert_segments)
+    segments: Any = None
 
 
 def host_kind(table: str) -> str:

@@ -513,6 +513,12 @@ class Predictor:
         # the graph's start follows the host's submission, so no host time hides it: it is in the device time
         # (launch) and in the host time the row's overlap compares with it (row() keeps what host exceeds)
         host = host + pl.graph_starts * self.graph_start_s * self._clock
+        if pl.segments is not None:  # overlap within each segment only: the host time beyond the device's is the
+            # sum over segments of each one's excess, returned as the host time that leaves that excess in row()
+            host_share, device_share = pl.segments
+            device = np.asarray(roof + excess + launch, dtype=float)[..., None]
+            host = device[..., 0] + np.sum(np.maximum(np.asarray(host, dtype=float)[..., None] * host_share
+                                                      - device * device_share, 0.0), -1)
         return roof, excess, launch, host
 
     def call(self, kind: str, cost: Cost, ctx: dict):

@@ -260,6 +260,9 @@ class FixedRouting:
     def touched(self, n_experts: int, k: int, tokens):
         return np.full(np.shape(tokens), float(self.experts))
 
+    def rows_by_rank(self, n_experts: int, k: int, tokens):
+        return None  # a count only: no loads (the plan's launch counts do not depend on them)
+
 
 @dataclass
 class PlannedOps:

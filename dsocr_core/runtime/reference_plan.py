@@ -66,7 +66,7 @@ class ReferencePlan:
         if c.phase == "vision":
             return _vision(c)
         if c.phase == "layout":
-            return layout(c)
+            return _layout(c)
         k = c.kind
         if k == "lm.self_attn":
             return _attention(c)
@@ -86,8 +86,30 @@ class ReferencePlan:
         raise KeyError(k)
 
 
+# The projector stage's views (runtime/op_count.py counts them; tests/test_reference_plan_ops.py holds these): the
+# stage is a few launches per image, so its Python views are a third of its host time (an H200's host: one image's
+# layout 37 us, of which its two cats 27 us, docs/accuracy.md). DeepSeek-OCR per projector call: the CLS slice,
+# SAM's map flattened and transposed, the Linear's views and weight transpose; per image the global view's select,
+# its grid reshaped, the newline expanded, the rows flattened, view_seperator unsqueezed, and a tiled image's
+# stitching (view, permute, the reshape copy's view) and its own newline and flatten. DeepSeek-OCR 2 per call the
+# Linear's three; per image the select and unsqueeze, and a tiled image's features flattened.
+PROJECTOR_VIEWS = {True: 6, False: 3}  # per projector call, by whether the family lays out newlines
+LAYOUT_VIEWS = {True: (5, 5), False: (2, 1)}  # per image, per tiled image
+
+
+def _layout(c: Call) -> Plan:
+    plan = layout(c)
+    per_image, per_tiled = LAYOUT_VIEWS[bool(c.ctx.get("newlines", False))]
+    plan.view_ops = per_image * c.images + per_tiled * c.tiled
+    return plan
+
+
 def _vision(c: Call) -> Plan:
     s, calls, kind = c.spec, c.calls, c.kind
+    if kind == "projector":
+        plan = common_vision(c)
+        plan.view_ops = PROJECTOR_VIEWS[hasattr(s, "clip_width")] * calls
+        return plan
     if kind.startswith("encoder."):  # DeepSeek-OCR 2's encoder (its SAM and projector rows are planned below)
         from ..analytic.kernels_v2 import plan_encoder
 
@@ -227,5 +249,31 @@ def _mlp(c: Call) -> Plan:
                  eager_ops(CAST, 2 * rows * FP32, 1.0)]
         if cast:
             eager.append(eager_ops(CAST, rows * (c.dt + FP32), 1.0))
-        return Plan([gu, down, *eager], rest_launches=3 + 2 * e_act + 2 + cast, syncs=1.0, view_ops=3 * e_act)
+        return Plan([gu, down, *eager], rest_launches=3 + 2 * e_act + 2 + cast, syncs=1.0, view_ops=3 * e_act,
+                    segments=expert_segments(c))
     raise KeyError(c.kind)
+
+
+def expert_segments(c: Call):
+    """The expert loop as one segment per expert (Plan.segments), where the routing says how many rows each expert
+    gets (Routing.rows_by_rank, recorded loads): every expert issues the same ops from the host, but its device time
+    follows its rows, so an expert holding a tenth of a large call's rows keeps the GPU busy long after the host has
+    issued it, while the GPU idles through the host's issue of the next few experts with a handful each. The
+    loop's time is then about the sum over experts of the larger of the two, not the larger of the two sums (H200
+    seeds 94-96: the LM prefill's median error 14-23% under as one segment, docs/accuracy.md). None (one segment)
+    without recorded loads, or outside the token counts they were recorded at."""
+    if c.routing is None:
+        return None
+    s = c.spec
+    rows = c.routing.rows_by_rank(s.n_routed_experts, s.num_experts_per_tok, c.b * c.sq)
+    if rows is None:
+        return None
+    rows = np.asarray(rows, dtype=float)
+    known = np.isfinite(rows).all(-1, keepdims=True)
+    if not known.any():
+        return None
+    rows = np.where(known, rows, 1.0)  # unknown points: equal rows, i.e. one segment's split (no change)
+    touched = rows > 0
+    host = touched / np.maximum(touched.sum(-1, keepdims=True), 1)
+    device = rows / np.maximum(rows.sum(-1, keepdims=True), 1e-30)
+    return host, device
