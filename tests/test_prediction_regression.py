@@ -149,10 +149,18 @@ ACCURACY = {
             "h200_prediction_accuracy_random94_reference_2026-11-28.json", None),
         "H200 random, seed 95, eager-op tables, shipped profile, held out": (
             "h200_prediction_accuracy_random95_reference_2026-11-28.json", None),
+        "H200 random, seed 97, expert segments, shipped profile, held out": (
+            "h200_prediction_accuracy_random97_reference_2026-11-28.json", None),
+        "H200 random, seed 99, expert segments, own host costs, held out": (
+            "h200_prediction_accuracy_random99_reference_2026-11-28.json", None),
     },
     "DeepSeek-OCR 2, reference session mode": {
         "H200 random, seed 96, first GPU measurement": (
             "h200_prediction_accuracy_v2_random96_reference_2026-11-28.json", None),
+        "H200 random, seed 98, shipped profile, held out": (
+            "h200_prediction_accuracy_v2_random98_reference_2026-11-28.json", None),
+        "H200 random, seed 100, own host costs, held out": (
+            "h200_prediction_accuracy_v2_random100_reference_2026-11-28.json", None),
     },
     "With overlap=kernel": {
         "H200 fast": ("h200_prediction_accuracy_kernel_overlap.json", None),
@@ -456,9 +464,8 @@ SUMMARY_SETS = {
     "reference, H100": ("Reference session mode", ("H100 random, seed 48, own host costs",
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),
-    "reference, H200": ("Reference session mode", ("H200 random, seed 53, own host costs",
-                                                   "H200 random, seed 94, eager-op tables, own host costs, held out",
-                                                   "H200 random, seed 95, eager-op tables, shipped profile, held out")),
+    "reference, H200": ("Reference session mode", ("H200 random, seed 97, expert segments, shipped profile, held out",
+                                                   "H200 random, seed 99, expert segments, own host costs, held out")),
 }
 SUMMARY_STAGES = {"TTFT": "ttft", "TPOT": "tpot", "SAM": "sam", "CLIP": "clip", "projector": "projector",
                   "vision": "vision", "LM prefill": "prefill", "decode step": "decode"}

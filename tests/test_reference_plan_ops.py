@@ -8,8 +8,9 @@ host syncs its syncs, exactly: an op added to the model without the plan followi
 Groups, not single rows: a block's own code (SAM's window partition, the residual adds, the MoE's expert loop)
 runs outside the modules the rows name, and the plan files those ops under one of the block's rows.
 
-Not compared: metadata-only ops (views) and allocations, which launch nothing (the plan prices only the expert
-loop's Python slices and views, as view_ops, at the profile's host cost of a view). The CPU run is exact; on CUDA, SDPA
+Not compared: allocations, and metadata-only ops (views) outside the projector stage, which launch nothing (the plan
+prices views, as view_ops at the profile's host cost of a view, where the host cost per op of the model's own code
+does not fold them in: the expert loop's Python slices, and the projector stage, whose views are compared exactly). The CPU run is exact; on CUDA, SDPA
 may add ops inside its own decomposition (the efficient kernel pads a dense mask whose last dimension is not a
 multiple of 16: SAM's 14x14 windows) and bincount synchronises internally: neither is visible here.
 """
@@ -84,3 +85,20 @@ def test_deepseek_ocr2_plan_launches_equal_dispatched_ops(grid, batch):
         comparisons = compare_workload(model, PLAN, "dynamic", grid, batch)
     assert {"sam", "encoder", "projector", "prefill", "decode"} <= {c.stage for c in comparisons}
     assert not _mismatches(comparisons), "\n".join(_mismatches(comparisons))
+
+
+@pytest.mark.parametrize("family,mode,grid,batch", [
+    ("deepseek-ocr", "gundam", (2, 1), 1), ("deepseek-ocr", "tiny", (1, 1), 3), ("deepseek-ocr", "gundam", (3, 2), 2),
+    ("deepseek-ocr2", "dynamic", (1, 1), 1), ("deepseek-ocr2", "dynamic", (1, 1), 3),
+    ("deepseek-ocr2", "dynamic", (3, 2), 2)])
+def test_the_projector_stages_views_are_the_plans(family, mode, grid, batch):
+    """The projector stage is a few launches per image, so its views are a third of its host time and the plan prices
+    them (reference_plan.PROJECTOR_VIEWS, LAYOUT_VIEWS): per call and per image, tiled or not, as dispatched."""
+    from dsocr_core.registry import FAMILIES
+
+    model = synthetic_model(FAMILIES[family].preset("tiny"), seed=0, dtype="bfloat16")
+    with torch.no_grad():
+        comparisons = compare_workload(model, PLAN, mode, grid, batch)
+    projector = [c for c in comparisons if c.stage == "projector"]
+    assert [c.group for c in projector] == ["projector"]
+    assert projector[0].planned.views == projector[0].metadata > 0

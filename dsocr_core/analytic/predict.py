@@ -380,6 +380,11 @@ class Predictor:
             prediction.notes.add("the profile has no host cost per op of the model's own code (calibrate --tables "
                                  "launch.host_stages): the reference engine's eager ops are priced at the op "
                                  "mixes' costs by kind")
+        if by_stage and p.view_share_assumed is not None:
+            prediction.notes.add(f"the profile has no host cost of a view (calibrate --tables launch.host_kinds): the "
+                                 f"reference engine's views (the expert loop's, the projector's) are priced at "
+                                 f"{p.view_share_assumed:g} of an eager op's mean cost, the share an H200's host "
+                                 "measured")
         self.graph_launch_s = launch["graph_launch_s"] * kinds if self.graphs else 0.0
         self.graph_start_s = (p.graph_start_s or 0.0) if self.graphs else 0.0
         if self.graphs and p.graph_start_s is None:

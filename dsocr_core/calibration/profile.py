@@ -387,15 +387,16 @@ class Profile:
     def host_costs(self) -> dict[str, float]:
         """The host cost of one eager op per kind (schema.HOST_KINDS); a launching kind the profile did not measure
         (every kind, in a profile made before they were measured) costs the mix's mean, launch.host_op_s, and an
-        unmeasured view VIEW_SHARE of it (the prediction notes it: views_assumed)."""
+        unmeasured view VIEW_SHARE of it (the prediction notes it: view_share_assumed)."""
         by_kind = self.raw["launch"].get("host_op_s_by_kind") or {}
         mean = float(self.raw["launch"]["host_op_s"])
         return {k: float(by_kind.get(k, mean * (VIEW_SHARE if k == "view" else 1.0))) for k in HOST_KINDS}
 
     @property
-    def views_assumed(self) -> bool:
-        """The profile has no host cost of a view (measured since launch.host_kinds existed): VIEW_SHARE is used."""
-        return "view" not in (self.raw["launch"].get("host_op_s_by_kind") or {})
+    def view_share_assumed(self) -> float | None:
+        """VIEW_SHARE where the profile has no host cost of a view (measured since launch.host_kinds existed) and
+        host_costs assumes it; None where the view was measured."""
+        return None if "view" in (self.raw["launch"].get("host_op_s_by_kind") or {}) else VIEW_SHARE
 
     @property
     def derived(self) -> bool:

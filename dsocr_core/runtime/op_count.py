@@ -271,6 +271,7 @@ class PlannedOps:
     launches: float = 0.0
     host_ops: float = 0.0  # eager host ops the time model prices, every kind (kernels.host_ops_by_kind summed)
     syncs: float = 0.0
+    views: float = 0.0  # metadata-only ops the plan prices (its view_ops)
 
 
 def planned_ops(plan, row, routing=None) -> PlannedOps:
@@ -286,6 +287,7 @@ def planned_ops(plan, row, routing=None) -> PlannedOps:
         out.launches += row.count * launches
         out.host_ops += row.count * sum(_num(n) for n in host_ops_by_kind(pl, False).values())
         out.syncs += row.count * _num(pl.syncs)
+        out.views += row.count * _num(pl.view_ops)
     return out
 
 
@@ -355,6 +357,7 @@ def compare(tally: OpTally, rows_by_stage: dict[str, list], plan, routing_by_sta
             e.planned.launches += p.launches
             e.planned.host_ops += p.host_ops
             e.planned.syncs += p.syncs
+            e.planned.views += p.views
         for label in tally.labels(stage):
             e = entry(stage, group_of(stage, label))
             e.launch += tally.count(stage, label, LAUNCH)
