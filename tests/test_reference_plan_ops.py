@@ -102,3 +102,29 @@ def test_the_projector_stages_views_are_the_plans(family, mode, grid, batch):
     projector = [c for c in comparisons if c.stage == "projector"]
     assert [c.group for c in projector] == ["projector"]
     assert projector[0].planned.views == projector[0].metadata > 0
+
+
+def test_the_host_parts_benchmark_runs_on_the_cpu(tmp_path):
+    """benchmarks/reference_host_parts.py as a smoke test (the tiny model, one point): every stage's event and host
+    times, its op counts, the projector's two parts with and without the timer's wait, and their ops' host time."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reference_host_parts.py"
+    spec = importlib.util.spec_from_file_location("reference_host_parts", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "parts.json"
+    assert bench.main(["--device", "cpu", "--preset", "tiny", "--points", "tiny,1x1,8,2", "--repeats", "1",
+                       "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (point,) = d["points"]
+    assert point["ops"]["projector"]["launch"] == 2 + 2 * 2 and point["ops"]["projector"]["metadata"] == 6 + 5 * 2
+    for key in ("event_s", "host_s"):
+        assert all(point[key][s] > 0 for s in bench.STAGES)
+    for parts in point["projector_parts"].values():
+        assert len(parts["event_s"]) == len(parts["host_s"]) == 2 and min(parts["host_s"]) > 0
+    assert len(point["projector_part_ops"]) == 2 and "aten::cat" in point["projector_part_ops"][1]
+    assert set(d["after_sync_op_s"]) == {"steady", "after_sync", "after_busy_sync"}
+    assert d["layout_call_s"]["one image's layout (layout_image, 1x1)"] > 0
