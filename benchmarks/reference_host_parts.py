@@ -7,7 +7,8 @@ Per point (the full-size model, synthetic weights, one page size and batch, one 
   host's time to issue it), beside the kernel-launching ops, views and Python-level torch calls the op counter sees
   (runtime/op_count.py) and the host probe (runtime/host_speed.py);
 * the projector stage's two timed parts (the projector GEMM over each view group; the per-image slot layout), each
-  part's event time and the host's time inside it, with the stage timer's wait before the part and without it;
+  part's event time and the host's time inside it, with the stage timer's wait before the part and with a wait of
+  one cycle instead ("without the wait"; the synchronisation before it stays);
 * the host time of the first ops after a synchronisation against the same ops in a steady stream;
 * the host time of one image's slot layout and of its calls, one at a time (micro-timed, 400 calls each);
 * one more run with the projector's parts under the CPU profiler: each op's host time (self and total).
@@ -47,7 +48,7 @@ from dsocr_core.runtime.op_count import (LAUNCH, METADATA, count_reference_run, 
                                          workload_rows)
 from dsocr_core.runtime.timing import StageTimer  # noqa: E402
 
-STAGES = ("sam", "clip", "projector", "prefill", "decode")
+STAGES = FAMILIES["deepseek-ocr"].stage_names
 WARMUP = 2
 
 

@@ -20,7 +20,7 @@ from dsocr_core.spec import ModelSpec, Workload
 
 PROFILE = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200.json"
 E, K = 64, 6
-TOKENS = (256.0, 8192.0)  # the prefills below (about 1,600 and 4,700 tokens) lie between
+TOKENS = (256.0, 8192.0)  # the prefills at batch 4 and 12 below (about 1,900 and 5,700 tokens) lie between
 
 
 def routing(shape: list[float] | None, distinct: float = 16.0) -> Routing:
@@ -84,8 +84,8 @@ def test_the_loop_costs_the_sum_over_experts_of_the_larger_of_host_and_device():
 
 
 def test_a_profile_without_a_measured_view_prices_one_at_a_share_of_an_op_and_says_so():
-    """A view launches nothing: priced at the op mixes' mean, as a launching op, the reference projector's views cost
-    five times what an H200's host measured. A profile that never measured one takes VIEW_SHARE of the mean."""
+    """A view launches nothing: priced at the op mixes' mean, as a launching op, the reference engine's views cost
+    seven times what an H200's host measured. A profile that never measured one takes VIEW_SHARE of the mean."""
     import json
 
     from dsocr_core.calibration.profile import VIEW_SHARE, profile_from_dict
@@ -103,3 +103,22 @@ def test_a_profile_without_a_measured_view_prices_one_at_a_share_of_an_op_and_sa
     assert any("no host cost of a view" in n for n in notes(older, "reference"))
     assert not any("no host cost of a view" in n for n in notes(measured, "reference"))
     assert not any("no host cost of a view" in n for n in notes(older, "fast"))
+
+
+def test_points_outside_the_recorded_token_counts_keep_one_segment_in_the_same_sweep():
+    """A sweep mixing points inside the recorded loads' token range (about 1,900 tokens) and outside it (about
+    38,000): only the inside point is split by experts, the outside one is priced as before; a single point's scalar
+    shapes give one row of shares."""
+    prof = load_profile(PROFILE)
+    ws = [Workload(mode="base", text_tokens=200, batch=b, decode_steps=1) for b in (4, 80)]
+    plain, split = (
+        [p["prefill"] for p in predicted_stages(ModelSpec(), ws, with_profile(profile_hardware(prof), prof,
+                                                                              "reference", routing=r))]
+        for r in (routing(None), routing(SKEWED)))
+    assert split[0] > plain[0] and split[1] == pytest.approx(plain[1], rel=1e-12)
+    spec = ModelSpec()
+    pts = Points.build(mode="base", text_tokens=200, batch=4, decode_steps=1)
+    row = next(r for r in prefill_rows(spec, pts) if r.kind == "lm.mlp.experts")
+    ctx = {k: (np.asarray(v).reshape(-1)[0] if isinstance(v, np.ndarray) else v) for k, v in row.ctx[0].items()}
+    host, device = expert_segments(Call(row.kind, row.cost, ctx, routing=routing(SKEWED)))
+    assert host.shape == device.shape == (E,)

@@ -61,8 +61,8 @@ class Plan:
     host_ops: Any = 0.0  # eager launching ops outside the kernels and the remainder above (priced as "other")
     view_ops: Any = 0.0  # eager Python-level ops that launch nothing: slices, views (priced as "view")
     # the call as serial segments, host and device overlapping within a segment only: (each segment's share of the
-    # call's host time, its share of the call's device time), arrays [..., S]; None: one segment (the reference MoE's
-    # loop over experts, whose experts hold very different rows: runtime/reference_plan.py expert_segments)
+    # call's host time, its share of the call's device time), arrays [..., S]; None: one segment. Set by the
+    # reference plan's expert loop where the routing recorded loads (runtime/reference_plan.py expert_segments)
     segments: Any = None
 
 
@@ -198,6 +198,16 @@ def eager_rope(c: Call, rotated, calls=1.0) -> Kernel:
 def whole(table: str, coords: dict, c: Call, launches=1.0, real_bytes=None) -> Plan:
     """The whole row is one kernel (convolutions, LayerNorms)."""
     return Plan([Kernel(table, coords, c.cost.flops, c.cost.bytes, launches, real_bytes=real_bytes)])
+
+
+def observed_loads(c: Call):
+    """Rows per rank of routed expert [..., E] of this call under the prediction's routing, where it recorded loads
+    (Routing.rows_by_rank: NaN at points outside the token counts recorded); None without a routing or loads."""
+    if c.routing is None:
+        return None
+    s = c.spec
+    rows = c.routing.rows_by_rank(s.n_routed_experts, s.num_experts_per_tok, np.asarray(c.b * c.sq, dtype=float))
+    return None if rows is None else np.asarray(rows, dtype=float)
 
 
 def touched_experts(c: Call, tokens):

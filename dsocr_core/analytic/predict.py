@@ -382,7 +382,8 @@ class Predictor:
                                  "mixes' costs by kind")
         if by_stage and p.view_share_assumed is not None:
             prediction.notes.add(f"the profile has no host cost of a view (calibrate --tables launch.host_kinds): the "
-                                 f"reference engine's views (the expert loop's, the projector's) are priced at "
+                                 f"reference engine's views outside the stages with a host cost of their own (the "
+                                 f"expert loop's in the LM prefill, the projector's) are priced at "
                                  f"{p.view_share_assumed:g} of an eager op's mean cost, the share an H200's host "
                                  "measured")
         self.graph_launch_s = launch["graph_launch_s"] * kinds if self.graphs else 0.0
@@ -475,7 +476,9 @@ class Predictor:
 
     # ----------------------------------------------------------------------------------------- one call
     def _call(self, kind: str, cost: Cost, ctx: dict, path: str):
-        """(roofline, kernel excess, launch, host) seconds of one call of one module on one decode path."""
+        """(roofline, kernel excess, launch, host) seconds of one call of one module on one decode path. With
+        segments (Plan.segments) the host entry is the device time plus the segments' summed excess of host over
+        device, so that row()'s max(host - device, 0) is that sum."""
         pl = self.plan.plan(Call(kind, cost, ctx, path, self.routing))
         dtype = ctx.get("dtype", "bfloat16")
         flops, nbytes = cost.flops, cost.bytes

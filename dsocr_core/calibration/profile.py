@@ -56,7 +56,7 @@ OPTIONAL_LAUNCH = ("host_op_s_by_kind", "host_op_s_by_stage", "graph_start_s", "
                    "host_stage_probe_op_s")
 # a view's host cost as a share of the op mixes' mean, for a profile that did not measure views: the H200's host
 # measured 3.41 us a view against a 23.9 us mean (data/profiles/h200.json, launch.host_kinds of 2026-11-27); pricing a
-# view at the mean, as a launching op, prices the reference projector's views five times over
+# view at the mean, as a launching op, prices the reference engine's views seven times over
 VIEW_SHARE = 0.143
 SOFTMAX_FLOPS = 6  # per score; the analytic model's constant (analytic/vision.py), so the conventions agree
 # a profile file's bounds, checked before it is parsed: real ones are about 110 kB and nest 7 levels

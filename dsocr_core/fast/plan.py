@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..analytic.kernels import (FP32, Call, Kernel, Plan, clip_attention, clip_mlp, common_vision, kv_write, layout,
-                                lm_attention, lm_head, lm_head_and_cast, patch_embed, routed_experts, router,
-                                sam_attention, sam_mlp, swiglu, touched_experts, whole)
+                                lm_attention, lm_head, lm_head_and_cast, observed_loads, patch_embed, routed_experts,
+                                router, sam_attention, sam_mlp, swiglu, touched_experts, whole)
 from ..analytic.vision import clip_tokens, sam_patches
 from ..registry import family_of, fast_engine_models
 from ..spec import SpecError
@@ -532,10 +532,7 @@ RANK_BUCKETS = ((0, 1), (1, 4), (4, 16), (16, None))
 def _observed_rows_by_rank(c: Call):
     """Rows per rank of expert [points, E] of a call under an observed routing that recorded its loads, every point
     inside the recorded range; else None (the plan then prices the mean group)."""
-    if c.routing is None:
-        return None
-    s = c.spec
-    by_rank = c.routing.rows_by_rank(s.n_routed_experts, s.num_experts_per_tok, np.asarray(c.b * c.sq, dtype=float))
+    by_rank = observed_loads(c)
     if by_rank is None or np.isnan(by_rank).any():
         return None
     return by_rank

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..analytic.kernels import (CAST, EVERY_ROW, FP32, GATHER, INDEX_PUT, Call, Kernel, Plan, casts, clip_attention,
                                 clip_mlp, common_vision, eager_ops, eager_rms_norm, eager_rope, kv_write, layout,
+                                observed_loads,
                                 lm_attention, lm_head_and_cast, patch_embed, routed_experts, router, sam_attention,
                                 sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
@@ -93,13 +94,13 @@ class ReferencePlan:
 # its grid reshaped, the newline expanded, the rows flattened, view_seperator unsqueezed, and a tiled image's
 # stitching (view, permute, the reshape copy's view) and its own newline and flatten. DeepSeek-OCR 2 per call the
 # Linear's three; per image the select and unsqueeze, and a tiled image's features flattened.
-PROJECTOR_VIEWS = {True: 6, False: 3}  # per projector call, by whether the family lays out newlines
-LAYOUT_VIEWS = {True: (5, 5), False: (2, 1)}  # per image, per tiled image
+PROJECTOR_VIEWS = {"deepseek-ocr": 6, "deepseek-ocr2": 3}  # per projector call, by model family
+LAYOUT_VIEWS = {"deepseek-ocr": (5, 5), "deepseek-ocr2": (2, 1)}  # per image, per tiled image
 
 
 def _layout(c: Call) -> Plan:
     plan = layout(c)
-    per_image, per_tiled = LAYOUT_VIEWS[bool(c.ctx.get("newlines", False))]
+    per_image, per_tiled = LAYOUT_VIEWS[type(c.spec).family]
     plan.view_ops = per_image * c.images + per_tiled * c.tiled
     return plan
 
@@ -108,7 +109,7 @@ def _vision(c: Call) -> Plan:
     s, calls, kind = c.spec, c.calls, c.kind
     if kind == "projector":
         plan = common_vision(c)
-        plan.view_ops = PROJECTOR_VIEWS[hasattr(s, "clip_width")] * calls
+        plan.view_ops = PROJECTOR_VIEWS[type(s).family] * calls
         return plan
     if kind.startswith("encoder."):  # DeepSeek-OCR 2's encoder (its SAM and projector rows are planned below)
         from ..analytic.kernels_v2 import plan_encoder
@@ -255,20 +256,25 @@ def _mlp(c: Call) -> Plan:
 
 
 def expert_segments(c: Call):
-    """The expert loop as one segment per expert (Plan.segments), where the routing says how many rows each expert
-    gets (Routing.rows_by_rank, recorded loads): every expert issues the same ops from the host, but its device time
-    follows its rows, so an expert holding a tenth of a large call's rows keeps the GPU busy long after the host has
-    issued it, while the GPU idles through the host's issue of the next few experts with a handful each. The
-    loop's time is then about the sum over experts of the larger of the two, not the larger of the two sums (H200
-    seeds 94-96: the LM prefill's median error 14-23% under as one segment, docs/accuracy.md). None (one segment)
-    without recorded loads, or outside the token counts they were recorded at."""
-    if c.routing is None:
-        return None
-    s = c.spec
-    rows = c.routing.rows_by_rank(s.n_routed_experts, s.num_experts_per_tok, c.b * c.sq)
+    """The expert loop as one serial segment per rank of expert (Plan.segments), where the routing recorded each
+    rank's rows (analytic/kernels.py observed_loads): each touched rank an equal share of the loop's host ops, and a
+    share of its device time by its rows. The predictor then adds up each segment's excess of host over device time,
+    as if every expert's ops finished before the next expert's were issued.
+
+    An empirical model, not the loop's mechanism: the loop (model/decoder.py MoE.routed) synchronises once, before it
+    starts, and a pure pipeline of the host's issue and the GPU's run in expert order predicts what one segment
+    predicts (the larger of the two sums), which left the H200's LM prefill 14-23% under (seeds 94-96). One segment per
+    expert took those sets to 6-16%, and the sets measured after it was frozen confirmed it (seeds 97-100,
+    docs/accuracy.md, "The reference expert loop one expert at a time"); what holds the GPU back between experts is
+    not established. Two simplifications of the frozen model, kept as measured: the host ops are split over every
+    rank the recorded mean load shape touches (more than the distinct experts the plan's launches count at small
+    calls), and every device second, the launches' and the casts after the loop included, is split by rows. Either
+    alternative (the host ops over the distinct experts; the launches split evenly) predicted seeds 97, 99 and 100
+    0.3-2.8 points worse (median), tried after they were measured. Points whose token count the
+    loads were not recorded at take equal shares (one segment's result); None where no point has loads."""
+    rows = observed_loads(c)
     if rows is None:
         return None
-    rows = np.asarray(rows, dtype=float)
     known = np.isfinite(rows).all(-1, keepdims=True)
     if not known.any():
         return None
