@@ -153,6 +153,8 @@ ACCURACY = {
             "h200_prediction_accuracy_random97_reference_2026-11-28.json", None),
         "H200 random, seed 99, expert segments, own host costs, held out": (
             "h200_prediction_accuracy_random99_reference_2026-11-28.json", None),
+        "H200 random, seed 101, own host costs, order check failed, held out": (
+            "h200_prediction_accuracy_random101_reference_2026-11-28.json", None),
     },
     "DeepSeek-OCR 2, reference session mode": {
         "H200 random, seed 96, first GPU measurement": (
@@ -465,7 +467,9 @@ SUMMARY_SETS = {
                                                    "H100 random, seed 49, own profile",
                                                    "H100 random, seed 50, own host speed")),
     "reference, H200": ("Reference session mode", ("H200 random, seed 97, expert segments, shipped profile, held out",
-                                                   "H200 random, seed 99, expert segments, own host costs, held out")),
+                                                   "H200 random, seed 99, expert segments, own host costs, held out",
+                                                   "H200 random, seed 101, own host costs, order check failed, "
+                                                   "held out")),
 }
 SUMMARY_STAGES = {"TTFT": "ttft", "TPOT": "tpot", "SAM": "sam", "CLIP": "clip", "projector": "projector",
                   "vision": "vision", "LM prefill": "prefill", "decode step": "decode"}
