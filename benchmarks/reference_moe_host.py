@@ -3,12 +3,14 @@ beside the call's wall time and its kernels' device time. Where the host time is
 prefill is host-bound there, and the host time per touched expert is what the time model prices as that expert's
 eager ops (3 GEMMs, 4 other launching ops, 3 views; analytic/predict.py host term, scaled by the host probe).
 
-Each size: uniform routing (k distinct random experts per token), 2 warm-up calls, the median of 5; host time is
-perf_counter around the call without a synchronisation after it (the loop's .tolist() syncs on the routing's
-counts at its start, whose kernels are tiny), wall time with one; device time is the sum of the kernels' times
-under torch.profiler in one more call. The host probe (runtime/host_speed.py) is taken after each size.
+Each size: uniform routing (k distinct random experts per token; --zipf draws uneven loads instead), 2 warm-up
+calls, the median of 5; host time is perf_counter around the call without a synchronisation after it (the loop's
+.tolist() syncs on the routing's counts at its start, whose kernels are tiny), wall time with one; device time is
+the sum of the kernels' times under torch.profiler in one more call. The host probe (runtime/host_speed.py) is taken
+after each size.
 
     python benchmarks/reference_moe_host.py --tokens 64,512,2048,8192,32768,65536 --out moe_host.json
+    python benchmarks/reference_moe_host.py --zipf 1.1 --tokens 2048,10000,40000 --out moe_host_skewed.json
     python benchmarks/reference_moe_host.py --device cpu --preset tiny --tokens 16,64 --out /tmp/mh.json  # smoke
 """
 from __future__ import annotations
@@ -32,12 +34,25 @@ from dsocr_core.runtime.host_speed import probe_host_op_s  # noqa: E402
 WARMUP, REPEATS = 2, 5
 
 
-def measure(moe: MoE, tokens: int, device: torch.device) -> dict:
+def routing_ids(tokens: int, e: int, k: int, zipf: float, device: torch.device) -> torch.Tensor:
+    """[tokens, k] distinct experts per token: uniform (zipf 0), or drawn by a popularity that falls with the
+    expert's rank as rank^-zipf (ranks given to the experts in a fixed random order, so the loop, which runs in expert
+    order, meets heavy and light experts mixed), as the synthetic weights' recorded loads are uneven."""
+    if zipf <= 0:
+        return torch.rand(tokens, e, device=device).argsort(dim=1)[:, :k].contiguous()
+    popularity = torch.arange(1, e + 1, dtype=torch.float64) ** -zipf
+    popularity = popularity[torch.randperm(e, generator=torch.Generator().manual_seed(0))]
+    ids = torch.multinomial(popularity.expand(tokens, e), k, replacement=False,
+                            generator=torch.Generator().manual_seed(1))
+    return ids.to(device).contiguous()
+
+
+def measure(moe: MoE, tokens: int, device: torch.device, zipf: float = 0.0) -> dict:
     e, k = len(moe.experts), moe.k
     hidden = moe.experts[0].gate_proj.in_features
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     x = torch.randn(tokens, hidden, device=device, dtype=moe.experts[0].gate_proj.weight.dtype)
-    ids = torch.rand(tokens, e, device=device).argsort(dim=1)[:, :k].contiguous()
+    ids = routing_ids(tokens, e, k, zipf, device)
     weights = torch.rand(tokens, k, device=device)
     host, wall = [], []
     with torch.no_grad():
@@ -59,8 +74,9 @@ def measure(moe: MoE, tokens: int, device: torch.device) -> dict:
                 sync()
             busy = sum(ev.device_time_total for ev in prof.events()
                        if ev.device_type == torch.autograd.DeviceType.CUDA) / 1e6
-    touched = int(torch.bincount(ids.reshape(-1), minlength=e).gt(0).sum())
-    row = dict(tokens=tokens, touched=touched, host_s=statistics.median(host), wall_s=statistics.median(wall),
+    loads = torch.bincount(ids.reshape(-1), minlength=e)
+    touched = int(loads.gt(0).sum())
+    row = dict(tokens=tokens, zipf=zipf, touched=touched, largest_share=float(loads.max()) / (tokens * k), host_s=statistics.median(host), wall_s=statistics.median(wall),
                device_busy_s=busy, probe_op_s=probe_host_op_s(device))
     row["host_us_per_expert"] = row["host_s"] / touched * 1e6
     return row
@@ -71,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="64,512,2048,8192,32768,65536", help="tokens per call, comma-separated")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test of the script")
     ap.add_argument("--preset", default="full", choices=["full", "tiny"], help="the model's widths")
+    ap.add_argument("--zipf", type=float, default=0.0,
+                    help="routing skew: expert popularity ~ rank^-ZIPF (0: uniform routing)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file written with every number")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -85,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     moe = MoE(spec).to(device, torch.bfloat16).eval()  # random weights: the loop's work does not depend on them
     rows = []
     for t in sizes:
-        r = measure(moe, t, device)
+        r = measure(moe, t, device, args.zipf)
         rows.append(r)
         busy = "-" if r["device_busy_s"] is None else f"{r['device_busy_s'] * 1e3:7.2f}"
         probe = "-" if r["probe_op_s"] is None else f"{r['probe_op_s'] * 1e6:.1f}"
-        print(f"tokens {t:6d}  experts {r['touched']:3d}  host {r['host_s'] * 1e3:7.2f} ms  wall "
+        print(f"tokens {t:6d}  experts {r['touched']:3d} (largest {r['largest_share']:.0%})  host {r['host_s'] * 1e3:7.2f} ms  wall "
               f"{r['wall_s'] * 1e3:7.2f} ms  device {busy} ms  host per expert {r['host_us_per_expert']:6.1f} us  "
               f"probe {probe} us", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

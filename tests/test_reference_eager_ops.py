@@ -142,6 +142,12 @@ def test_the_expert_loop_host_benchmark_runs_on_the_cpu(tmp_path):
     for r in d["rows"]:
         assert 0 < r["touched"] <= 64 and r["host_s"] > 0 and r["wall_s"] >= r["host_s"] * 0.5
         assert r["device_busy_s"] is None and r["probe_op_s"] is None  # no CUDA: no kernels, no probe
+    skewed = tmp_path / "mh_skewed.json"  # --zipf: uneven loads, as the synthetic weights' recorded ones
+    assert bench.main(["--device", "cpu", "--preset", "tiny", "--tokens", "64", "--zipf", "1.5", "--out",
+                       str(skewed)]) == 0
+    (uneven,) = json.loads(skewed.read_text())["rows"]
+    (even,) = [r for r in d["rows"] if r["tokens"] == 64]
+    assert uneven["zipf"] == 1.5 and even["zipf"] == 0.0 and uneven["largest_share"] > 1.3 * even["largest_share"]
     with pytest.raises(SystemExit, match="whole numbers"):
         bench.main(["--device", "cpu", "--preset", "tiny", "--tokens", "16,x", "--out", str(out)])
 
