@@ -20,9 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..analytic.kernels import (CAST, EVERY_ROW, FP32, GATHER, INDEX_PUT, Call, Kernel, Plan, casts, clip_attention,
                                 clip_mlp, common_vision, eager_ops, eager_rms_norm, eager_rope, kv_write, layout,
-                                observed_loads,
-                                lm_attention, lm_head_and_cast, patch_embed, routed_experts, router, sam_attention,
-                                sam_mlp, swiglu, whole)
+                                lm_attention, lm_head_and_cast, observed_loads, patch_embed, routed_experts, router,
+                                sam_attention, sam_mlp, swiglu, whole)
 from ..analytic.vision import sam_out_side, sam_patches
 
 # RoPE tables (model/decoder.py rope_cos_sin, once per LM call): positions and frequency aranges, /dim, theta **,
