@@ -25,15 +25,18 @@ from ..analytic.kernels import (CAST, EVERY_ROW, FP32, GATHER, INDEX_PUT, Call, 
 from ..analytic.vision import sam_out_side, sam_patches
 
 # RoPE tables (model/decoder.py rope_cos_sin, once per LM call): positions and frequency aranges, /dim, theta **,
-# 1.0 / (reciprocal and a product), positions.float(), the outer product, cat, cos, sin, two casts
-ROPE_TABLE_OPS = 13
+# 1.0 / (reciprocal and a product), positions.float(), the outer product, cat, cos, sin, and two casts to the model's
+# dtype (none in a float32 model)
+ROPE_TABLE_OPS, ROPE_TABLE_CASTS = 13, 2
 # greedy token choice after a step (runtime/generate.py next_tokens): the n-gram ban's window compare, all,
 # clamp, full_like, where, zeros, scatter_, masked_fill (8), argmax, the finished rows' full_like and where, the
 # EOS compare and |=, the history write (6)
 TOKEN_CHOICE_OPS = 14
-# a decode step outside the layers: the embedding lookup, the RoPE tables, the token choice
-STEP_OPS = 1 + ROPE_TABLE_OPS + TOKEN_CHOICE_OPS
-PREFILL_OPS = ROPE_TABLE_OPS  # the LM prefill outside the layers (the last-position logits slice is a view)
+
+
+def rope_table_ops(c: Call) -> float:
+    """The RoPE tables' launches in this call's dtype."""
+    return ROPE_TABLE_OPS - ROPE_TABLE_CASTS * (1 - casts(c))
 
 
 class ReferenceOptions(BaseModel):
@@ -76,11 +79,12 @@ class ReferencePlan:
             return _mlp(c)
         if k == "lm.embed_tokens":
             if c.phase == "decode":
-                return Plan(rest_launches=STEP_OPS - 2 * (1 - casts(c)))  # the RoPE tables' two casts
-            # the lookup; per image row mask.sum() (read on the host: a sync) and masked_scatter, then one stack
+                # a decode step outside the layers: the embedding lookup, the RoPE tables, the token choice
+                return Plan(rest_launches=1 + rope_table_ops(c) + TOKEN_CHOICE_OPS)
+            # the lookup; per image row mask.sum() (read on the host: a sync) and masked_scatter, then one stack; the
+            # RoPE tables (the last-position logits slice is a view)
             scatter = np.where(np.asarray(c.img) > 0, 1.0, 0.0)
-            return Plan(rest_launches=1 + scatter * (2 * c.b + 1) + PREFILL_OPS - 2 * (1 - casts(c)),
-                        syncs=scatter * c.b)
+            return Plan(rest_launches=1 + scatter * (2 * c.b + 1) + rope_table_ops(c), syncs=scatter * c.b)
         if k == "lm.lm_head":
             return lm_head_and_cast(c)
         raise KeyError(k)
